@@ -1,0 +1,1 @@
+"""Pure-Python core: math, policies, grammar, models, simulator. Never imports rclpy."""

@@ -1,0 +1,273 @@
+"""Engine interface shared by every backend (vLLM, transformers, simulated).
+
+The scheduler talks to an engine only through :class:`Engine`. A backend
+implements the raw iteration (:meth:`Engine._decode_step`); the segmentation
+logic that every backend must share lives here, so that a simulated
+generation and a real one are cut into segments by the very same code:
+
+* after every new token its text piece is fed to the generation's
+  :class:`StopChecker`;
+* when the checker reports a complete segment and the generation is
+  segmented, the generation is suspended at once: tokens the backend produced
+  past the boundary in the same step are dropped (they are not part of the
+  plan and are never sent anywhere) and the backend is told to release the
+  request's batch slot (its KV blocks stay in the prefix cache);
+* a resumed generation is re-submitted with ``prompt_token_ids +
+  output_token_ids`` — token ids, never re-tokenized text.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+
+class StopChecker(abc.ABC):
+    """Incremental, per-generation segment detector (design §5).
+
+    It is fed the decoded text of each new token, one token at a time, and
+    keeps whatever grammar state it needs across segments (open
+    conditionals, loops, ...).
+    """
+
+    @abc.abstractmethod
+    def feed(self, piece: str) -> bool:
+        """Append one token's text; True if the current segment is complete."""
+
+    @abc.abstractmethod
+    def cut(self) -> str:
+        """Close the current segment and return its text."""
+
+    @property
+    @abc.abstractmethod
+    def pending_text(self) -> str:
+        """Text of the segment being written (not yet complete)."""
+
+
+class FinishReason(str, enum.Enum):
+    SEGMENT = "segment"  # suspended at a segment boundary
+    STOP = "stop"  # EOS / stop string: the plan is complete
+    LENGTH = "length"  # max_new_tokens reached
+    SEGMENT_TOO_LONG = "segment_too_long"  # hard per-segment token cap hit
+    ABORTED = "aborted"
+    ERROR = "error"
+
+
+@dataclass
+class EngineRequest:
+    """One generation as handed to an engine (new or resumed)."""
+
+    gen_id: str
+    prompt_token_ids: list[int]
+    stop_checker: StopChecker
+    # Tokens generated before this (re)submission; empty for a new generation.
+    output_token_ids: list[int] = field(default_factory=list)
+    max_new_tokens: int = 256  # over the whole generation
+    max_segment_tokens: int = 64  # hard cap against runaway segments
+    # False: generate the whole plan without suspending (fcfs / fcfs-stream);
+    # segments are still detected and reported as they appear.
+    suspend_at_boundary: bool = True
+    # Backend-specific extras (e.g. a recorded plan for the simulated engine,
+    # a structured-output regex for vLLM).
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+
+@dataclass
+class SegmentEvent:
+    """A segment completed (or the generation ended) during a step."""
+
+    gen_id: str
+    text: str
+    token_ids: list[int]  # token ids of this segment only
+    reason: FinishReason  # SEGMENT: suspended or streaming on; else final
+    suspended: bool  # True: the generation left the batch and waits for resume
+    cached_prompt_tokens: int = 0  # prefix-cache hits of the latest (re)submission
+    error: str = ""
+
+    @property
+    def final(self) -> bool:
+        return self.reason is not FinishReason.SEGMENT
+
+
+@dataclass
+class StepReport:
+    """What one engine iteration did."""
+
+    duration_s: float  # measured (real engines) or modelled (simulated)
+    batch_size: int  # generations decoded in this step
+    new_tokens: int  # tokens kept (after cutting at boundaries)
+    events: list[SegmentEvent] = field(default_factory=list)
+    prefill_tokens: int = 0
+
+
+@dataclass
+class EngineStats:
+    running: int  # generations holding a batch slot
+    waiting: int  # submitted but not yet scheduled by the backend
+    kv_cache_usage: float  # 0..1
+    tokens_per_s: float  # recent decode throughput, all generations together
+    step_time_s: float  # recent mean step time
+    max_batch: int
+
+
+@dataclass
+class RawTokens:
+    """A backend's raw output for one generation in one step."""
+
+    gen_id: str
+    token_ids: list[int]
+    pieces: list[str]  # decoded text of each token (incremental detokenizer)
+    finished: FinishReason | None = None  # backend-side end (EOS, length, ...)
+    cached_prompt_tokens: int = 0
+
+
+@dataclass
+class _Live:
+    req: EngineRequest
+    seg_token_ids: list[int] = field(default_factory=list)
+    seg_text: str = ""
+    cached_prompt_tokens: int = 0
+
+
+class Engine(abc.ABC):
+    """Continuous-batching engine with segment-level suspend and resume.
+
+    Subclasses implement the four ``_backend_*`` methods and ``stats``; the
+    public methods below hold the shared segmentation semantics.
+    """
+
+    def __init__(self) -> None:
+        self._live: dict[str, _Live] = {}
+        self._recent: list[tuple[float, int, float]] = []  # (t, tokens, step_s)
+
+    # -- public API used by the scheduler --------------------------------
+    def add(self, req: EngineRequest) -> None:
+        """Start a new generation or resume a suspended one."""
+        if req.gen_id in self._live:
+            raise ValueError(f"gen_id {req.gen_id!r} is already running in the engine")
+        self._live[req.gen_id] = _Live(req)
+        self._backend_add(req)
+
+    def abort(self, gen_id: str) -> None:
+        """Stop a generation and free its batch slot (no-op if not running)."""
+        if self._live.pop(gen_id, None) is not None:
+            self._backend_abort(gen_id)
+
+    def running_ids(self) -> set[str]:
+        return set(self._live)
+
+    def has_work(self) -> bool:
+        return bool(self._live)
+
+    def step(self) -> StepReport:
+        """Run one iteration over the running batch and segment its output."""
+        if not self._live:
+            return StepReport(duration_s=0.0, batch_size=0, new_tokens=0)
+        t0 = time.perf_counter()
+        raw, modelled_s, prefill = self._backend_step()
+        duration = modelled_s if modelled_s is not None else time.perf_counter() - t0
+        batch = len(self._live)
+        report = StepReport(duration_s=duration, batch_size=batch, new_tokens=0, prefill_tokens=prefill)
+        for out in raw:
+            live = self._live.get(out.gen_id)
+            if live is None:  # aborted meanwhile
+                continue
+            if out.cached_prompt_tokens:
+                live.cached_prompt_tokens = out.cached_prompt_tokens
+            report.new_tokens += self._consume(live, out, report.events)
+        self._recent.append((time.monotonic(), report.new_tokens, duration))
+        del self._recent[:-32]
+        return report
+
+    # -- shared segmentation --------------------------------------------
+    def _consume(self, live: _Live, out: RawTokens, events: list[SegmentEvent]) -> int:
+        req = live.req
+        kept = 0
+        for tok, piece in zip(out.token_ids, out.pieces, strict=True):
+            kept += 1
+            req.output_token_ids.append(tok)
+            live.seg_token_ids.append(tok)
+            live.seg_text += piece
+            complete = req.stop_checker.feed(piece)
+            if complete:
+                text = req.stop_checker.cut()
+                ev = SegmentEvent(
+                    req.gen_id, text, live.seg_token_ids, FinishReason.SEGMENT,
+                    suspended=req.suspend_at_boundary,
+                    cached_prompt_tokens=live.cached_prompt_tokens,
+                )
+                live.seg_token_ids, live.seg_text = [], ""
+                last = len(req.output_token_ids) >= req.max_new_tokens
+                if req.suspend_at_boundary and not last:
+                    # Cut here: whatever the backend wrote past the boundary is dropped.
+                    events.append(ev)
+                    self._live.pop(req.gen_id)
+                    self._backend_suspend(req.gen_id)
+                    return kept
+                events.append(ev)
+            if len(live.seg_token_ids) >= req.max_segment_tokens:
+                self._finish(live, FinishReason.SEGMENT_TOO_LONG, events,
+                             f"segment exceeded max_segment_tokens={req.max_segment_tokens} "
+                             f"without a complete skill: {live.seg_text[:80]!r}")
+                return kept
+            if len(req.output_token_ids) >= req.max_new_tokens:
+                self._finish(live, FinishReason.LENGTH, events)
+                return kept
+        if out.finished is not None:
+            self._finish(live, out.finished, events)
+        return kept
+
+    def _finish(self, live: _Live, reason: FinishReason, events: list[SegmentEvent], error: str = "") -> None:
+        req = live.req
+        text = req.stop_checker.pending_text
+        events.append(SegmentEvent(req.gen_id, text, live.seg_token_ids, reason, suspended=False,
+                                   cached_prompt_tokens=live.cached_prompt_tokens, error=error))
+        self._live.pop(req.gen_id, None)
+        self._backend_abort(req.gen_id)
+
+    def recent_tokens_per_s(self) -> float:
+        busy = sum(d for _, _, d in self._recent)
+        return sum(n for _, n, _ in self._recent) / busy if busy > 0 else 0.0
+
+    def recent_step_time_s(self) -> float:
+        return sum(d for _, _, d in self._recent) / len(self._recent) if self._recent else 0.0
+
+    # -- backend hooks ------------------------------------------------------
+    @abc.abstractmethod
+    def _backend_add(self, req: EngineRequest) -> None:
+        """Submit ``req.all_token_ids`` as the prompt of a fresh backend request."""
+
+    @abc.abstractmethod
+    def _backend_step(self) -> tuple[Sequence[RawTokens], float | None, int]:
+        """One iteration. Returns (raw outputs, modelled duration or None for
+        wall-clock, prefill tokens processed in this step)."""
+
+    @abc.abstractmethod
+    def _backend_suspend(self, gen_id: str) -> None:
+        """Release the batch slot; keep KV blocks cached if the backend can."""
+
+    @abc.abstractmethod
+    def _backend_abort(self, gen_id: str) -> None:
+        """Release the request and everything it holds."""
+
+    @abc.abstractmethod
+    def stats(self) -> EngineStats:
+        ...
+
+    @abc.abstractmethod
+    def tokenize(self, text: str) -> list[int]:
+        ...
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Free backend resources."""
+
+
+def concat_segments(events: Iterable[SegmentEvent]) -> str:
+    return "".join(e.text for e in events)

@@ -1,0 +1,1 @@
+"""Real LLM backends behind :class:`timelyllm_ros.core.engine.Engine`."""

@@ -1,0 +1,12 @@
+"""Thin ROS 2 layer over the core: nodes own parameters, topics, services and actions.
+
+NODE_EXECUTABLES maps each installed executable (``ros2 run timelyllm_ros
+<name>``; scripts in nodes/) to the function it runs.
+"""
+
+NODE_EXECUTABLES: dict[str, str] = {
+    "planner_node": "timelyllm_ros.ros.planner_node:main",
+    "exec_time_node": "timelyllm_ros.ros.exec_time_node:main",
+    "sim_fleet_node": "timelyllm_ros.ros.sim_fleet_node:main",
+    "plan_client": "timelyllm_ros.ros.client:main",
+}

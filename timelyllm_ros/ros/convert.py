@@ -1,0 +1,98 @@
+"""Conversions between core types and ROS 2 messages (the only place that knows both)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+from builtin_interfaces.msg import Duration, Time
+
+from timelyllm_ros.core.tuf import LEVELS, TimeUtility
+from timelyllm_ros.msg import PlanSegment, SkillCall
+from timelyllm_ros.msg import TimeUtility as TimeUtilityMsg
+
+
+def duration_msg(seconds: float) -> Duration:
+    seconds = max(0.0, float(seconds)) if math.isfinite(seconds) else 0.0
+    sec = int(seconds)
+    return Duration(sec=sec, nanosec=int(round((seconds - sec) * 1e9)) % 1_000_000_000)
+
+
+def duration_s(d: Duration) -> float:
+    return d.sec + d.nanosec * 1e-9
+
+
+def time_msg(wall_seconds: float) -> Time:
+    wall_seconds = max(0.0, wall_seconds)
+    sec = int(wall_seconds)
+    return Time(sec=sec, nanosec=int((wall_seconds - sec) * 1e9))
+
+
+def time_s(t: Time) -> float:
+    return t.sec + t.nanosec * 1e-9
+
+
+class ClockBridge:
+    """Maps the core's monotonic clock to ROS (wall) time stamps and back.
+
+    The core schedules on a monotonic clock; messages carry wall time. The
+    offset is taken once, so both directions agree to the nanosecond.
+    """
+
+    def __init__(self, core_now: float | None = None, wall_now: float | None = None) -> None:
+        core_now = time.monotonic() if core_now is None else core_now
+        wall_now = time.time() if wall_now is None else wall_now
+        self.offset = wall_now - core_now
+
+    def to_msg(self, core_t: float | None) -> Time:
+        return Time() if core_t is None else time_msg(core_t + self.offset)
+
+    def to_core(self, t: Time) -> float:
+        return time_s(t) - self.offset
+
+
+def tuf_from_msg(msg: TimeUtilityMsg) -> TimeUtility:
+    """Named level (fields left at 0 take the level's values) or custom alpha/beta/ert.
+
+    Raises ValueError naming the field on bad input (NaN, wrong sign, unknown level).
+    """
+    for name in ("alpha", "beta", "ert"):
+        if not math.isfinite(getattr(msg, name)):
+            raise ValueError(f"tuf.{name} must be a finite number, got {getattr(msg, name)}")
+    level = msg.level.strip()
+    if level:
+        if level not in LEVELS:
+            raise ValueError(f"tuf.level: unknown urgency level {level!r}; known: {sorted(LEVELS)} or '' for custom")
+        base = LEVELS[level]
+        return TimeUtility(alpha=msg.alpha or base.alpha, beta=msg.beta or base.beta,
+                           ert=msg.ert or base.ert, level=level)
+    try:
+        return TimeUtility(alpha=msg.alpha, beta=msg.beta, ert=msg.ert, level="custom")
+    except ValueError as e:
+        raise ValueError(f"tuf: {e} (or set tuf.level to one of {sorted(LEVELS)})") from None
+
+
+def tuf_to_msg(tuf: TimeUtility) -> TimeUtilityMsg:
+    return TimeUtilityMsg(level=tuf.level if tuf.level in LEVELS else "", alpha=tuf.alpha, beta=tuf.beta,
+                          ert=tuf.ert)
+
+
+def skill_call_msg(call, skillset_id: str) -> SkillCall:
+    args = getattr(call, "args", ())
+    return SkillCall(name=getattr(call, "name", ""), long_name=getattr(call, "long_name", "") or "",
+                     raw=getattr(call, "raw", "") or "", args=[_arg_text(a) for a in args],
+                     skillset_id=getattr(call, "skillset_id", "") or skillset_id)
+
+
+def _arg_text(a) -> str:
+    return repr(a) if isinstance(a, str) else str(a)
+
+
+def segment_msg(task_id: str, robot_id: str, seg, bridge: ClockBridge, skillset_id: str) -> PlanSegment:
+    """A core Segment as a PlanSegment message."""
+    return PlanSegment(
+        task_id=task_id, robot_id=robot_id, segment_index=seg.index, text=seg.text,
+        skills=[skill_call_msg(c, skillset_id) for c in seg.calls], is_final=bool(seg.final),
+        stamp_generated=bridge.to_msg(seg.ready), predicted_execution=duration_msg(seg.est_exec_s),
+        next_segment_deadline=bridge.to_msg(seg.pred_end),
+    )

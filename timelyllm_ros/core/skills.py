@@ -336,7 +336,7 @@ def _example_call(ss: SkillSet) -> str:
 
 _TOKEN_RE = re.compile(
     r"""(?P<ws>\s+)
-      |(?P<num>\d+\.\d*|\.\d+|\d+)
+      |(?P<num>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?)
       |(?P<ident>[A-Za-z_][A-Za-z0-9_]*)
       |(?P<op>->|==|!=|<=|>=|&&|\|\||[-?{}();,=<>&|!+])
     """,
@@ -377,7 +377,7 @@ def _lex(text: str) -> list[_Tok]:
         kind = m.lastgroup or ""
         tok = m.group()
         if kind == "num":
-            toks.append(_Tok("num", tok, i, float(tok) if "." in tok else int(tok)))
+            toks.append(_Tok("num", tok, i, int(tok) if tok.isdigit() else float(tok)))
         elif kind != "ws":
             if tok in ("&&", "||"):
                 tok = tok[0]

@@ -128,7 +128,7 @@ cat > env.sh <<EOF
 export PYTHONPATH="$ROOT:$ROOT/install/lib/$PYVER/site-packages\${PYTHONPATH:+:\$PYTHONPATH}"
 export LD_LIBRARY_PATH="$ROOT/install/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
 export AMENT_PREFIX_PATH="$ROOT/install:$VENV"
-export PATH="$ROOT/install/lib/timelyllm_ros:\$PATH"
+export PATH="$ROOT/install/bin:$ROOT/install/lib/timelyllm_ros:\$PATH"
 export RMW_IMPLEMENTATION=rmw_fastrtps_cpp
 export TIMELYLLM_SHARE="$ROOT"
 export TIMELYLLM_MODELS="$ROOT/models"
@@ -139,4 +139,10 @@ export VLLM_CPU_KVCACHE_SPACE=\${VLLM_CPU_KVCACHE_SPACE:-1}
 export VLLM_NO_USAGE_STATS=1
 export MPLBACKEND=Agg
 EOF
+# Commands on PATH once env.sh is sourced (the same entry points setup.py declares).
+mkdir -p "$ROOT/install/bin"
+for cmd in "timelyllm:timelyllm_ros.cli" "timelyllm-bench:timelyllm_ros.bench"; do
+    printf '#!/bin/sh\nexec "%s" -m %s "$@"\n' "$VPY" "${cmd#*:}" > "$ROOT/install/bin/${cmd%%:*}"
+    chmod +x "$ROOT/install/bin/${cmd%%:*}"
+done
 echo "[setup] ready: . env.sh"

@@ -25,7 +25,8 @@ def share_dir() -> Path:
     ]
     # installed by ament: <prefix>/lib/python3.X/site-packages/timelyllm_ros
     # -> <prefix>/share/timelyllm_ros
-    candidates.append(_PKG.parents[3] / "share" / "timelyllm_ros")
+    if len(_PKG.parents) > 3:
+        candidates.append(_PKG.parents[3] / "share" / "timelyllm_ros")
     for c in candidates:
         if (c / "skills").is_dir():
             return c

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--alpha", type=float, default=0.0)
     ap.add_argument("--beta", type=float, default=0.0)
     ap.add_argument("--ert", type=float, default=0.0)
-    ap.add_argument("--action", default="/planner/plan_task", help="PlanTask action name")
+    ap.add_argument("--action", default="plan_task", help="PlanTask action name")
     ap.add_argument("--timeout", type=float, default=120.0)
     args = ap.parse_args(remove_ros_args(argv)[1:])
 
@@ -76,3 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     node.destroy_node()
     rclpy.shutdown()
     return 0 if r.status == PlanTask.Result.STATUS_SUCCEEDED else 1
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -129,3 +129,9 @@ def main(args: list[str] | None = None) -> None:
         node.destroy_node()
         if rclpy.ok():
             rclpy.shutdown()
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

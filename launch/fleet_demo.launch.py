@@ -1,0 +1,13 @@
+"""ros2 launch timelyllm_ros fleet_demo.launch.py [config:=fleet_demo.yaml]
+
+Planner (+ scheduler), execution-time model and a simulated fleet.
+
+The node list comes from timelyllm_ros.launch_graph.node_specs (tested), the
+same function the `timelyllm` command uses.
+"""
+
+from timelyllm_ros.launch_graph import launch_description
+
+
+def generate_launch_description():
+    return launch_description(only=None)

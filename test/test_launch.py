@@ -1,0 +1,90 @@
+"""The node graph from config: launch_graph specs, and `timelyllm up` with real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from timelyllm_ros.launch_graph import NODE_HOSTS, node_specs
+from timelyllm_ros.ros import NODE_EXECUTABLES
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_demo_config_names_only_known_nodes_and_executables():
+    specs = node_specs("fleet_demo.yaml")
+    assert {s.executable for s in specs} == {"planner_node", "exec_time_node", "sim_fleet_node"}
+    for s in specs:
+        assert s.executable in NODE_EXECUTABLES
+        assert NODE_EXECUTABLES[s.executable].startswith(s.module + ":")
+    assert [s.executable for s in node_specs("fleet_demo.yaml", ["sim_fleet"])] == ["sim_fleet_node"]
+    # scheduler and planner share one process
+    assert len(node_specs("fleet_demo.yaml", ["planner", "scheduler"])) == 1
+
+
+def test_bad_configs_give_clear_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.yaml"):
+        node_specs("nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"planner": {}, "plannr": {}}))
+    with pytest.raises(ValueError, match="unknown node.*plannr"):
+        node_specs(bad)
+    with pytest.raises(ValueError, match="--only: unknown node 'x'"):
+        node_specs("fleet_demo.yaml", ["x"])
+    assert set(NODE_HOSTS) >= set(yaml.safe_load((ROOT / "config" / "fleet_demo.yaml").read_text()))
+
+
+def test_launch_files_use_the_tested_graph():
+    for f in (ROOT / "launch").glob("*.launch.py"):
+        src = f.read_text()
+        assert "def generate_launch_description" in src and "launch_description(" in src, f.name
+
+
+@pytest.mark.ros
+def test_timelyllm_up_starts_processes_and_stops_cleanly_on_ctrl_c(tmp_path):
+    """Real processes over DDS: the simulated fleet and the exec-time node come up, Ctrl-C ends both."""
+    cfg = tmp_path / "graph.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "exec_time": {"ros__parameters": {"learn": False}},
+        "sim_fleet": {"ros__parameters": {"robots": ["drone_a"], "robot_type": "drone"}},
+    }))
+    proc = subprocess.Popen([sys.executable, "-m", "timelyllm_ros.cli", "up", "--config", str(cfg)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ.copy(),
+                            start_new_session=True)
+    import rclpy
+    import rclpy.executors
+
+    from timelyllm_ros.srv import EstimateExecTime
+
+    ctx = rclpy.Context()
+    rclpy.init(context=ctx)
+    try:
+        node = rclpy.create_node("launch_probe", context=ctx)
+        cli = node.create_client(EstimateExecTime, "/estimate_exec_time")
+        assert cli.wait_for_service(timeout_sec=60), "exec_time node never came up"
+        fut = cli.call_async(EstimateExecTime.Request(robot_type="drone", segment_text="mf(50);"))
+        executor = rclpy.executors.SingleThreadedExecutor(context=ctx)
+        rclpy.spin_until_future_complete(node, fut, executor=executor, timeout_sec=20)
+        r = fut.result()
+        assert r.ok and r.min_s == pytest.approx(0.0072 * 50 + 1.8144, rel=1e-6)
+        names = set()
+        end = time.monotonic() + 20
+        while "sim_fleet" not in names and time.monotonic() < end:
+            names = {n for n, _ in node.get_node_names_and_namespaces()}
+            time.sleep(0.2)
+        assert "sim_fleet" in names and "exec_time" in names
+        node.destroy_node()
+    finally:
+        rclpy.shutdown(context=ctx)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group, as in a terminal
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert "starting sim_fleet_node" in out and "starting exec_time_node" in out
+    assert "killing" not in out

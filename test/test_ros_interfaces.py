@@ -22,6 +22,7 @@ from timelyllm_ros.msg import (  # noqa: E402
     SchedulerState,
     SegmentDone,
     SkillCall,
+    TaskRequest,
     TimeUtility,
 )
 from timelyllm_ros.srv import EstimateExecTime, Plan  # noqa: E402
@@ -103,6 +104,9 @@ def test_every_message_roundtrips(two_nodes):
                       max_batch=8, tokens_per_second=88.0, step_time_s=0.034, kv_cache_usage=0.12)
     assert _roundtrip_topic(a, b, EngineState, eng, latched) == eng
     assert _roundtrip_topic(a, b, SkillCall, seg.skills[0]) == seg.skills[0]
+    req = TaskRequest(stamp=Time(sec=7), task_id="t-3", robot_id="drone_2", robot_type="drone", task="find the cat",
+                      tuf=tuf, accepted=False, error="tuf.beta must be > 0")
+    assert _roundtrip_topic(a, b, TaskRequest, req) == req
 
 
 def test_services_roundtrip(two_nodes):

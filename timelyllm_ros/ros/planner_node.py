@@ -35,7 +35,7 @@ from timelyllm_ros.action import PlanTask
 from timelyllm_ros.core.clock import RealClock
 from timelyllm_ros.core.policies import POLICIES, make_policy
 from timelyllm_ros.core.scheduler import CoreConfig, PlannerCore, Segment, TaskResult, TaskSpec, TaskStatus
-from timelyllm_ros.msg import EngineState, PlanSegment, QueuedGeneration, SchedulerState, SegmentDone
+from timelyllm_ros.msg import EngineState, PlanSegment, QueuedGeneration, SchedulerState, SegmentDone, TaskRequest
 from timelyllm_ros.ros.convert import ClockBridge, duration_msg, segment_msg, tuf_from_msg
 from timelyllm_ros.srv import Plan
 
@@ -104,6 +104,7 @@ class PlannerNode(Node):
                                  callback_group=MutuallyExclusiveCallbackGroup())
         self._engine_pub = self.create_publisher(EngineState, "engine_state", TELEMETRY)
         self._all_segments = self.create_publisher(PlanSegment, "/plan_segments", RELIABLE)
+        self._requests = self.create_publisher(TaskRequest, "/plan_requests", RELIABLE)
         self.create_timer(p["state_period_s"], self._publish_engine_state)
 
         self._stop = threading.Event()
@@ -179,11 +180,26 @@ class PlannerNode(Node):
             raise GoalError(str(e)) from None
         return tid, box
 
+    def _accept(self, task_id: str, robot_id: str, robot_type: str, task: str, tuf_msg) -> tuple[str, _Mailbox]:
+        """Validate and submit; every request, refused or not, is published on /plan_requests."""
+        req = TaskRequest(stamp=self.get_clock().now().to_msg(), task_id=task_id, robot_id=robot_id,
+                          robot_type=robot_type, task=task, tuf=tuf_msg, accepted=False)
+        try:
+            spec = self._validate(task_id, robot_id, robot_type, task, tuf_msg)
+            req.task_id = spec.task_id
+            tid, box = self._submit(spec)
+        except GoalError as e:
+            req.error = str(e)
+            self._requests.publish(req)
+            raise
+        req.accepted = True
+        self._requests.publish(req)
+        return tid, box
+
     def _execute(self, goal_handle) -> PlanTask.Result:
         g = goal_handle.request
         try:
-            spec = self._validate(g.task_id, g.robot_id, g.robot_type, g.task, g.tuf)
-            tid, box = self._submit(spec)
+            tid, box = self._accept(g.task_id, g.robot_id, g.robot_type, g.task, g.tuf)
         except GoalError as e:
             self.get_logger().warning(f"goal from {g.robot_id!r} rejected: {e}")
             goal_handle.abort()
@@ -213,8 +229,7 @@ class PlannerNode(Node):
 
     def _plan_srv(self, req: Plan.Request, resp: Plan.Response) -> Plan.Response:
         try:
-            spec = self._validate("", req.robot_id, req.robot_type, req.task, req.tuf)
-            tid, box = self._submit(spec)
+            tid, box = self._accept("", req.robot_id, req.robot_type, req.task, req.tuf)
         except GoalError as e:
             resp.status, resp.error = Plan.Response.STATUS_REJECTED, str(e)
             return resp

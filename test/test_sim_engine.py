@@ -1,0 +1,60 @@
+from timelyllm_ros.core.engine import EngineRequest, FinishReason
+from timelyllm_ros.core.segmenter import make_stop_checker, split_segments
+from timelyllm_ros.core.sim_engine import SimEngine, SimEngineConfig, bpe_pieces
+from timelyllm_ros.core.skills import load_skill_set
+from timelyllm_ros.core.workloads import plan_templates
+
+
+def run_gen(eng, req):
+    """Drive one generation to the end, resuming after every suspension; return events."""
+    events = []
+    eng.add(req)
+    while True:
+        rep = eng.step()
+        assert rep.duration_s > 0
+        for ev in rep.events:
+            events.append(ev)
+            if ev.final:
+                return events
+            if ev.suspended:
+                eng.add(req)
+
+
+def test_pieces_roundtrip():
+    for tpl in plan_templates().values():
+        assert "".join(bpe_pieces(tpl.plan)) == tpl.plan
+
+
+def test_simulated_segmentation_matches_split_segments():
+    for tpl in plan_templates().values():
+        ss = load_skill_set(tpl.robot_type)
+        eng = SimEngine()
+        req = EngineRequest(f"g{tpl.trace_id}", list(range(100)), make_stop_checker(ss),
+                            extra={"plan_text": tpl.plan, "robot_type": tpl.robot_type})
+        evs = run_gen(eng, req)
+        texts = [e.text for e in evs if e.text]
+        assert texts == split_segments(ss, bpe_pieces(tpl.plan))
+        assert evs[-1].reason is FinishReason.STOP
+        assert "".join(texts) == tpl.plan
+
+
+def test_resume_hits_prefix_cache_and_step_model():
+    cfg = SimEngineConfig()
+    eng = SimEngine(cfg)
+    ss = load_skill_set("drone")
+    req = EngineRequest("g", list(range(1000, 1400)), make_stop_checker(ss), extra={"plan_text": "tc(30);mf(50);"})
+    evs = run_gen(eng, req)
+    assert evs[0].cached_prompt_tokens == 0
+    assert evs[1].cached_prompt_tokens >= 400  # resumed: the prompt comes from the prefix cache
+    assert eng.total_prefill_tokens < 400 + 32
+    assert cfg.step_time(1) == 0.022
+    assert cfg.step_time(5, 2884) > cfg.step_time(5)
+
+
+def test_non_segmented_streams_without_suspending():
+    eng = SimEngine()
+    req = EngineRequest("g", [1, 2, 3], make_stop_checker(load_skill_set("drone")),
+                        extra={"plan_text": "tc(30);mf(50);"}, suspend_at_boundary=False)
+    evs = run_gen(eng, req)
+    assert [e.suspended for e in evs] == [False, False, False]
+    assert [e.text for e in evs] == ["tc(30);", "mf(50);", ""]

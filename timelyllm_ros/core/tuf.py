@@ -1,0 +1,79 @@
+"""Time-utility functions (design §3).
+
+    TUF_0(t) = min(beta, alpha * (t - ERT) + beta)     first segment, t = response time
+    TUF_1(t) = min(beta, alpha * max(t, 0) + beta)     later segments (ERT = 0)
+
+Utility is deliberately not clamped at 0: past the cutoff it is negative, so
+a late answer costs something and the PUD priority of a hopeless segment is
+negative (it goes last instead of being dropped).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class TimeUtility:
+    alpha: float  # slope after ERT (< 0), utility per second of lateness
+    beta: float  # maximum utility (> 0)
+    ert: float  # expected response time of the first segment, seconds (>= 0)
+    level: str = "custom"
+
+    def __post_init__(self) -> None:
+        for name in ("alpha", "beta", "ert"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"TimeUtility.{name} must be a finite number, got {v!r}")
+        if self.beta <= 0:
+            raise ValueError(f"TimeUtility.beta must be > 0, got {self.beta}")
+        if self.alpha >= 0:
+            raise ValueError(f"TimeUtility.alpha must be < 0 (utility falls with lateness), got {self.alpha}")
+        if self.ert < 0:
+            raise ValueError(f"TimeUtility.ert must be >= 0, got {self.ert}")
+
+    def tuf0(self, t: float) -> float:
+        """Utility of the first segment with response time ``t``."""
+        return min(self.beta, self.alpha * (t - self.ert) + self.beta)
+
+    def tuf1(self, t: float) -> float:
+        """Utility of a later segment with waiting time ``t``."""
+        return min(self.beta, self.alpha * max(t, 0.0) + self.beta)
+
+    @property
+    def cutoff(self) -> float:
+        """Response time at which TUF_0 reaches 0."""
+        return self.ert - self.beta / self.alpha
+
+    def to_trace(self) -> list[float]:
+        return [self.beta, self.ert, self.cutoff]
+
+    @classmethod
+    def from_trace(cls, tuf: Sequence[float], level: str | None = None) -> TimeUtility:
+        """Build from an LRTrace ``[beta, ERT, cutoff]`` triple; alpha = beta / (ERT - cutoff)."""
+        if len(tuf) != 3:
+            raise ValueError(f"trace TUF must be [beta, ERT, cutoff], got {tuf!r}")
+        beta, ert, cutoff = (float(x) for x in tuf)
+        if not (math.isfinite(cutoff) and cutoff > ert):
+            raise ValueError(f"trace TUF cutoff must be finite and > ERT, got {tuf!r}")
+        if level is None:
+            level = next((n for n, lv in LEVELS.items()
+                          if math.isclose(lv.beta, beta) and math.isclose(lv.ert, ert)
+                          and math.isclose(lv.cutoff, cutoff, rel_tol=1e-3)), "custom")
+        return cls(alpha=beta / (ert - cutoff), beta=beta, ert=ert, level=level)
+
+    @classmethod
+    def named(cls, level: str) -> TimeUtility:
+        try:
+            return LEVELS[level]
+        except KeyError:
+            raise ValueError(f"unknown urgency level {level!r}; known: {sorted(LEVELS)}") from None
+
+
+# Named urgency levels (design §3): normal 0 at 1.5 s, urgent 0 at 0.5 s.
+LEVELS: dict[str, TimeUtility] = {
+    "normal": TimeUtility(alpha=-2.0, beta=1.0, ert=1.0, level="normal"),
+    "urgent": TimeUtility(alpha=-2.0 / 0.3, beta=2.0, ert=0.2, level="urgent"),
+}

@@ -346,6 +346,37 @@ class PlannerCore:
                     "admission": self.admission.name,
                     "per_token_s": self.estimator.step_time(max(1, len(self._running)))}
 
+    def set_policy(self, policy: Policy) -> None:
+        """Switch the policy at run time; it applies from the next decision."""
+        with self._lock:
+            self.policy = policy
+        self.wake.set()
+
+    def running_ids(self) -> list[str]:
+        with self._lock:
+            return list(self._running)
+
+    def queue_view(self, now: float | None = None) -> list[dict]:
+        """Queued generations, best first, with their current priority, slack and projected wait (telemetry)."""
+        with self._lock:
+            now = self.clock.now() if now is None else now
+            cands = self.rank(now)
+            if not cands:
+                return []
+            ctx = RankContext(self.cfg.comm_s, self.estimator.step_time(len(self._running) + 1),
+                              self.cfg.slack_floor_s)
+            pri = self.policy.priorities(cands, now, ctx)
+            out = []
+            for g, p in zip(cands, pri, strict=True):
+                G = g.tok_est * ctx.per_token_s + (g.prefill_est_s if g.k == 0 else 0.0)
+                if g.k == 0:
+                    wait = now - g.arrival + G + self.cfg.comm_s
+                else:
+                    wait = max(0.0, now + G + self.cfg.comm_s - g.prev_end)
+                out.append({"task_id": g.task_id, "robot_id": g.robot_id, "k": g.k, "priority": p,
+                            "slack_s": g.deadline() - now - G, "waiting_s": wait})
+            return out
+
     # -- engine thread ----------------------------------------------------------
     def run_once(self) -> float | None:
         """One decision + one engine step (blocking). Returns the next wake-up time (None: idle)."""

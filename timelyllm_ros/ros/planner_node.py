@@ -72,8 +72,8 @@ class GoalError(ValueError):
 
 class PlannerNode(Node):
     def __init__(self, *, policy: str = "pud", engine: Any = None, core_config: CoreConfig | None = None,
-                 parameter_overrides: list[Parameter] | None = None, node_name: str = "planner") -> None:
-        super().__init__(node_name, parameter_overrides=parameter_overrides or [])
+                 parameter_overrides: list[Parameter] | None = None, node_name: str = "planner", **node_kw) -> None:
+        super().__init__(node_name, parameter_overrides=parameter_overrides or [], **node_kw)
         p = self._declare_params()
         p["policy"] = policy
         self._bridge = ClockBridge()
@@ -162,8 +162,17 @@ class PlannerNode(Node):
         if limit and len(prompt_ids) + 16 > limit:
             raise GoalError(f"task: the prompt is {len(prompt_ids)} tokens, too long for the model's context "
                             f"of {limit} tokens")
+        extra = {}
+        if getattr(self.engine, "needs_plan_text", False):  # simulated engine: it writes a known plan
+            from timelyllm_ros.engines.sim_realtime import sim_plan_for
+
+            try:
+                extra["plan_text"] = sim_plan_for(robot_type, task)
+            except ValueError as e:
+                raise GoalError(str(e)) from None
         return TaskSpec(robot_id=robot_id, prompt=task, tuf=tuf, robot_type=robot_type,
-                        task_id=task_id or f"{robot_id}-{uuid.uuid4().hex[:8]}", prompt_token_ids=prompt_ids)
+                        task_id=task_id or f"{robot_id}-{uuid.uuid4().hex[:8]}", prompt_token_ids=prompt_ids,
+                        extra=extra)
 
     # -- action / service --------------------------------------------------------------
     def _submit(self, spec: TaskSpec) -> tuple[str, _Mailbox]:
@@ -342,8 +351,9 @@ class PlannerNode(Node):
 class SchedulerNode(Node):
     """Owns the policy of a PlannerCore and publishes SchedulerState."""
 
-    def __init__(self, *, parameter_overrides: list[Parameter] | None = None, node_name: str = "scheduler") -> None:
-        super().__init__(node_name, parameter_overrides=parameter_overrides or [])
+    def __init__(self, *, parameter_overrides: list[Parameter] | None = None, node_name: str = "scheduler",
+                 **node_kw) -> None:
+        super().__init__(node_name, parameter_overrides=parameter_overrides or [], **node_kw)
         self.core: PlannerCore | None = None
         self.policy_name = self.declare_parameter(
             "policy", "pud", ParameterDescriptor(description=f"one of {sorted(POLICIES)}; settable at run time")).value
@@ -380,7 +390,7 @@ class SchedulerNode(Node):
                                     suspended=q["k"] > 0, priority=_finite(q["priority"]),
                                     slack_s=_finite(q["slack_s"]), waiting_s=_finite(q["waiting_s"]))
                    for q in ranked],
-            running_task_ids=list(snap.get("running_ids", [])), tasks_active=snap["tasks"], tasks_done=snap["done"],
+            running_task_ids=self.core.running_ids(), tasks_active=snap["tasks"], tasks_done=snap["done"],
             last_decision_time_s=dts[-1] if dts else 0.0))
 
 
@@ -414,18 +424,24 @@ class _PromptRenderer:
         self.engine = engine
 
     def token_ids(self, robot_type: str, task: str) -> list[int]:
+        if getattr(self.engine, "needs_plan_text", False):  # simulated engine: only the length matters
+            return self.engine.tokenize(task)
         from timelyllm_ros.engines.prompts import render_prompt_ids
 
         return render_prompt_ids(self.engine, robot_type, task)
 
 
-def build_planner(parameter_overrides: list[Parameter] | None = None, engine: Any = None
+def build_planner(parameter_overrides: list[Parameter] | None = None, engine: Any = None, **node_kw
                   ) -> tuple[PlannerNode, SchedulerNode]:
-    """The scheduler node owns ``policy``; the planner builds its core with it."""
+    """The scheduler node owns ``policy``; the planner builds its core with it.
+
+    ``node_kw`` goes to both nodes (e.g. ``context=``).
+    """
     overrides = parameter_overrides or []
-    sched = SchedulerNode(parameter_overrides=[p for p in overrides if p.name in ("policy", "state_period_s")])
+    sched = SchedulerNode(parameter_overrides=[p for p in overrides if p.name in ("policy", "state_period_s")],
+                          **node_kw)
     planner = PlannerNode(policy=sched.policy_name, engine=engine,
-                          parameter_overrides=[p for p in overrides if p.name != "policy"])
+                          parameter_overrides=[p for p in overrides if p.name != "policy"], **node_kw)
     sched.attach(planner.core)
     return planner, sched
 

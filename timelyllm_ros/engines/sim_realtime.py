@@ -1,0 +1,51 @@
+"""The simulated engine in wall-clock time, for ROS nodes and their tests.
+
+The core's SimEngine returns a modelled step duration and lets the
+discrete-event simulator jump the clock. Under a RealClock (the planner node)
+nothing would pace it, so this subclass sleeps each step's modelled time: it
+behaves like a real engine of that speed, deterministically, without weights.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Sequence
+
+from timelyllm_ros.core.engine import RawTokens
+from timelyllm_ros.core.sim_engine import SimEngine, SimEngineConfig
+from timelyllm_ros.core.workloads import plan_templates
+
+
+def sim_plan_for(robot_type: str, task: str) -> str:
+    """The plan the simulated engine writes for ``task``: the Table 2 task with
+    the same text, else one whose name appears in it, else a deterministic pick
+    among that robot type's tasks."""
+    tpls = [t for t in plan_templates().values() if t.robot_type == robot_type]
+    if not tpls:
+        raise ValueError(f"robot_type: the simulated engine has no plans for {robot_type!r}")
+    for t in tpls:
+        if t.task_input.strip() == task.strip():
+            return t.plan
+    low = task.lower()
+    for t in tpls:
+        if t.name.replace("_", " ") in low:
+            return t.plan
+    return tpls[zlib.crc32(task.encode()) % len(tpls)].plan
+
+
+class RealtimeSimEngine(SimEngine):
+    backend_name = "sim"
+    model_name = "simulated"
+    needs_plan_text = True  # the planner attaches extra['plan_text'] from sim_plan_for
+
+    def __init__(self, config: SimEngineConfig | None = None, *, time_scale: float = 1.0) -> None:
+        if not time_scale > 0:
+            raise ValueError(f"time_scale must be > 0, got {time_scale}")
+        super().__init__(config)
+        self.time_scale = time_scale
+
+    def _backend_step(self) -> tuple[Sequence[RawTokens], float | None, int]:
+        outs, modelled, prefill = super()._backend_step()
+        time.sleep((modelled or 0.0) * self.time_scale)
+        return outs, None, prefill  # None: the engine measures the wall time it really took

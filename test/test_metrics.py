@@ -16,7 +16,7 @@ def test_summary_numbers():
     b = rec(1, "normal", 0.0, [0.5], [1.0])
     rows = summarize([a, b])
     allrow = rows[-1]
-    assert allrow.group == "[all]" and allrow.n == 2
+    assert allrow.group == "all" and allrow.n == 2
     assert allrow.utility == (0.5 + 1.0) / 2
     assert allrow.waiting_mean == (1.25 + 0.5) / 2
     assert allrow.completion_mean == (4.25 + 1.5) / 2

@@ -64,8 +64,8 @@ def summarize(records: Iterable[Any]) -> list[Summary]:
     for key in sorted({(r.trace_id, r.task_type) for r in recs}):
         out.append(summarize_group(key[1], [r for r in recs if (r.trace_id, r.task_type) == key]))
     for lvl in sorted({r.level for r in recs}):
-        out.append(summarize_group(f"[{lvl}]", [r for r in recs if r.level == lvl]))
-    out.append(summarize_group("[all]", recs))
+        out.append(summarize_group(f"all {lvl}", [r for r in recs if r.level == lvl]))
+    out.append(summarize_group("all", recs))
     return out
 
 

@@ -1,0 +1,152 @@
+"""transformers fallback engine with the bundled model (issue 4 §2, §5), plus fast
+unit tests of the engine helpers (incremental detokenizer, skill regexes, prompts)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from timelyllm_ros.core.engine import EngineRequest, FinishReason, concat_segments
+from timelyllm_ros.core.segmenter import make_stop_checker
+from timelyllm_ros.core.skills import load_skill_set
+from timelyllm_ros.engines import driver, grammar
+from timelyllm_ros.engines.detok import IncrementalDetokenizer
+from timelyllm_ros.engines.factory import EngineConfigError, make_engine, resolve_model_path
+from timelyllm_ros.engines.prompts import PromptBuilder
+
+CAT = "Scene: [] Task: [A] Could you find the cat? If so, go to it."
+BOY = ("Scene: [boy x:0.48 y:0.51 width:0.2 height:0.4] Task: [E] You provided me with plan mf,100, but I "
+       "encountered a failure because a boy is passing by. Execution history: mf(50)")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    transformers = pytest.importorskip("transformers")
+    try:
+        path = resolve_model_path("models/SmolLM2-135M-Instruct")
+    except EngineConfigError as e:
+        pytest.skip(str(e))
+    return transformers.AutoTokenizer.from_pretrained(path)
+
+
+# -- fast unit tests ------------------------------------------------------------
+def test_detok_pieces_concatenate(tok):
+    for text in ["?iv('book')==True{g('book');}", "Grüße 東京 🚁 mf(50);  tc(90);", "d(3);mf(50);"]:
+        ids = tok.encode(text, add_special_tokens=False)
+        d = IncrementalDetokenizer(tok, tok.encode("Hello ", add_special_tokens=False), skip_ids=[2])
+        pieces = d.push_many(ids + [2])
+        assert "".join(pieces) == tok.decode(ids)
+        assert pieces[-1] == ""  # EOS has no text
+
+
+def test_int_range_regex_exact():
+    for lo, hi in [(20, 500), (1, 360), (0, 60), (-5, 7), (7, 7)]:
+        r = re.compile(grammar.int_range_regex(lo, hi))
+        assert [v for v in range(-30, 1100) if r.fullmatch(str(v))] == list(range(lo, hi + 1))
+
+
+@pytest.mark.parametrize("robot", ["drone", "arm"])
+def test_plan_regex_accepts_only_valid_plans(robot):
+    ss = load_skill_set(robot)
+    r = re.compile(grammar.plan_regex(ss))
+    good = {"drone": ["?s('cat')==True{g('cat');}", "tc(90);mf(50);", "d(2.5);mu(20);"],
+            "arm": ["sc();move_to(0.45,-0.2);pick('red_box');move_to('tray');place('tray');"]}[robot]
+    bad = {"drone": ["mf(10);", "tc(400);", "fly(3);", "mf(50)"], "arm": ["move_to(0.9,0);", "pick(red);"]}[robot]
+    for p in good:
+        assert r.fullmatch(p) and ss.validate(p, complete=True) is None, p
+    for p in bad:
+        assert not r.fullmatch(p), p
+
+
+def test_continuation_regex_after_cut():
+    ss = load_skill_set("drone")
+    assert re.fullmatch(grammar.continuation_regex(ss, "?s('cat')==True{"), "g('cat');}")
+    assert re.fullmatch(grammar.continuation_regex(ss, "tc(90)"), ";mf(50);")
+    assert re.fullmatch(grammar.continuation_regex(ss, "tc(90);"), "")
+
+
+def test_prompt_layout(tok):
+    pb = PromptBuilder(tok, "drone")
+    text = pb.render(CAT)
+    assert text.endswith("<|im_start|>assistant\n")  # the plan so far is the assistant's answer
+    assert "mf(distance" in text and "Task: [A] Could you find the cat?" in text
+    assert pb.render(CAT, plan_so_far="tc(90);").endswith("assistant\ntc(90);")
+    for robot in ("arm", "chatbot"):
+        assert PromptBuilder(tok, robot).token_ids("Put the cup in the bin.")
+
+
+# -- real transformers engine -----------------------------------------------------
+@pytest.fixture(scope="module")
+def eng(tok):
+    e = make_engine("config/engine_transformers_cpu.yaml")
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def pb(eng):
+    return PromptBuilder(eng.tokenizer, "drone")
+
+
+def _req(pb, gid, task=CAT, **kw):
+    return EngineRequest(gid, pb.token_ids(task), make_stop_checker(pb.skillset), max_new_tokens=40, **kw)
+
+
+@pytest.mark.engine
+def test_hf_segments_parse_and_match_unsegmented(eng, pb):
+    seg, whole = _req(pb, "hs"), _req(pb, "hw", suspend_at_boundary=False)
+    ev_s = driver.run(eng, [seg])["hs"]
+    ev_w = driver.run(eng, [whole])["hw"]
+    segs = [e for e in ev_s if e.reason is FinishReason.SEGMENT]
+    assert len(segs) >= 2, [e.text for e in ev_s]
+    for e in segs:
+        assert pb.skillset.parse(e.text), e.text
+    assert seg.output_token_ids == whole.output_token_ids
+    assert concat_segments(ev_s) == concat_segments(ev_w) == eng.decode(seg.output_token_ids)
+
+
+@pytest.mark.engine
+def test_hf_resume_reuses_kv_cache(eng, pb):
+    r = _req(pb, "hr")
+    ev = driver.run(eng, [r])["hr"]
+    assert len(ev) >= 2
+    resumed = [s for s in eng.submissions if s["gen_id"] == "hr"][1:]
+    assert resumed
+    for s in resumed:  # everything but the boundary token comes from the kept cache
+        assert s["cached_tokens"] == s["prompt_tokens"] - 1
+    assert all(e.cached_prompt_tokens > 0 for e in ev[1:])
+
+
+@pytest.mark.engine
+def test_hf_abort_frees(eng, pb):
+    r = _req(pb, "ha")
+    eng.add(r)
+    while "ha" in eng.running_ids():
+        eng.step()
+    assert "ha" in eng.suspended_ids()  # suspended at a boundary, cache kept
+    eng.abort("ha")
+    assert "ha" not in eng.suspended_ids() and not eng.has_work()
+    r2 = _req(pb, "hb", suspend_at_boundary=False)
+    eng.add(r2)
+    eng.step()
+    eng.abort("hb")
+    assert eng.stats().running == 0 and not eng.has_work()
+
+
+@pytest.mark.engine
+def test_hf_concurrent_suspended_holds_no_slot(eng, pb):
+    a, b = _req(pb, "ca"), _req(pb, "cb", task=BOY, suspend_at_boundary=False)
+    eng.add(a)
+    eng.add(b)
+    suspended, after = False, 0
+    while eng.has_work():
+        rep = eng.step()
+        if any(e.gen_id == "ca" and e.suspended for e in rep.events):
+            suspended = True
+            continue
+        if suspended:
+            assert rep.batch_size == 1 and "ca" not in eng.running_ids()
+            after += rep.new_tokens
+    assert suspended and after >= 3
+    assert driver.run(eng, [a])["ca"][-1].final

@@ -1,0 +1,165 @@
+"""Task records from planner traffic, and the metrics report over them.
+
+One :class:`RecordBuilder` turns the planner's messages (TaskRequest,
+PlanSegment, SegmentDone; rclpy messages or rosbags dataclasses alike) into
+the core's :class:`~timelyllm_ros.core.simulator.TaskRecord`, and
+:func:`timelyllm_ros.core.metrics.summarize` computes the report. The live
+collector (``timelyllm_ros.ros.live_metrics``) and the bag reader feed the
+same builder, so a bag's numbers equal the live numbers of the same run.
+
+Times are robot-side, as in the simulator: arrival = TaskRequest.stamp (the
+planner's receive time), a segment's start/end = its SegmentDone start/finish.
+A segment the robot never reported is left out of its task (it was not seen
+executing); such a task ends "incomplete".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from timelyllm_ros.core.metrics import Summary, summarize
+from timelyllm_ros.core.simulator import SegRecord, TaskRecord
+from timelyllm_ros.core.tuf import LEVELS
+from timelyllm_ros.core.workloads import plan_templates
+
+from .io import read_bag, stamp_ns
+from .typestore import REQUESTS, SEGMENT_DONE, SEGMENTS
+
+RECORD_TOPICS = (REQUESTS.name, SEGMENTS.name, SEGMENT_DONE.name)
+
+
+def _s(t: Any) -> float:
+    return stamp_ns(t) * 1e-9
+
+
+def _kind(msg: Any) -> str:
+    # rclpy class "TaskRequest"; rosbags dataclass "timelyllm_ros__msg__TaskRequest"
+    return type(msg).__name__.rsplit("__", 1)[-1]
+
+
+def resolve_tuf(tuf: Any) -> tuple[str, float, float, float]:
+    """(level, alpha, beta, ert) of a TimeUtility message, as the planner reads it (tuf_from_msg)."""
+    level = tuf.level.strip()
+    if level in LEVELS:
+        base = LEVELS[level]
+        return level, tuf.alpha or base.alpha, tuf.beta or base.beta, tuf.ert or base.ert
+    return (level or "custom"), tuf.alpha, tuf.beta, tuf.ert
+
+
+def task_type(robot_type: str, task: str) -> tuple[int, str]:
+    """(trace id, name) of the Table 2 task with this exact text, else (-1, robot type)."""
+    for t in plan_templates().values():
+        if t.robot_type == robot_type and t.task_input.strip() == task.strip():
+            return t.trace_id, t.name
+    return -1, robot_type or "?"
+
+
+@dataclass
+class _Task:
+    request: Any
+    seq: int
+    segments: dict[int, Any] = field(default_factory=dict)
+    done: dict[int, Any] = field(default_factory=dict)
+
+
+class RecordBuilder:
+    """Feed messages in arrival order (any interleaving); ``records()`` at any time."""
+
+    def __init__(self) -> None:
+        self._tasks: list[_Task] = []
+        self._by_id: dict[str, _Task] = {}
+        self._agents: dict[str, int] = {}
+        self.orphans = 0  # segments / reports of tasks whose request was not seen
+
+    def add(self, msg: Any, topic: str | None = None) -> None:
+        kind = _kind(msg)
+        if kind == "TaskRequest":
+            self.add_request(msg)
+        elif kind == "PlanSegment":
+            self.add_segment(msg)
+        elif kind == "SegmentDone":
+            self.add_done(msg)
+
+    def add_request(self, msg: Any) -> None:
+        t = _Task(msg, len(self._tasks))
+        self._tasks.append(t)
+        self._agents.setdefault(msg.robot_id, len(self._agents))
+        if msg.accepted and msg.task_id:
+            self._by_id[msg.task_id] = t
+
+    def add_segment(self, msg: Any) -> None:
+        t = self._by_id.get(msg.task_id)
+        if t is None:
+            self.orphans += 1
+            return
+        t.segments[int(msg.segment_index)] = msg
+
+    def add_done(self, msg: Any) -> None:
+        t = self._by_id.get(msg.task_id)
+        if t is None:
+            self.orphans += 1
+            return
+        t.done[int(msg.segment_index)] = msg
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def records(self) -> list[TaskRecord]:
+        return [self._record(t) for t in self._tasks]
+
+    def _record(self, t: _Task) -> TaskRecord:
+        r = t.request
+        level, alpha, beta, ert = resolve_tuf(r.tuf)
+        trace_id, name = task_type(r.robot_type, r.task)
+        rec = TaskRecord(job_id=t.seq, trace_id=trace_id, task_type=name, robot_type=r.robot_type, level=level,
+                         agent_id=self._agents[r.robot_id], arrival=_s(r.stamp), alpha=alpha, beta=beta, ert=ert)
+        if not r.accepted:
+            rec.status, rec.reason = "refused", r.error
+            return rec
+        texts = []
+        for k in sorted(t.segments):
+            seg = t.segments[k]
+            texts.append(seg.text)
+            d = t.done.get(k)
+            if d is None:
+                continue
+            start, end = _s(d.start), _s(d.finish)
+            gen = _s(seg.stamp_generated)
+            rec.segments.append(SegRecord(k, seg.text, len(seg.skills), dispatch=gen, recv=gen, start=start,
+                                          end=end, exec_s=max(0.0, end - start)))
+        rec.plan = "".join(texts)
+        failed = [d for d in t.done.values() if not d.success]
+        final = any(s.is_final for s in t.segments.values())
+        if failed:
+            rec.status, rec.reason = "failed", f"robot failed: {failed[0].error}"
+        elif final and len(rec.segments) == len(t.segments):
+            rec.status = "done"
+        else:
+            rec.status = "incomplete"
+        rec.finished = max((s.end for s in rec.segments), default=math.nan)
+        return rec
+
+
+def records_from_messages(msgs: Iterable[Any]) -> list[TaskRecord]:
+    b = RecordBuilder()
+    for m in msgs:
+        b.add(m)
+    return b.records()
+
+
+def records_from_bag(path: str | Path) -> list[TaskRecord]:
+    """Task records of a recorded bag (needs /plan_requests; segments and reports when recorded)."""
+    return records_from_messages(m.msg for m in read_bag(path, RECORD_TOPICS))
+
+
+def bag_metrics(path: str | Path) -> list[Summary]:
+    """The metrics report (per task type, per urgency level, overall) of a bag alone."""
+    return summarize(records_from_bag(path))
+
+
+__all__ = ["RECORD_TOPICS", "RecordBuilder", "bag_metrics", "records_from_bag", "records_from_messages",
+           "resolve_tuf", "task_type"]

@@ -129,3 +129,35 @@ def test_admission_and_estimator():
         for _ in range(50):
             est.observe(b, 0.03 + 0.002 * (b - 1))
     assert abs(est.step_time(16) - (0.03 + 0.002 * 15)) < 0.005
+
+
+def test_invalid_llm_output_never_reaches_the_robot():
+    # an unknown skill after a valid segment: the valid one is sent, the task then fails with the reason
+    clock = SimClock()
+    core, segs, results = make_core(clock=clock)
+    core.submit(spec(0, plan="tc(30);fly(3);mf(50);"))
+    drain(core, clock)
+    assert [s[2] for s in segs] == ["tc(30);"]
+    (res,) = results
+    assert res.status is TaskStatus.FAILED and "fly" in res.reason and "segment 1" in res.reason
+    assert "t0" not in core.engine.running_ids()
+
+
+def test_out_of_range_argument_fails_before_anything_is_sent():
+    for policy in ("pud", "fcfs", "fcfs-stream"):
+        clock = SimClock()
+        core, segs, results = make_core(policy, clock=clock)
+        core.submit(spec(0, plan="mf(900);tc(30);"))
+        drain(core, clock)
+        assert segs == [], policy
+        (res,) = results
+        assert res.status is TaskStatus.FAILED and "900" in res.reason and "outside" in res.reason, res.reason
+
+
+def test_fcfs_holds_a_plan_back_when_a_later_segment_is_invalid():
+    clock = SimClock()
+    core, segs, results = make_core("fcfs", clock=clock)
+    core.submit(spec(0, plan="tc(30);mf(50);tc(999);"))
+    drain(core, clock)
+    assert segs == []  # fcfs sends the whole plan at the end, so nothing of it was sent
+    assert results[0].status is TaskStatus.FAILED

@@ -209,6 +209,10 @@ class _SkillHooks:
 
         return make_stop_checker(self.skillset(robot_type))
 
+    def validate(self, robot_type: str, text: str) -> str | None:
+        """None if ``text`` is a valid segment of the robot's skill set, else the reason."""
+        return self.skillset(robot_type).validate(text)
+
     def parse(self, robot_type: str, text: str) -> list[Any]:
         if not text.strip():
             return []
@@ -543,6 +547,19 @@ class PlannerCore:
     # -- engine events ----------------------------------------------------------
     def _on_event(self, g: Generation, ev: SegmentEvent, now: float) -> None:
         text = ev.text
+        # LLM output is untrusted: a segment reaches the robot only if it parses
+        # against the robot's skill set with every argument inside its bounds.
+        deliverable = ev.reason in (FinishReason.SEGMENT, FinishReason.STOP)
+        if not deliverable:
+            text = ""  # a cut-off fragment (length cap, runaway segment, abort) is never sent
+        err = self.hooks.validate(g.robot_type, text) if text.strip() else None
+        if err is not None:
+            self._running.pop(g.task_id, None)
+            if g.task_id in self.engine.running_ids():
+                self.engine.abort(g.task_id)
+            self._finish(g, TaskStatus.FAILED, f"invalid plan output in segment {len(g.segments)} "
+                                               f"({text.strip()[:60]!r}): {err}")
+            return
         if text or ev.reason is FinishReason.SEGMENT:
             self._add_segment(g, ev, now)
         if ev.reason is FinishReason.SEGMENT:

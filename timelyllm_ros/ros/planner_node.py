@@ -20,6 +20,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import rclpy
@@ -71,16 +72,15 @@ class GoalError(ValueError):
 
 
 class PlannerNode(Node):
-    def __init__(self, *, policy: str = "pud", engine: Any = None, core_config: CoreConfig | None = None,
-                 parameter_overrides: list[Parameter] | None = None, node_name: str = "planner", **node_kw) -> None:
+    def __init__(self, *, policy: str = "pud", engine: Any = None, constrained: bool = False,
+                 core_config: CoreConfig | None = None, parameter_overrides: list[Parameter] | None = None,
+                 node_name: str = "planner", **node_kw) -> None:
         super().__init__(node_name, parameter_overrides=parameter_overrides or [], **node_kw)
         p = self._declare_params()
         p["policy"] = policy
         self._bridge = ClockBridge()
         if engine is None:
-            from timelyllm_ros.engines.factory import make_engine
-
-            engine = make_engine(p["engine_config"])
+            engine, constrained = engine_from_config(p["engine_config"])
         self.engine = engine
         from timelyllm_ros.core.admission import make_admission
 
@@ -92,7 +92,7 @@ class PlannerNode(Node):
         self._mail_lock = threading.Lock()
         self._seg_pubs: dict[str, Any] = {}
         self._pub_lock = threading.Lock()
-        self._prompts = _PromptRenderer(engine)
+        self._prompts = _PromptRenderer(engine, constrained)
         self._skillset_ids: dict[str, str] = {}
 
         goals = ReentrantCallbackGroup()
@@ -162,7 +162,7 @@ class PlannerNode(Node):
         if limit and len(prompt_ids) + 16 > limit:
             raise GoalError(f"task: the prompt is {len(prompt_ids)} tokens, too long for the model's context "
                             f"of {limit} tokens")
-        extra = {}
+        extra = self._prompts.extras(robot_type)
         if getattr(self.engine, "needs_plan_text", False):  # simulated engine: it writes a known plan
             from timelyllm_ros.engines.sim_realtime import sim_plan_for
 
@@ -418,21 +418,52 @@ def _utility_estimate(core: PlannerCore, task_id: str) -> float:
 
 
 class _PromptRenderer:
-    """Task text -> prompt token ids for the engine (cached per robot type)."""
+    """Task text -> prompt token ids (and the constrained-decoding regex) per robot type."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, constrained: bool = False) -> None:
         self.engine = engine
+        self.constrained = constrained
+        self._builders: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def builder(self, robot_type: str):
+        with self._lock:
+            b = self._builders.get(robot_type)
+            if b is None:
+                from timelyllm_ros.engines.prompts import PromptBuilder
+
+                b = self._builders[robot_type] = PromptBuilder(self.engine.tokenizer, robot_type)
+            return b
 
     def token_ids(self, robot_type: str, task: str) -> list[int]:
         if getattr(self.engine, "needs_plan_text", False):  # simulated engine: only the length matters
             return self.engine.tokenize(task)
-        from timelyllm_ros.engines.prompts import render_prompt_ids
+        return self.builder(robot_type).token_ids(task)
 
-        return render_prompt_ids(self.engine, robot_type, task)
+    def extras(self, robot_type: str) -> dict:
+        if self.constrained and not getattr(self.engine, "needs_plan_text", False):
+            return {"regex": self.builder(robot_type).regex}  # re-evaluated at every resume
+        return {}
 
 
-def build_planner(parameter_overrides: list[Parameter] | None = None, engine: Any = None, **node_kw
-                  ) -> tuple[PlannerNode, SchedulerNode]:
+def engine_from_config(name: str) -> tuple[Any, bool]:
+    """Engine from a YAML (name in config/ or a path); the simulated one is paced in wall-clock time here."""
+    from timelyllm_ros.core.paths import config_dir
+    from timelyllm_ros.engines.factory import load_engine_config, make_engine
+
+    path = name if Path(name).is_file() else config_dir() / name
+    cfg = load_engine_config(path)
+    if cfg.get("backend") == "sim":
+        from timelyllm_ros.core.sim_engine import SimEngineConfig
+        from timelyllm_ros.engines.sim_realtime import RealtimeSimEngine
+
+        return RealtimeSimEngine(SimEngineConfig(**(cfg.get("sim_engine") or {})),
+                                 time_scale=float(cfg.get("time_scale", 1.0))), False
+    return make_engine(cfg), bool(cfg.get("constrained", False))
+
+
+def build_planner(parameter_overrides: list[Parameter] | None = None, engine: Any = None, constrained: bool = False,
+                  **node_kw) -> tuple[PlannerNode, SchedulerNode]:
     """The scheduler node owns ``policy``; the planner builds its core with it.
 
     ``node_kw`` goes to both nodes (e.g. ``context=``).
@@ -440,7 +471,7 @@ def build_planner(parameter_overrides: list[Parameter] | None = None, engine: An
     overrides = parameter_overrides or []
     sched = SchedulerNode(parameter_overrides=[p for p in overrides if p.name in ("policy", "state_period_s")],
                           **node_kw)
-    planner = PlannerNode(policy=sched.policy_name, engine=engine,
+    planner = PlannerNode(policy=sched.policy_name, engine=engine, constrained=constrained,
                           parameter_overrides=[p for p in overrides if p.name != "policy"], **node_kw)
     sched.attach(planner.core)
     return planner, sched

@@ -1,0 +1,275 @@
+"""The fleet demo (README's main command): a short LRTrace workload served by
+the real stack — vLLM with the bundled model, the PUD scheduler, ROS 2
+nodes — to a simulated drone fleet, with urgent tasks among normal ones.
+
+    python -m timelyllm_ros.demo                     # policy pud
+    python -m timelyllm_ros.demo --compare fcfs      # then the same workload under fcfs, side by side
+    python -m timelyllm_ros.demo --engine engine_sim.yaml   # no weights: the simulated engine
+
+Prints every segment as the robot receives it, a progress bar, and at the end
+the metrics table (utility per task type, response and robot waiting time),
+writing results (markdown, CSV, JSON) and a PNG plot under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from timelyllm_ros.core import metrics
+from timelyllm_ros.core.simulator import SegRecord, TaskRecord
+from timelyllm_ros.core.workloads import Job, Workload, load_workload
+
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 130)
+
+
+@dataclass
+class RunResult:
+    policy: str
+    records: list[TaskRecord]
+    summary: list[metrics.Summary]
+    wall_s: float
+    decision_ms: dict[str, float]
+
+
+def pick_jobs(workload: Workload, events: int, per_event: int, max_gap_s: float) -> list[Job]:
+    """The first ``per_event`` jobs of each of the first ``events`` events, with idle gaps
+    between events shortened to ``max_gap_s`` (the trace waits up to a minute)."""
+    groups: list[list[Job]] = []
+    for j in workload.jobs:
+        if groups and j.trigger_time - groups[-1][0].trigger_time < 0.5:
+            groups[-1].append(j)
+        elif len(groups) < events:
+            groups.append([j])
+        else:
+            break
+    out: list[Job] = []
+    t_shift = 0.0
+    prev_start = None
+    for g in groups:
+        start = g[0].trigger_time
+        if prev_start is not None:
+            t_shift += max(0.0, (start - prev_start) - max_gap_s)
+        prev_start = start
+        for j in g[:per_event]:
+            out.append(Job(j.job_id, j.trigger_time - t_shift - groups[0][0].trigger_time, j.agent_id, j.trace_id,
+                           j.task_input, j.exe_time_detail, j.tuf, j.task_exe_time))
+    return out
+
+
+@contextmanager
+def _spinning(nodes: list[Any], ctx: Any) -> Iterator[Any]:
+    from rclpy.executors import MultiThreadedExecutor
+
+    ex = MultiThreadedExecutor(num_threads=32, context=ctx)
+    for n in nodes:
+        ex.add_node(n)
+    t = threading.Thread(target=ex.spin, daemon=True)
+    t.start()
+    try:
+        yield ex
+    finally:
+        ex.shutdown(timeout_sec=5)
+        t.join(timeout=5)
+
+
+def run_policy(engine: Any, constrained: bool, policy: str, jobs: list[Job], args: argparse.Namespace) -> RunResult:
+    import rclpy
+    from rclpy.parameter import Parameter
+
+    from timelyllm_ros.ros.exec_time_node import ExecTimeNode
+    from timelyllm_ros.ros.planner_node import build_planner
+    from timelyllm_ros.ros.sim_fleet_node import SimFleetNode
+    from timelyllm_ros.ros.workload_client import WorkloadClient, robot_id_of
+
+    ctx = rclpy.Context()
+    rclpy.init(context=ctx)
+    robots = sorted({robot_id_of(j) for j in jobs} | {"drone_warmup"})
+    planner, sched = build_planner([Parameter("policy", value=policy), Parameter("admission", value=args.admission)],
+                                   engine=engine, constrained=constrained, context=ctx)
+    fleet = SimFleetNode(context=ctx, parameter_overrides=[
+        Parameter("robots", value=robots), Parameter("time_scale", value=args.fleet_time_scale),
+        Parameter("seed", value=args.seed)])
+    exec_time = ExecTimeNode(models=planner.core.hooks.exec_model, context=ctx)
+    done_count = [0]
+
+    progress = Progress(TextColumn(f"[bold]{policy:>12}"), BarColumn(), MofNCompleteColumn(), TextColumn("tasks"),
+                        TimeElapsedColumn(), console=console, transient=False)
+    bar = progress.add_task(policy, total=len(jobs))
+    t_start = [time.monotonic()]
+
+    def show_segment(rec: TaskRecord, seg: SegRecord) -> None:
+        urgent = "[red]URGENT[/red]" if rec.level == "urgent" else "normal"
+        progress.console.print(
+            f"[dim]{time.monotonic() - t_start[0]:7.3f}s[/dim]  {robot_label(rec):<9} {urgent:<6} "
+            f"{rec.task_type:<20} #{seg.index} [cyan]{seg.text}[/cyan]")
+
+    def task_done(rec: TaskRecord) -> None:
+        done_count[0] += 1
+        progress.update(bar, completed=done_count[0])
+        if rec.status != "done":
+            progress.console.print(f"[yellow]{robot_label(rec)} {rec.task_type}: {rec.status} ({rec.reason})")
+
+    client = WorkloadClient(jobs, speed=args.speed, on_segment=show_segment, on_done=task_done, context=ctx)
+    nodes = [planner, sched, fleet, exec_time, client]
+    try:
+        with _spinning(nodes, ctx):
+            if not client.wait_for_planner(60):
+                raise RuntimeError("the planner's action server never came up")
+            _warm_up(client, ctx)
+            console.rule(f"[bold]policy {policy}: {len(jobs)} tasks "
+                         f"({sum(1 for j in jobs if j.tuf[0] > 1)} urgent) on {len(robots) - 1} drones")
+            t_start[0] = time.monotonic()
+            with progress:
+                records = client.run(timeout=args.timeout)
+                if not client.wait_for_reports(timeout=60):
+                    console.print("[yellow]some robots did not report every segment in time")
+            wall = time.monotonic() - t_start[0]
+            decisions = metrics.decision_stats(planner.core.decision_times)
+            planner.shutdown()
+    finally:
+        for n in nodes:
+            n.destroy_node()
+        rclpy.shutdown(context=ctx)
+    if hasattr(engine, "reset_prefix_cache"):
+        engine.reset_prefix_cache()  # the next policy starts from the same (cold) cache
+    return RunResult(policy, records, metrics.summarize(records), wall, decisions)
+
+
+def robot_label(rec: TaskRecord) -> str:
+    return f"{rec.robot_type}_{rec.agent_id}"
+
+
+def _warm_up(client: Any, ctx: Any) -> None:
+    """One task before the clock starts: the first vLLM forward passes are slow to set up."""
+    import rclpy
+
+    from timelyllm_ros.action import PlanTask
+    from timelyllm_ros.msg import TimeUtility
+
+    goal = PlanTask.Goal(task_id="warmup", robot_id="drone_warmup", robot_type="drone",
+                         task="Scene: [] Task: [A] Turn around once.", tuf=TimeUtility(level="normal"))
+    fut = client._action.send_goal_async(goal)
+    end = time.monotonic() + 120
+    while not fut.done() and time.monotonic() < end and rclpy.ok(context=ctx):
+        time.sleep(0.05)
+    res = fut.result().get_result_async()
+    while not res.done() and time.monotonic() < end:
+        time.sleep(0.05)
+
+
+def print_table(results: list[RunResult]) -> None:
+    t = Table(title="Per task type (utility U = TUF_0(response time); U/beta normalised; times in s)")
+    for col in ("policy", "task type", "n", "U", "U/beta", "resp mean", "resp p95", "robot wait", "miss", "failed"):
+        t.add_column(col, justify="left" if col in ("policy", "task type") else "right")
+    for r in results:
+        for s in r.summary:
+            style = "bold" if s.group.startswith("all") else None
+            t.add_row(r.policy, s.group, str(s.n), _f(s.utility), _f(s.utility_norm), _f(s.response_mean),
+                      _f(s.response_p95), _f(s.waiting_mean), f"{s.miss_rate:.0%}", str(s.failed), style=style)
+        t.add_section()
+    console.print(t)
+
+
+def _f(x: float) -> str:
+    return "nan" if math.isnan(x) else f"{x:.3f}"
+
+
+def write_results(results: list[RunResult], out: Path, args: argparse.Namespace) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    md = [f"# Fleet demo ({time.strftime('%Y-%m-%d %H:%M:%S')})", "",
+          f"Command: `{' '.join(['python -m timelyllm_ros.demo', *args.argv])}`", ""]
+    for r in results:
+        rows += metrics.summary_dicts(r.summary, policy=r.policy)
+        md += [f"## {r.policy} (wall {r.wall_s:.1f} s; decision time mean {r.decision_ms['mean_ms']:.3f} ms, "
+               f"p99 {r.decision_ms['p99_ms']:.3f} ms over {r.decision_ms['decisions']} decisions)", "",
+               metrics.to_markdown(r.summary)]
+    (out / "results.md").write_text("\n".join(md))
+    metrics.write_csv(out / "results.csv", rows)
+    (out / "records.json").write_text(json.dumps(
+        {r.policy: [_record_dict(x) for x in r.records] for r in results}, indent=1, default=str))
+    groups = [s.group for s in results[0].summary]
+    png = out / "utility_per_task_type.png"
+    metrics.bar_plot(png, groups, {r.policy: [s.utility_norm for s in r.summary] for r in results},
+                     "mean utility / beta", "Fleet demo: time utility per task type (1 = answered within ERT)",
+                     hline=1.0)
+    metrics.bar_plot(out / "response_time.png", groups,
+                     {r.policy: [s.response_mean for s in r.summary] for r in results},
+                     "mean response time (s)", "Fleet demo: response time (arrival -> first action)")
+    return png
+
+
+def _record_dict(r: TaskRecord) -> dict:
+    d = {k: getattr(r, k) for k in ("job_id", "trace_id", "task_type", "level", "agent_id", "status", "reason",
+                                     "plan")}
+    d.update(response_time=r.response_time, utility=r.utility(), robot_waiting=r.robot_waiting,
+             completion_time=r.completion_time, segments=[vars(s) for s in r.segments])
+    return d
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(prog="timelyllm demo", description=__doc__.splitlines()[0])
+    ap.add_argument("--policy", default="pud", help="scheduling policy (default pud)")
+    ap.add_argument("--compare", default="", help="also run this policy on the same workload (e.g. fcfs)")
+    ap.add_argument("--engine", default="engine_vllm_cpu.yaml", help="engine YAML (name in config/ or path)")
+    ap.add_argument("--workload", default="wid2", help="LRTrace workload: wid2 (real trace), wid1/wid3, or a path")
+    ap.add_argument("--events", type=int, default=2, help="how many arrival events of the trace to serve")
+    ap.add_argument("--per-event", type=int, default=6, help="at most this many tasks of each event")
+    ap.add_argument("--max-gap", type=float, default=6.0, help="shorten idle gaps between events to this (s)")
+    ap.add_argument("--speed", type=float, default=1.0, help="arrival-time speed-up factor")
+    ap.add_argument("--fleet-time-scale", type=float, default=1.0, help="robot execution time factor")
+    ap.add_argument("--admission", default="latency", help="'latency' or a fixed batch cap")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--out", default="", help="results folder (default out/demo/<time>)")
+    args = ap.parse_args(argv)
+    args.argv = argv
+
+    policies = [args.policy] + ([args.compare] if args.compare else [])
+    jobs = pick_jobs(load_workload(args.workload, args.seed), args.events, args.per_event, args.max_gap)
+    if not jobs:
+        ap.error("the workload selection is empty")
+    out = Path(args.out or Path("out") / "demo" / time.strftime("%Y%m%d-%H%M%S"))
+
+    from timelyllm_ros.ros.planner_node import engine_from_config
+
+    with console.status(f"loading the engine ({args.engine}) ..."):
+        t0 = time.monotonic()
+        engine, constrained = engine_from_config(args.engine)
+    console.print(f"engine {type(engine).__name__} ({getattr(engine, 'model', 'simulated')}) "
+                  f"loaded in {time.monotonic() - t0:.1f} s")
+    results = []
+    try:
+        for p in policies:
+            results.append(run_policy(engine, constrained, p, jobs, args))
+    finally:
+        engine.close()
+    print_table(results)
+    png = write_results(results, out, args)
+    if len(results) == 2:
+        a, b = ({s.group: s for s in r.summary} for r in results)
+        for grp in ("all urgent", "all normal"):
+            if grp in a and grp in b:
+                console.print(f"{grp}: U/beta {results[0].policy} {a[grp].utility_norm:.3f} vs "
+                              f"{results[1].policy} {b[grp].utility_norm:.3f}")
+    console.print(f"results: {out / 'results.md'}\nplot: {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

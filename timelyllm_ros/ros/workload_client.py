@@ -1,0 +1,155 @@
+"""Robots' side of a workload: send each job as a PlanTask goal at its time, and
+record what the robots saw (segments, execution start/end from SegmentDone)
+as core TaskRecords, so live runs are measured by the same metrics code as
+simulations.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rclpy.action import ActionClient
+from rclpy.callback_groups import ReentrantCallbackGroup
+from rclpy.node import Node
+
+from timelyllm_ros.action import PlanTask
+from timelyllm_ros.core.simulator import SegRecord, TaskRecord
+from timelyllm_ros.core.workloads import Job, plan_templates
+from timelyllm_ros.msg import SegmentDone
+from timelyllm_ros.ros.convert import ClockBridge, tuf_to_msg
+from timelyllm_ros.ros.planner_node import RELIABLE
+
+STATUS = {PlanTask.Result.STATUS_SUCCEEDED: "done", PlanTask.Result.STATUS_REJECTED: "rejected",
+          PlanTask.Result.STATUS_FAILED: "failed", PlanTask.Result.STATUS_CANCELED: "cancelled",
+          PlanTask.Result.STATUS_OVERDUE: "rejected", PlanTask.Result.STATUS_ROBOT_FAILED: "failed"}
+
+
+def robot_type_of(job: Job) -> str:
+    t = plan_templates().get(job.trace_id)
+    return t.robot_type if t else "drone"
+
+
+def robot_id_of(job: Job) -> str:
+    return f"{robot_type_of(job)}_{job.agent_id}"
+
+
+class WorkloadClient(Node):
+    """Sends jobs at ``arrival / speed`` seconds after :meth:`start`; collects TaskRecords."""
+
+    def __init__(self, jobs: list[Job], *, speed: float = 1.0, action: str = "/plan_task",
+                 on_segment: Callable[[TaskRecord, SegRecord], None] | None = None,
+                 on_done: Callable[[TaskRecord], None] | None = None, node_name: str = "workload_client",
+                 **node_kw: Any) -> None:
+        super().__init__(node_name, **node_kw)
+        if speed <= 0:
+            raise ValueError(f"speed must be > 0, got {speed}")
+        self.jobs, self.speed = jobs, speed
+        self.on_segment, self.on_done = on_segment, on_done
+        self._group = ReentrantCallbackGroup()
+        self._action = ActionClient(self, PlanTask, action, callback_group=self._group)
+        self._bridge = ClockBridge()
+        tpl = plan_templates()
+        self.records: dict[int, TaskRecord] = {}
+        for j in jobs:
+            t = tpl.get(j.trace_id)
+            tuf = j.time_utility
+            self.records[j.job_id] = TaskRecord(
+                job_id=j.job_id, trace_id=j.trace_id, task_type=t.name if t else f"trace_{j.trace_id}",
+                robot_type=robot_type_of(j), level=tuf.level, agent_id=j.agent_id, arrival=float("nan"),
+                alpha=tuf.alpha, beta=tuf.beta, ert=tuf.ert)
+        self._by_task: dict[str, TaskRecord] = {}
+        self._early: dict[tuple[str, int], SegmentDone] = {}  # reports that overtook their feedback
+        self._lock = threading.Lock()
+        self._finished = threading.Event()
+        self._open = len(jobs)
+        self.create_subscription(SegmentDone, "/segment_done", self._segment_done, RELIABLE,
+                                 callback_group=self._group)
+
+    def wait_for_planner(self, timeout: float = 120.0) -> bool:
+        return self._action.wait_for_server(timeout_sec=timeout)
+
+    def run(self, timeout: float = 600.0) -> list[TaskRecord]:
+        """Send every job at its time (blocking this thread); wait for all results."""
+        t0 = time.monotonic()
+        first = min((j.trigger_time for j in self.jobs), default=0.0)
+        for j in sorted(self.jobs, key=lambda j: j.trigger_time):
+            delay = t0 + (j.trigger_time - first) / self.speed - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            self._send(j)
+        if not self._finished.wait(max(0.0, timeout - (time.monotonic() - t0))):
+            raise TimeoutError(f"{self._open} of {len(self.jobs)} tasks had no result after {timeout} s")
+        return [self.records[j.job_id] for j in self.jobs]
+
+    def _send(self, job: Job) -> None:
+        rec = self.records[job.job_id]
+        task_id = f"job{job.job_id}"
+        with self._lock:
+            self._by_task[task_id] = rec
+        rec.arrival = time.monotonic()
+        goal = PlanTask.Goal(task_id=task_id, robot_id=robot_id_of(job), robot_type=rec.robot_type,
+                             task=job.task_input, tuf=tuf_to_msg(job.time_utility))
+        fut = self._action.send_goal_async(goal, feedback_callback=lambda m, r=rec: self._feedback(r, m.feedback))
+        fut.add_done_callback(lambda f, r=rec: self._accepted(r, f))
+
+    def _feedback(self, rec: TaskRecord, fb: PlanTask.Feedback) -> None:
+        s = fb.segment
+        seg = SegRecord(index=s.segment_index, text=s.text, skills=len(s.skills),
+                        dispatch=self._bridge.to_core(s.stamp_generated), recv=time.monotonic())
+        with self._lock:
+            while len(rec.segments) <= s.segment_index:
+                rec.segments.append(None)  # type: ignore[arg-type]  # filled below; feedback may reorder
+            rec.segments[s.segment_index] = seg
+            early = self._early.pop((s.task_id, s.segment_index), None)
+        if early is not None:
+            self._segment_done(early)
+        if self.on_segment:
+            self.on_segment(rec, seg)
+
+    def _segment_done(self, msg: SegmentDone) -> None:
+        with self._lock:
+            rec = self._by_task.get(msg.task_id)
+            if rec is None:
+                return
+            if msg.segment_index >= len(rec.segments) or rec.segments[msg.segment_index] is None:
+                self._early[(msg.task_id, msg.segment_index)] = msg  # the robot was faster than the feedback
+                return
+            seg = rec.segments[msg.segment_index]
+            seg.start, seg.end = self._bridge.to_core(msg.start), self._bridge.to_core(msg.finish)
+            seg.exec_s = seg.end - seg.start
+
+    def _accepted(self, rec: TaskRecord, fut) -> None:
+        handle = fut.result()
+        if handle is None or not handle.accepted:
+            self._close(rec, "rejected", "goal not accepted")
+            return
+        handle.get_result_async().add_done_callback(lambda f, r=rec: self._result(r, f.result().result))
+
+    def _result(self, rec: TaskRecord, res: PlanTask.Result) -> None:
+        rec.plan = res.plan_text
+        self._close(rec, STATUS.get(res.status, "failed"), res.message)
+
+    def _close(self, rec: TaskRecord, status: str, reason: str) -> None:
+        with self._lock:
+            rec.status, rec.reason, rec.finished = status, reason, time.monotonic()
+            rec.segments = [s for s in rec.segments if s is not None]
+            self._open -= 1
+            done = self._open == 0
+        if self.on_done:
+            self.on_done(rec)
+        if done:
+            self._finished.set()
+
+    def wait_for_reports(self, timeout: float = 60.0) -> bool:
+        """Wait until every dispatched segment of a served task has its SegmentDone (robots finish)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            with self._lock:
+                missing = [s for r in self.records.values() for s in r.segments if s.start != s.start]  # NaN
+            if not missing:
+                return True
+            time.sleep(0.05)
+        return False

@@ -22,6 +22,7 @@ and blocks left open for a later one are fine).
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -588,13 +589,17 @@ def skills_dir() -> Path:
 
 
 _CACHE: dict[Path, SkillSet] = {}
+_RESOLVED: dict[tuple[str, str], Path] = {}
 _CACHE_LOCK = Lock()
 
 
 def load_skill_set(name_or_robot_type_or_path: str | Path) -> SkillSet:
     """Skill set by file path, file stem / id (``drone_minispec``) or robot
     type (``drone``), looked up in :func:`skills_dir`. Cached per file."""
-    path = _resolve(name_or_robot_type_or_path)
+    key = (str(name_or_robot_type_or_path), os.environ.get("TIMELYLLM_SHARE", ""))
+    path = _RESOLVED.get(key)
+    if path is None:  # resolving a robot type reads every YAML: do it once per key
+        path = _RESOLVED[key] = _resolve(name_or_robot_type_or_path)
     with _CACHE_LOCK:
         ss = _CACHE.get(path)
         if ss is None:
@@ -605,6 +610,7 @@ def load_skill_set(name_or_robot_type_or_path: str | Path) -> SkillSet:
 def clear_skill_set_cache() -> None:
     with _CACHE_LOCK:
         _CACHE.clear()
+        _RESOLVED.clear()
 
 
 def available_skill_sets() -> dict[str, Path]:

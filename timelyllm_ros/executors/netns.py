@@ -169,10 +169,11 @@ class EmulatedDrone:
 
         if not self.log_path.exists():
             return []
-        return [json.loads(x) for x in self.log_path.read_text().splitlines() if x.strip()]
+        entries = [json.loads(x) for x in self.log_path.read_text().splitlines() if x.strip()]
+        return sorted(entries, key=lambda e: e["seq"])  # in the order received
 
     def commands(self) -> list[str]:
-        """Commands the drone received (dropped packets excluded), in order."""
+        """Commands the drone received (dropped packets excluded), in the order received."""
         return [e["cmd"] for e in self.log() if not e.get("dropped")]
 
     def kill(self) -> None:

@@ -12,7 +12,9 @@ an interrupted motion is answered ``ok`` after ``stop`` (the drone is hovering,
 the command is over) and ``error Motor stop`` after ``emergency``. Read
 commands (``battery?``, ``height?`` ...) answer values; anything else answers
 ``error``. Every received command is written to a JSON-lines log:
-``{"t": .., "cmd": "forward 50", "reply": "ok"}``.
+``{"seq": 4, "t": .., "cmd": "forward 50", "reply": "ok"}``, written when the
+reply goes out; ``seq`` numbers the commands in the order they were received
+(``stop`` during a motion is answered first but received second).
 
 Fault injection for tests: ``drop`` ignores the first N packets of a command
 word (a lost UDP packet: the SDK client retries).
@@ -71,6 +73,7 @@ class TelloEmulator:
         self.client: tuple[str, int] | None = None
         self._t0 = time.monotonic()
         self._work: queue.Queue = queue.Queue()
+        self._seq = 0
         self._interrupt = threading.Event()
         self._interrupt_reply = "ok"
         self._closed = threading.Event()
@@ -104,9 +107,9 @@ class TelloEmulator:
         self.close()
 
     def commands(self) -> list[str]:
-        """Commands received and not dropped, in order."""
+        """Commands received and not dropped, in the order received."""
         with self._log_lock:
-            return [e["cmd"] for e in self.log if not e.get("dropped")]
+            return [e["cmd"] for e in sorted(self.log, key=lambda e: e["seq"]) if not e.get("dropped")]
 
     # -- protocol ------------------------------------------------------------------
     def _record(self, entry: dict) -> None:
@@ -135,29 +138,31 @@ class TelloEmulator:
                 return
             cmd = data.decode("utf-8", "replace").strip()
             word = cmd.split(" ")[0]
+            self._seq += 1
+            seq = self._seq
             if self.drop.get(word, 0) > 0:
                 self.drop[word] -= 1
-                self._record({"cmd": cmd, "reply": None, "dropped": True})
+                self._record({"seq": seq, "cmd": cmd, "reply": None, "dropped": True})
                 continue
             if cmd in ("stop", "emergency"):  # act at once, even during a motion
                 self._interrupt_reply = "ok" if cmd == "stop" else "error Motor stop"
                 self._interrupt.set()
                 if cmd == "emergency":
                     self.flying, self.height_cm = False, 0
-                self._record({"cmd": cmd, "reply": "ok"})
+                self._record({"seq": seq, "cmd": cmd, "reply": "ok"})
                 self._reply(addr, "ok")
                 continue
-            self._work.put((cmd, addr))
+            self._work.put((seq, cmd, addr))
 
     def _work_loop(self) -> None:
         while not self._closed.is_set():
             item = self._work.get()
             if item is None:
                 return
-            cmd, addr = item
+            seq, cmd, addr = item
             self._interrupt.clear()
             reply = self._execute(cmd, addr)
-            self._record({"cmd": cmd, "reply": reply})
+            self._record({"seq": seq, "cmd": cmd, "reply": reply})
             self._reply(addr, reply)
 
     def _sleep(self, seconds: float) -> bool:

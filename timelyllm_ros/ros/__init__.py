@@ -9,4 +9,7 @@ NODE_EXECUTABLES: dict[str, str] = {
     "exec_time_node": "timelyllm_ros.ros.exec_time_node:main",
     "sim_fleet_node": "timelyllm_ros.ros.sim_fleet_node:main",
     "plan_client": "timelyllm_ros.ros.client:main",
+    "drone_executor_node": "timelyllm_ros.ros.drone_executor_node:main",
+    "arm_executor_node": "timelyllm_ros.ros.arm_executor_node:main",
+    "sim_arm_controller_node": "timelyllm_ros.ros.sim_arm_controller_node:main",
 }

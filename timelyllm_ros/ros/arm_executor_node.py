@@ -1,0 +1,153 @@
+"""Arm executors: one node per arm (namespace ``/<robot_id>``), all in one process.
+
+Each skill call becomes a trajectory_msgs/JointTrajectory on
+``/<robot_id>/joint_trajectory`` (RELIABLE); the controller answers on
+``/<robot_id>/trajectory_status`` with a std_msgs/Header whose ``stamp``
+echoes the trajectory's ``header.stamp`` (its id) and whose ``frame_id`` is
+``succeeded``, ``stopped`` or ``aborted: <reason>``. An empty trajectory
+means "stop now" (the joint_trajectory_controller convention). The scene
+(object positions on the table) comes from ``/<robot_id>/scene`` like the
+drones'.
+
+    ros2 run timelyllm_ros arm_executor_node --ros-args -p robots:="[arm_0]" -p time_scale:=1.0
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import rclpy
+from builtin_interfaces.msg import Duration
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.node import Node
+from std_msgs.msg import Header, String
+from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+
+from timelyllm_ros.core.skills import load_skill_set
+from timelyllm_ros.executors.arm_backend import ArmExecutor, TrajectoryPlan
+from timelyllm_ros.executors.base import ExecutionError, StopSignal
+from timelyllm_ros.executors.perception import ScriptedScene
+from timelyllm_ros.ros.convert import time_msg
+from timelyllm_ros.ros.drone_executor_node import SCENE_QOS, scene_topic
+from timelyllm_ros.ros.executor_base import RobotExecutorNode
+from timelyllm_ros.ros.planner_node import RELIABLE
+
+
+def trajectory_topic(robot_id: str) -> str:
+    return f"/{robot_id}/joint_trajectory"
+
+
+def status_topic(robot_id: str) -> str:
+    return f"/{robot_id}/trajectory_status"
+
+
+def trajectory_msg(plan: TrajectoryPlan, stamp: float) -> JointTrajectory:
+    msg = JointTrajectory()
+    msg.header.stamp = time_msg(stamp)
+    msg.header.frame_id = plan.label
+    msg.joint_names = list(plan.joint_names)
+    for pos, t in plan.points:
+        sec = int(t)
+        msg.points.append(JointTrajectoryPoint(positions=list(pos),
+                                               time_from_start=Duration(sec=sec, nanosec=int((t - sec) * 1e9))))
+    return msg
+
+
+class _ArmRunner:
+    def __init__(self, node: ArmExecutorNode, time_scale: float, seed: int) -> None:
+        self.node = node
+        self.stop = StopSignal()
+        self.arm = ArmExecutor(load_skill_set("arm"), node.scene, node.follow, time_scale=time_scale,
+                               rng=random.Random(seed), stop=self.stop,
+                               on_log=lambda m: node.get_logger().info(f"{node.robot_id}: {m}"))
+
+    def begin_task(self, task_id: str) -> None:
+        self.arm.begin_task()
+
+    def run(self, text: str) -> str:
+        return f"ran {self.arm.run_segment(text)}"
+
+    def halt(self) -> None:
+        self.node.send_stop()
+
+    def emergency(self) -> str:
+        self.node.send_stop()
+        return "stop trajectory sent, arm holding position"
+
+
+class ArmExecutorNode(RobotExecutorNode):
+    def __init__(self, robot_id: str, *, time_scale: float = 1.0, scene: str = "", seed: int = 0,
+                 status_timeout_s: float = 5.0, **kw) -> None:
+        super().__init__(robot_id, "arm_executor", **kw)
+        self.scene = ScriptedScene(scene)
+        self.status_timeout_s = status_timeout_s
+        self._traj_pub = self.create_publisher(JointTrajectory, trajectory_topic(robot_id), RELIABLE)
+        self._status: dict[tuple[int, int], str] = {}
+        self._status_cv = threading.Condition()
+        self.create_subscription(Header, status_topic(robot_id), self._on_status, RELIABLE)
+        self.create_subscription(String, scene_topic(robot_id), lambda m: self.scene.set_scene(m.data), SCENE_QOS)
+        self.runner = _ArmRunner(self, time_scale, seed)
+        self.start_executor()
+
+    def _on_status(self, msg: Header) -> None:
+        with self._status_cv:
+            self._status[(msg.stamp.sec, msg.stamp.nanosec)] = msg.frame_id
+            self._status_cv.notify_all()
+
+    def follow(self, plan: TrajectoryPlan, stop: StopSignal) -> None:
+        """Send one trajectory and wait for the controller (bounded: duration + status_timeout_s)."""
+        msg = trajectory_msg(plan, time.time())
+        key = (msg.header.stamp.sec, msg.header.stamp.nanosec)
+        self._traj_pub.publish(msg)
+        budget = plan.duration + self.status_timeout_s
+        deadline = time.monotonic() + budget
+        with self._status_cv:
+            while key not in self._status:
+                stop.check()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ExecutionError(f"{plan.label}: no answer from the arm controller on "
+                                         f"{status_topic(self.robot_id)} within {budget:.1f} s")
+                self._status_cv.wait(min(left, 0.05))
+            status = self._status.pop(key)
+        stop.check()
+        if status != "succeeded":
+            raise ExecutionError(f"{plan.label}: controller says {status}")
+
+    def send_stop(self) -> None:
+        stop = JointTrajectory()
+        stop.header.stamp = time_msg(time.time())
+        self._traj_pub.publish(stop)  # empty trajectory: stop and hold (controller convention)
+
+
+def main(args: list[str] | None = None) -> None:
+    rclpy.init(args=args)
+    params = Node("arm_executor")
+    robots = list(params.declare_parameter("robots", ["arm_0"]).value)
+    time_scale = float(params.declare_parameter("time_scale", 1.0).value)
+    if not robots or time_scale <= 0:
+        raise ValueError(f"parameters: robots must be non-empty and time_scale > 0, got {robots}, {time_scale}")
+    nodes = [ArmExecutorNode(r, time_scale=time_scale, seed=i) for i, r in enumerate(robots)]
+    ex = MultiThreadedExecutor(num_threads=4)
+    ex.add_node(params)
+    for n in nodes:
+        ex.add_node(n)
+    try:
+        ex.spin()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        for n in nodes:
+            n.destroy_node()
+        params.destroy_node()
+        ex.shutdown(timeout_sec=5)
+        if rclpy.ok():
+            rclpy.shutdown()
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""Drone executors: one node per Tello (namespace ``/<robot_id>``), all in one process.
+
+djitellopy binds UDP 8889 once per process and files replies by drone IP, so
+one process serves the whole fleet: the ``drone_executor`` parameter node reads
+``robots`` and ``hosts`` (same length) and starts a :class:`DroneExecutorNode`
+per drone. Perception reads ``/<robot_id>/scene`` (std_msgs/String with a
+``Scene: [...]`` text, transient-local) through the declared stand-in
+:class:`~timelyllm_ros.executors.perception.ScriptedScene`; a real detector
+publishes on the same topic.
+
+    ros2 run timelyllm_ros drone_executor_node --ros-args \
+        -p robots:="[drone_0, drone_1]" -p hosts:="[192.168.10.1, 192.168.10.2]"
+"""
+
+from __future__ import annotations
+
+import rclpy
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.node import Node
+from rclpy.qos import QoSDurabilityPolicy, QoSProfile, QoSReliabilityPolicy
+from std_msgs.msg import String
+
+from timelyllm_ros.core.skills import load_skill_set
+from timelyllm_ros.executors.base import Interrupted, StopSignal
+from timelyllm_ros.executors.minispec_interpreter import MiniSpecInterpreter
+from timelyllm_ros.executors.perception import ScriptedScene
+from timelyllm_ros.executors.tello_backend import TelloBackend
+from timelyllm_ros.ros.executor_base import RobotExecutorNode
+
+SCENE_QOS = QoSProfile(depth=1, reliability=QoSReliabilityPolicy.RELIABLE,
+                       durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
+
+
+def scene_topic(robot_id: str) -> str:
+    return f"/{robot_id}/scene"
+
+
+class _DroneRunner:
+    """Connects lazily (a drone switched on after the executor is fine), then runs MiniSpec."""
+
+    def __init__(self, node: DroneExecutorNode, backend: TelloBackend, scene: ScriptedScene) -> None:
+        self.node = node
+        self.backend = backend
+        self.stop = StopSignal()
+        self.interp = MiniSpecInterpreter(load_skill_set("drone"), backend, scene, stop=self.stop,
+                                          on_log=lambda m: node.get_logger().info(f"{node.robot_id}: {m}"))
+
+    def begin_task(self, task_id: str) -> None:
+        self.interp.reset()
+
+    def run(self, text: str) -> str:
+        self.interp.validate(text)  # refuse before even connecting
+        if not self.backend.connected:
+            bat = self.backend.connect()
+            self.node.get_logger().info(f"{self.node.robot_id}: connected to Tello {self.backend.host}, "
+                                        f"battery {bat} %")
+        res = self.interp.execute_segment(text)
+        self.stop.check()  # a stop that interrupted the last motion makes the segment fail
+        return f"ran {res.executed}" + (f", skipped {res.skipped}" if res.skipped else "")
+
+    def halt(self) -> None:
+        if self.backend.connected:
+            self.backend.halt()
+
+    def emergency(self) -> str:
+        if not self.backend.connected:
+            return "not connected: nothing to stop"
+        if not self.backend.flying:
+            self.backend.halt()
+            return "stopped (was on the ground)"
+        self.backend.emergency_land()
+        return "motion stopped, landed"
+
+
+class DroneExecutorNode(RobotExecutorNode):
+    def __init__(self, robot_id: str, host: str, *, time_scale: float = 1.0, retry_count: int = 3,
+                 scene: str = "", **kw) -> None:
+        super().__init__(robot_id, "drone_executor", **kw)
+        self.scene = ScriptedScene(scene)
+        self.backend = TelloBackend(host, retry_count=retry_count, time_scale=time_scale)
+        self.runner = _DroneRunner(self, self.backend, self.scene)
+        self.create_subscription(String, scene_topic(robot_id), self._scene, SCENE_QOS)
+        self.start_executor()
+        self.get_logger().info(f"{robot_id}: Tello executor for {host} (time_scale={time_scale})")
+
+    def _scene(self, msg: String) -> None:
+        try:
+            self.scene.set_scene(msg.data)
+        except ValueError as e:
+            self.get_logger().warning(f"{self.robot_id}: bad scene {msg.data!r}: {e}")
+
+    def destroy_node(self) -> None:
+        super().destroy_node()
+        try:
+            self.backend.close(land=True)
+        except Interrupted:
+            pass
+
+
+def build_drone_executors(robots: list[str], hosts: list[str], *, time_scale: float = 1.0, retry_count: int = 3,
+                          scenes: dict[str, str] | None = None, context=None) -> list[DroneExecutorNode]:
+    if not robots or len(robots) != len(hosts):
+        raise ValueError(f"robots and hosts must be non-empty and of the same length, got {robots} / {hosts}")
+    if len(set(hosts)) != len(hosts):
+        raise ValueError(f"hosts must differ (djitellopy tells drones apart by IP): {hosts}")
+    return [DroneExecutorNode(r, h, time_scale=time_scale, retry_count=retry_count,
+                              scene=(scenes or {}).get(r, ""), context=context)
+            for r, h in zip(robots, hosts, strict=True)]
+
+
+def main(args: list[str] | None = None) -> None:
+    rclpy.init(args=args)
+    params = Node("drone_executor")
+    robots = list(params.declare_parameter("robots", ["drone_0"]).value)
+    hosts = list(params.declare_parameter("hosts", ["192.168.10.1"]).value)
+    time_scale = float(params.declare_parameter("time_scale", 1.0).value)
+    retry_count = int(params.declare_parameter("retry_count", 3).value)
+    if time_scale <= 0:
+        raise ValueError(f"parameter time_scale: must be > 0, got {time_scale}")
+    nodes = build_drone_executors(robots, hosts, time_scale=time_scale, retry_count=retry_count)
+    ex = MultiThreadedExecutor(num_threads=4)
+    ex.add_node(params)
+    for n in nodes:
+        ex.add_node(n)
+    try:
+        ex.spin()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        for n in nodes:
+            n.destroy_node()
+        params.destroy_node()
+        ex.shutdown(timeout_sec=5)
+        if rclpy.ok():
+            rclpy.shutdown()
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""Executor nodes over real DDS: emulated Tello fleet, emergency stop, preemption, arm + simulated controller."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from timelyllm_ros.executors.netns import netns_unavailable_reason
+
+rclpy = pytest.importorskip("rclpy")
+from rclpy.executors import MultiThreadedExecutor  # noqa: E402
+from std_srvs.srv import Trigger  # noqa: E402
+from timelyllm_ros.msg import PlanSegment, SegmentDone  # noqa: E402
+
+from timelyllm_ros.ros.planner_node import RELIABLE, segment_topic  # noqa: E402
+
+pytestmark = pytest.mark.ros
+_WHY = netns_unavailable_reason()
+needs_netns = pytest.mark.skipif(_WHY is not None, reason=f"emulated Tellos need network namespaces: {_WHY}")
+
+
+class Planner:
+    """Stands in for the planner's publishing side: same topics, message and QoS."""
+
+    def __init__(self, robots: list[str], extra_nodes=()) -> None:
+        self.ctx = rclpy.Context()
+        rclpy.init(context=self.ctx)
+        self.node = rclpy.create_node("fake_planner", context=self.ctx)
+        self.pubs = {r: self.node.create_publisher(PlanSegment, segment_topic(r), RELIABLE) for r in robots}
+        self.done: list[SegmentDone] = []
+        self.node.create_subscription(SegmentDone, "/segment_done", self.done.append, RELIABLE)
+        self.ex = MultiThreadedExecutor(num_threads=2, context=self.ctx)
+        self.ex.add_node(self.node)
+        for n in extra_nodes:
+            self.ex.add_node(n)
+        self.thread = threading.Thread(target=self.ex.spin, daemon=True)
+        self.thread.start()
+        end = time.monotonic() + 20
+        while any(p.get_subscription_count() == 0 for p in self.pubs.values()) and time.monotonic() < end:
+            time.sleep(0.05)
+        assert all(p.get_subscription_count() for p in self.pubs.values()), "executors never subscribed"
+
+    def send(self, robot: str, task: str, index: int, text: str, final: bool = False) -> None:
+        self.pubs[robot].publish(PlanSegment(task_id=task, robot_id=robot, segment_index=index, text=text,
+                                             is_final=final))
+
+    def wait_done(self, n: int, timeout: float = 20.0, task: str | None = None) -> list[SegmentDone]:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            got = [d for d in self.done if task is None or d.task_id == task]
+            if len(got) >= n:
+                return got
+            time.sleep(0.02)
+        raise AssertionError(f"only {[(d.task_id, d.segment_index, d.success, d.error) for d in self.done]}")
+
+    def call(self, name: str, timeout: float = 20.0) -> Trigger.Response:
+        cli = self.node.create_client(Trigger, name)
+        assert cli.wait_for_service(timeout_sec=10), f"{name} not available"
+        fut = cli.call_async(Trigger.Request())
+        end = time.monotonic() + timeout
+        while not fut.done() and time.monotonic() < end:
+            time.sleep(0.02)
+        assert fut.done(), f"{name} did not answer"
+        return fut.result()
+
+    def close(self) -> None:
+        self.ex.shutdown(timeout_sec=5)
+        self.node.destroy_node()
+        rclpy.shutdown(context=self.ctx)
+        self.thread.join(timeout=5)
+
+
+@needs_netns
+def test_a_fleet_of_emulated_drones_is_served_at_once_and_invalid_skills_never_reach_a_drone(tmp_path):
+    from timelyllm_ros.ros.emulated_fleet import start_emulated_fleet
+
+    robots = ["drone_a", "drone_b", "drone_c"]
+    with start_emulated_fleet(robots, speed=0.1, scenes={"drone_b": "Scene: [cat x:0.5 y:0.5]"},
+                              log_dir=tmp_path) as fleet:
+        planner = Planner(robots)
+        try:
+            t0 = time.monotonic()
+            planner.send("drone_a", "t-a", 0, "mf(100);")
+            planner.send("drone_a", "t-a", 1, "tc(90);", final=True)
+            planner.send("drone_b", "t-b", 0, "?iv('cat')==True{")
+            planner.send("drone_b", "t-b", 1, "mu(50);")
+            planner.send("drone_b", "t-b", 2, "};", final=True)
+            planner.send("drone_c", "t-c", 0, "mf(100);")
+            planner.send("drone_c", "t-c", 1, "mf(600);")  # out of bounds: refused
+            planner.send("drone_c", "t-c", 2, "tc(90);", final=True)  # the task has ended: refused
+            done = planner.wait_done(8, timeout=30)
+            elapsed = time.monotonic() - t0
+        finally:
+            planner.close()
+        ok = {(d.task_id, d.segment_index): (d.success, d.error) for d in done}
+        assert all(ok[("t-a", i)][0] for i in (0, 1)) and all(ok[("t-b", i)][0] for i in (0, 1, 2))
+        assert ok[("t-c", 0)] == (True, "")
+        assert not ok[("t-c", 1)][0] and "refused" in ok[("t-c", 1)][1] and "500" in ok[("t-c", 1)][1]
+        assert not ok[("t-c", 2)][0] and "task ended at segment 1" in ok[("t-c", 2)][1]
+        for d in done:  # real start and finish times
+            assert (d.finish.sec, d.finish.nanosec) >= (d.start.sec, d.start.nanosec) > (0, 0)
+    cmds = {r: fleet.drones[r].commands() for r in robots}  # after shutdown: the landings are in
+    connect = ["command", "battery?", "takeoff"]
+    assert cmds["drone_a"] == connect + ["forward 100", "cw 90", "land"]  # land: executor shutdown
+    assert cmds["drone_b"] == connect + ["up 50", "land"]
+    assert cmds["drone_c"] == connect + ["forward 100", "land"]
+    # served at once: the three drones flew in parallel (one drone alone needs ~0.9 s of emulated motion)
+    assert elapsed < 8.0
+
+
+@needs_netns
+def test_emergency_stop_lands_the_drone_at_once_and_ends_the_task(tmp_path):
+    from timelyllm_ros.ros.emulated_fleet import start_emulated_fleet
+
+    with start_emulated_fleet(["drone_e"], speed=0.5, log_dir=tmp_path) as fleet:
+        planner = Planner(["drone_e"])
+        try:
+            planner.send("drone_e", "t-e", 0, "mf(500);")  # 5.4 s * 0.5
+            planner.send("drone_e", "t-e", 1, "tc(90);", final=True)
+            end = time.monotonic() + 20
+            while not _moving(fleet.drones["drone_e"]) and time.monotonic() < end:
+                time.sleep(0.05)
+            time.sleep(0.3)
+            t0 = time.monotonic()
+            resp = planner.call("/drone_e/emergency_stop")
+            assert time.monotonic() - t0 < 3.0
+            assert resp.success and "landed" in resp.message, resp.message
+            done = planner.wait_done(2)
+            planner.send("drone_e", "t-f", 0, "mf(20);", final=True)
+            refused = planner.wait_done(1, task="t-f")[0]
+            assert planner.call("/drone_e/reset_emergency").success
+        finally:
+            planner.close()
+        by_index = {d.segment_index: d for d in done if d.task_id == "t-e"}
+        assert not by_index[0].success and "emergency stop" in by_index[0].error
+        assert not by_index[1].success and "emergency stop" in by_index[1].error
+        assert not refused.success and "emergency stop active" in refused.error
+    cmds = fleet.drones["drone_e"].commands()
+    assert cmds == ["command", "battery?", "takeoff", "forward 500", "stop", "land"]
+
+
+def _moving(drone) -> bool:
+    """Took off and is in its first motion (a command is logged once it is answered)."""
+    log = sorted(drone.log(), key=lambda e: e["t"])
+    return bool(log) and log[-1]["cmd"] == "takeoff"
+
+
+@needs_netns
+def test_segment_zero_of_another_task_preempts_the_running_one(tmp_path):
+    from timelyllm_ros.ros.emulated_fleet import start_emulated_fleet
+
+    with start_emulated_fleet(["drone_p"], speed=0.5, log_dir=tmp_path) as fleet:
+        planner = Planner(["drone_p"])
+        try:
+            planner.send("drone_p", "normal-1", 0, "mf(500);")
+            end = time.monotonic() + 20
+            while not _moving(fleet.drones["drone_p"]) and time.monotonic() < end:
+                time.sleep(0.05)
+            time.sleep(0.3)
+            t0 = time.monotonic()
+            planner.send("drone_p", "urgent-1", 0, "tc(90);", final=True)
+            done = planner.wait_done(2)
+            switch_s = time.monotonic() - t0
+            planner.send("drone_p", "normal-1", 1, "mf(20);", final=True)  # the planner had it in flight
+            late = planner.wait_done(2, task="normal-1")
+        finally:
+            planner.close()
+        res = {(d.task_id, d.segment_index): d for d in done + late}
+        assert not res[("normal-1", 0)].success and res[("normal-1", 0)].error == "preempted by task urgent-1"
+        assert res[("urgent-1", 0)].success
+        assert not res[("normal-1", 1)].success and "preempted by task urgent-1" in res[("normal-1", 1)].error
+        assert switch_s < 2.5  # far less than the 2.7 s the forward 500 still needed
+    cmds = fleet.drones["drone_p"].commands()
+    assert cmds == ["command", "battery?", "takeoff", "forward 500", "stop", "cw 90", "land"]
+
+
+def test_arm_executor_drives_the_simulated_controller_and_stops_on_emergency():
+    from rclpy.parameter import Parameter
+
+    from timelyllm_ros.ros.arm_executor_node import ArmExecutorNode
+    from timelyllm_ros.ros.sim_arm_controller_node import SimArmControllerNode
+
+    ctx = rclpy.Context()
+    rclpy.init(context=ctx)
+    ctrl = SimArmControllerNode(context=ctx, parameter_overrides=[Parameter("robots", value=["arm_x"])])
+    arm = ArmExecutorNode("arm_x", time_scale=0.05, context=ctx,
+                          scene="Scene: [red_box x:0.40 y:0.10, tray x:0.30 y:-0.40]")
+    ex = MultiThreadedExecutor(num_threads=3, context=ctx)
+    ex.add_node(ctrl)
+    ex.add_node(arm)
+    spin = threading.Thread(target=ex.spin, daemon=True)
+    spin.start()
+    planner = Planner(["arm_x"])
+    try:
+        planner.send("arm_x", "t-arm", 0, "move_to('red_box');")
+        planner.send("arm_x", "t-arm", 1, "pick('red_box');")
+        planner.send("arm_x", "t-arm", 2, "place('tray');", final=True)
+        done = planner.wait_done(3)
+        assert [(d.segment_index, d.success) for d in done] == [(0, True), (1, True), (2, True)], done
+        pick = done[1]
+        took = (pick.finish.sec - pick.start.sec) + (pick.finish.nanosec - pick.start.nanosec) * 1e-9
+        assert 3.0 * 0.05 <= took < 3.0  # followed over time: U(3, 4.2) s scaled
+        assert ctrl.arms["arm_x"].followed == ["move_to('red_box')", "pick('red_box')", "place('tray')"]
+        assert ctrl.arms["arm_x"].positions["gripper"] == pytest.approx(0.04)
+
+        arm2 = ArmExecutorNode("arm_x", time_scale=1.0, context=ctx)  # slow, to stop it midway
+        ex.remove_node(arm)
+        arm.destroy_node()
+        ex.add_node(arm2)
+        time.sleep(0.5)
+        planner.send("arm_x", "t-arm2", 0, "move_to(0.5, 0.2);move_to(0.3, -0.2);", final=True)
+        time.sleep(0.5)
+        resp = planner.call("/arm_x/emergency_stop")
+        assert resp.success
+        d = planner.wait_done(1, task="t-arm2")[0]
+        assert not d.success and "emergency stop" in d.error
+        time.sleep(0.2)
+        assert ctrl.arms["arm_x"].active is None  # the controller stopped at once
+        assert ctrl.arms["arm_x"].followed[-1] == "move_to(0.5, 0.2)"
+    finally:
+        planner.close()
+        ex.shutdown(timeout_sec=5)
+        for n in list(ex.get_nodes()):
+            n.destroy_node()
+        rclpy.shutdown(context=ctx)
+        spin.join(timeout=5)

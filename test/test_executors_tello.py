@@ -1,0 +1,92 @@
+"""The real djitellopy against emulated Tellos in network namespaces (no ROS)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from timelyllm_ros.core.skills import load_skill_set
+from timelyllm_ros.executors.base import RefusedError, RobotConnectionError
+from timelyllm_ros.executors.minispec_interpreter import MiniSpecInterpreter
+from timelyllm_ros.executors.netns import emulated_drones, netns_unavailable_reason
+from timelyllm_ros.executors.perception import ScriptedScene
+from timelyllm_ros.executors.tello_backend import TelloBackend
+
+_WHY = netns_unavailable_reason()
+pytestmark = pytest.mark.skipif(_WHY is not None, reason=f"emulated Tellos need network namespaces: {_WHY}")
+SPEED = 0.02  # emulated time factor: mf(50) takes 2.17 s * 0.02
+
+
+def _netns_names() -> str:
+    import subprocess
+
+    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+def test_a_plan_moves_the_emulated_drone_with_exactly_the_expected_sdk_commands():
+    with emulated_drones(1, speed=SPEED) as (drone,):
+        backend = TelloBackend(drone.host, time_scale=SPEED)
+        try:
+            assert backend.connect() == 87
+            it = MiniSpecInterpreter(load_skill_set("drone"), backend,
+                                     ScriptedScene("Scene: [cat x:0.5 y:0.5 width:0.2 height:0.3]"))
+            for seg in ["mf(50);", "?iv('cat')==True{", "tc(90);", "};", "2{", "mu(30)", "};", "?iv('cat')==True{",
+                        "mb(20);", "}", "tu(45);"]:
+                it.execute_segment(seg)
+            time.sleep(0.3)  # state packets at 10 Hz
+            assert backend.tello.get_yaw() == 45  # djitellopy's state receiver parsed the emulator's packets
+        finally:
+            backend.close()
+        assert drone.commands() == ["command", "battery?", "takeoff", "forward 50", "cw 90", "up 30", "up 30",
+                                    "ccw 45", "land"]
+    assert drone.net.netns not in _netns_names().split()  # torn down
+
+
+def test_unknown_skills_and_out_of_range_arguments_never_reach_the_emulator(caplog):
+    with emulated_drones(1, speed=SPEED) as (drone,):
+        backend = TelloBackend(drone.host, time_scale=SPEED)
+        try:
+            backend.connect()
+            it = MiniSpecInterpreter(load_skill_set("drone"), backend,
+                                     ScriptedScene("Scene: [wall x:0.5 y:0.5 dis:800]"))
+            for bad in ["flip('left');", "mf(501);", "tc(0);", "mf(50", "emergency();"]:
+                with pytest.raises(RefusedError):
+                    it.execute_segment(bad)
+            it.execute_segment("_1=od('wall');")
+            with pytest.raises(RefusedError, match="800"):
+                it.execute_segment("mf(_1);")  # only known on the robot: checked with the real value
+        finally:
+            backend.close()
+        assert drone.commands() == ["command", "battery?"]
+
+
+def test_a_lost_command_packet_is_retried_as_the_sdk_does():
+    with emulated_drones(1, speed=SPEED, drop={0: ["forward:1"]}) as (drone,):
+        backend = TelloBackend(drone.host, time_scale=SPEED, timeout_margin_s=1.0)
+        try:
+            backend.connect()
+            backend.takeoff()
+            t0 = time.monotonic()
+            backend.move("forward", 50)
+            assert 1.0 <= time.monotonic() - t0 < 5.0  # one reply timeout, then the retry
+        finally:
+            backend.close(land=False)
+        log = drone.log()
+        assert [(e["cmd"], e.get("dropped", False)) for e in log] == [
+            ("command", False), ("battery?", False), ("takeoff", False), ("forward 50", True), ("forward 50", False)]
+
+
+def test_connection_loss_is_a_clear_error_after_the_retries():
+    with emulated_drones(1, speed=SPEED) as (drone,):
+        backend = TelloBackend(drone.host, time_scale=SPEED, retry_count=2, timeout_margin_s=1.0)
+        try:
+            backend.connect()
+            backend.takeoff()
+            drone.kill()
+            t0 = time.monotonic()
+            with pytest.raises(RobotConnectionError, match=r"connection lost: no reply to 'forward 50' \(2 tries"):
+                backend.move("forward", 50)
+            assert time.monotonic() - t0 < 6.0
+        finally:
+            backend.close(land=False)

@@ -10,7 +10,11 @@ same builder, so a bag's numbers equal the live numbers of the same run.
 Times are robot-side, as in the simulator: arrival = TaskRequest.stamp (the
 planner's receive time), a segment's start/end = its SegmentDone start/finish.
 A segment the robot never reported is left out of its task (it was not seen
-executing); such a task ends "incomplete".
+executing). Status: "refused" (the planner refused the goal), "failed" (a
+robot reported a failed segment), "done" (every segment executed and the plan
+is finished: a final segment, or a syntactically complete plan), else
+"incomplete" (still running when the recording ended, or dropped by the
+planner: overdue / cancelled results are not on a topic).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 
 from timelyllm_ros.core.metrics import Summary, summarize
 from timelyllm_ros.core.simulator import SegRecord, TaskRecord
+from timelyllm_ros.core.skills import load_skill_set
 from timelyllm_ros.core.tuf import LEVELS
 from timelyllm_ros.core.workloads import plan_templates
 
@@ -56,6 +61,17 @@ def task_type(robot_type: str, task: str) -> tuple[int, str]:
         if t.robot_type == robot_type and t.task_input.strip() == task.strip():
             return t.trace_id, t.name
     return -1, robot_type or "?"
+
+
+def _complete(robot_type: str, plan: str) -> bool:
+    """The plan parses as a complete program. The planner marks a segment final only when it knows no
+    text follows; a plan that ends exactly at a segment boundary (``mu(100);ml(100);``) has its end
+    known only to the action result, which is not on a topic: the grammar tells instead."""
+    try:
+        ss = load_skill_set(robot_type)
+    except (FileNotFoundError, ValueError, KeyError):
+        return False
+    return ss.grammar != "text" and bool(plan.strip()) and ss.validate(plan, complete=True) is None
 
 
 @dataclass
@@ -136,7 +152,7 @@ class RecordBuilder:
         final = any(s.is_final for s in t.segments.values())
         if failed:
             rec.status, rec.reason = "failed", f"robot failed: {failed[0].error}"
-        elif final and len(rec.segments) == len(t.segments):
+        elif len(rec.segments) == len(t.segments) and (final or _complete(r.robot_type, rec.plan)):
             rec.status = "done"
         else:
             rec.status = "incomplete"

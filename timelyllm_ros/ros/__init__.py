@@ -12,4 +12,6 @@ NODE_EXECUTABLES: dict[str, str] = {
     "drone_executor_node": "timelyllm_ros.ros.drone_executor_node:main",
     "arm_executor_node": "timelyllm_ros.ros.arm_executor_node:main",
     "sim_arm_controller_node": "timelyllm_ros.ros.sim_arm_controller_node:main",
+    "recorder_node": "timelyllm_ros.ros.recorder_node:main",
+    "replay_node": "timelyllm_ros.ros.replay_node:main",
 }

@@ -1,0 +1,328 @@
+"""Record a real planner run (simulated engine + simulated fleet, in-process), read it back, replay it.
+
+One stack per module keeps it fast: planner + scheduler (RealtimeSimEngine), a
+simulated drone fleet, a robot-side client, a witness subscriber and the live
+metrics collector, all under one MultiThreadedExecutor.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import asdict
+
+import pytest
+
+rclpy = pytest.importorskip("rclpy")
+from rclpy.action import ActionClient  # noqa: E402
+from rclpy.executors import MultiThreadedExecutor  # noqa: E402
+from rclpy.parameter import Parameter  # noqa: E402
+from rclpy.qos import DurabilityPolicy, QoSProfile, QoSReliabilityPolicy  # noqa: E402
+from std_msgs.msg import String  # noqa: E402
+from std_srvs.srv import SetBool  # noqa: E402
+from timelyllm_ros.action import PlanTask  # noqa: E402
+from timelyllm_ros.msg import PlanSegment, SegmentDone, TaskRequest, TimeUtility  # noqa: E402
+
+from timelyllm_ros.bags import read_bag  # noqa: E402
+from timelyllm_ros.bags.convert import load_requests  # noqa: E402
+from timelyllm_ros.bags.io import stamp_ns  # noqa: E402
+from timelyllm_ros.bags.records import bag_metrics, records_from_bag  # noqa: E402
+from timelyllm_ros.engines.sim_realtime import RealtimeSimEngine  # noqa: E402
+from timelyllm_ros.ros.live_metrics import LiveMetrics  # noqa: E402
+from timelyllm_ros.ros.planner_node import build_planner  # noqa: E402
+from timelyllm_ros.ros.recorder_node import RecorderNode, start_recorder  # noqa: E402
+from timelyllm_ros.ros.replay_node import Replayer  # noqa: E402
+from timelyllm_ros.ros.sim_fleet_node import SimFleetNode  # noqa: E402
+
+pytestmark = pytest.mark.ros
+
+CAT = "Scene: [] Task: [A] Could you find the cat? If so, go to it."
+BOOK = ("Scene: [cabinet_1 x:0.48 y:0.55 width:0.49 height:0.91] Task: [A] Move up and then check the top of the "
+        "cabinet, if you see a book, take a picture of it.")
+DOG = ("Scene: [dog x:0.48 y:0.51 width:0.2 height:0.4] Task: [E] You provided me with plan ml,100, but I "
+       "encountered a failure because a dog is attempting to catch me. Execution history: ml(50)")
+ROBOTS = ["drone_0", "drone_1", "drone_2"]
+RELIABLE_TOPICS = {"/plan_requests": TaskRequest, "/plan_segments": PlanSegment, "/segment_done": SegmentDone}
+# (delay before sending s, robot, robot type, task, tuf): three robots, both urgency levels, one refused goal
+GOALS = [(0.0, "drone_0", "drone", CAT, TimeUtility(level="normal")),
+         (0.05, "drone_1", "drone", BOOK, TimeUtility(level="normal")),
+         (0.3, "drone_2", "drone", DOG, TimeUtility(level="urgent")),
+         (0.35, "drone_0", "submarine", CAT, TimeUtility(level="normal")),  # refused: unknown robot type
+         (0.6, "drone_1", "drone", CAT, TimeUtility(level="", alpha=-1.0, beta=1.5, ert=0.8))]
+
+
+def _wait(pred, timeout: float = 20.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+class Stack:
+    def __init__(self) -> None:
+        self.ctx = rclpy.Context()
+        rclpy.init(context=self.ctx)
+        self.planner, self.sched = build_planner(
+            [Parameter("state_period_s", value=0.1)], engine=RealtimeSimEngine(time_scale=0.5), context=self.ctx)
+        self.fleet = SimFleetNode(context=self.ctx, parameter_overrides=[
+            Parameter("robots", value=ROBOTS), Parameter("time_scale", value=0.05)])
+        self.client = rclpy.create_node("bag_test_client", context=self.ctx)
+        self.action = ActionClient(self.client, PlanTask, "/plan_task")
+        self.witness: list[tuple[str, object]] = []
+        self._wlock = threading.Lock()
+        for topic, typ in RELIABLE_TOPICS.items():
+            self.client.create_subscription(typ, topic, lambda m, t=topic: self._witness(t, m),
+                                            QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE))
+        self.live = LiveMetrics(self.client)
+        self.ex = MultiThreadedExecutor(num_threads=16, context=self.ctx)
+        for n in (self.planner, self.sched, self.fleet, self.client):
+            self.ex.add_node(n)
+        self.thread = threading.Thread(target=self.ex.spin, daemon=True)
+        self.thread.start()
+        assert self.action.wait_for_server(timeout_sec=10)
+
+    def _witness(self, topic, msg) -> None:
+        with self._wlock:
+            self.witness.append((topic, msg))
+
+    def seen(self, topic: str) -> list:
+        with self._wlock:
+            return [m for t, m in self.witness if t == topic]
+
+    def run_goals(self) -> list:
+        """Send GOALS at their delays; returns the results in GOALS order."""
+        handles = []
+        t0 = time.monotonic()
+        for delay, robot, rtype, task, tuf in GOALS:
+            while time.monotonic() < t0 + delay:
+                time.sleep(0.005)
+            fut = self.action.send_goal_async(PlanTask.Goal(robot_id=robot, robot_type=rtype, task=task, tuf=tuf))
+            assert _wait(fut.done)
+            handles.append(fut.result().get_result_async())
+        assert _wait(lambda: all(h.done() for h in handles), 60), "results missing"
+        return [h.result().result for h in handles]
+
+    def settle(self) -> None:
+        """Until every dispatched segment was reported done (the fleet reports after the planner's result)."""
+        assert _wait(lambda: len(self.seen("/segment_done")) >= len(self.seen("/plan_segments")), 30)
+        time.sleep(0.3)
+
+    def close(self) -> None:
+        self.planner.shutdown()
+        self.ex.shutdown(timeout_sec=5)
+        for n in (self.client, self.fleet, self.sched, self.planner):
+            n.destroy_node()
+        rclpy.shutdown(context=self.ctx)
+        self.thread.join(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def stack():
+    s = Stack()
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def recorded(stack, tmp_path_factory):
+    """One recorded run: (bag path, action results, witness snapshot)."""
+    path = tmp_path_factory.mktemp("bags") / "run"
+    handle = start_recorder(stack.ctx, path)  # own node and thread in the stack's context
+    # the planner's publishers must see the recorder before the first goal
+    assert _wait(lambda: stack.planner._requests.get_subscription_count() >= 3, 10)
+    results = stack.run_goals()
+    stack.settle()
+    counts = handle.counts
+    assert handle.stop() == path
+    with stack._wlock:
+        witness = list(stack.witness)
+    return path, results, witness, counts
+
+
+def _fields(m) -> dict:
+    """Comparable content of a TaskRequest / PlanSegment / SegmentDone (rclpy or rosbags message)."""
+    out = {}
+    for k in ("task_id", "robot_id", "robot_type", "task", "accepted", "error", "segment_index", "text", "is_final",
+              "success"):
+        if hasattr(m, k):
+            out[k] = getattr(m, k)
+    for k in ("stamp", "stamp_generated", "start", "finish"):
+        if hasattr(m, k):
+            out[k] = stamp_ns(getattr(m, k))
+    if hasattr(m, "tuf"):
+        out["tuf"] = (m.tuf.level, m.tuf.alpha, m.tuf.beta, m.tuf.ert)
+    if hasattr(m, "skills"):
+        out["skills"] = [(c.name, c.raw, list(c.args)) for c in m.skills]
+    return out
+
+
+def test_recorded_bag_holds_every_message_in_order_with_types_and_timestamps(recorded):
+    path, results, witness, counts = recorded
+    statuses = [r.status for r in results]
+    assert statuses == [0, 0, 0, PlanTask.Result.STATUS_REJECTED, 0], [r.message for r in results]
+    msgs = list(read_bag(path))
+    assert msgs, "empty bag"
+    # file order is timestamp order (what ros2 bag play replays)
+    assert all(a.timestamp_ns <= b.timestamp_ns for a, b in zip(msgs, msgs[1:], strict=False))
+    by_topic = Counter(m.topic for m in msgs)
+    assert by_topic == Counter({k: v for k, v in counts.items() if v})
+    types = {m.topic: m.msgtype for m in msgs}
+    assert types["/plan_requests"] == "timelyllm_ros/msg/TaskRequest"
+    assert types["/plan_segments"] == "timelyllm_ros/msg/PlanSegment"
+    assert types["/segment_done"] == "timelyllm_ros/msg/SegmentDone"
+    assert types["/scheduler_state"] == "timelyllm_ros/msg/SchedulerState"  # best effort, 10 Hz: some arrive
+    assert types["/engine_state"] == "timelyllm_ros/msg/EngineState"
+    # every reliable message the witness saw is in the bag, in the same order, with the same content
+    for topic in RELIABLE_TOPICS:
+        seen = [_fields(m) for t, m in witness if t == topic]
+        got = [_fields(m.msg) for m in msgs if m.topic == topic]
+        assert got == seen, topic
+    assert len([m for m in msgs if m.topic == "/plan_requests"]) == len(GOALS)
+    assert sum(len(r.segments) for r in results) == by_topic["/plan_segments"]
+    # bag time = reception: after the stamp the publisher put in, and not long after
+    for m in msgs:
+        stamp = {"/plan_requests": "stamp", "/plan_segments": "stamp_generated", "/segment_done": "finish",
+                 "/scheduler_state": "stamp", "/engine_state": "stamp"}[m.topic]
+        lag = (m.timestamp_ns - stamp_ns(getattr(m.msg, stamp))) * 1e-9
+        assert -0.001 <= lag < 1.0, (m.topic, lag)
+
+
+def test_bag_reads_back_with_mcap_and_the_ros2_decoder(recorded):
+    path, *_ = recorded
+    from mcap.reader import make_reader
+    from mcap_ros2.decoder import DecoderFactory
+
+    with open(next(path.glob("*.mcap")), "rb") as f:
+        reader = make_reader(f, decoder_factories=[DecoderFactory()])
+        decoded = [(c.topic, s.name, m.log_time, d) for s, c, m, d in reader.iter_decoded_messages(log_time_order=True)]
+    ours = list(read_bag(path))
+    assert [(t, n, ts) for t, n, ts, _ in decoded] == [(m.topic, m.msgtype, m.timestamp_ns) for m in ours]
+    for (topic, _, _, d), m in zip(decoded, ours, strict=True):
+        if topic in RELIABLE_TOPICS:
+            assert _fields(d) == _fields(m.msg)
+
+
+def test_metrics_from_the_bag_equal_the_live_metrics(recorded, stack):
+    path, results, *_ = recorded
+    bag_rows = bag_metrics(path)
+    live_rows = stack.live.summary()
+    assert [r.group for r in bag_rows] == [r.group for r in live_rows]
+    for a, b in zip(bag_rows, live_rows, strict=True):
+        for k, v in asdict(a).items():
+            w = getattr(b, k)
+            assert (isinstance(v, float) and math.isnan(v) and math.isnan(w)) or v == w, (a.group, k, v, w)
+    # and they agree with what the planner answered each robot
+    recs = records_from_bag(path)
+    assert [r.status for r in recs] == ["done", "done", "done", "refused", "done"]
+    for rec, res in zip([r for r in recs if r.status != "refused"], [r for r in results if r.status == 0],
+                        strict=True):
+        assert rec.plan == res.plan_text and len(rec.segments) == len(res.segments)
+        assert 0 < rec.response_time < 5 and math.isfinite(rec.utility())
+    overall = bag_rows[-1]
+    assert overall.n == len(GOALS) and overall.served == len(GOALS) - 1 and overall.failed == 1
+
+
+def test_replay_sends_the_same_requests_at_the_same_relative_times(recorded, stack):
+    path, results, *_ = recorded
+    reqs = load_requests(path)
+    before = len(stack.seen("/plan_requests"))
+    speed = 2.0
+    node = rclpy.create_node("bag_test_replay", context=stack.ctx)
+    stack.ex.add_node(node)
+    try:
+        rep = Replayer(node, reqs, speed=speed).run(timeout_s=60)
+    finally:
+        stack.ex.remove_node(node)
+        node.destroy_node()
+    assert rep.complete, rep.counts()
+    assert [r.status for r in rep.results] == ["succeeded", "succeeded", "succeeded", "rejected", "succeeded"]
+    assert _wait(lambda: len(stack.seen("/plan_requests")) >= before + len(reqs))
+    arrived = stack.seen("/plan_requests")[before:]
+    original = [m.msg for m in read_bag(path, ["/plan_requests"])]
+    key = lambda m: (m.robot_id, m.robot_type, m.task, m.tuf.level, m.tuf.alpha, m.tuf.beta, m.tuf.ert)  # noqa: E731
+    assert Counter(map(key, arrived)) == Counter(map(key, original))
+    assert [m.accepted for m in arrived] == [m.accepted for m in original]
+    # relative arrival times, scaled by the speed factor (DDS + goal handling jitter allowed)
+    t_new = [stamp_ns(m.stamp) * 1e-9 for m in arrived]
+    t_old = [stamp_ns(m.stamp) * 1e-9 for m in original]
+    for a, b in zip(t_new, t_old, strict=True):
+        assert abs((a - t_new[0]) - (b - t_old[0]) / speed) < 0.15
+    assert max(rep.lateness_s) < 0.1
+    stack.settle()
+
+
+def test_recorder_node_starts_and_stops_by_service_and_parameter(stack, tmp_path):
+    rec = RecorderNode(context=stack.ctx, parameter_overrides=[
+        Parameter("output_dir", value=str(tmp_path)), Parameter("recording", value=False)])
+    paths: list[str] = []
+    latched = QoSProfile(depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL)
+    stack.client.create_subscription(String, "/recorder/bag_path", lambda m: paths.append(m.data), latched)
+    srv = stack.client.create_client(SetBool, "/recorder/set_recording")
+    stack.ex.add_node(rec)
+    try:
+        assert srv.wait_for_service(timeout_sec=10)
+        assert not rec.recorder.recording
+
+        def call(on: bool) -> SetBool.Response:
+            fut = srv.call_async(SetBool.Request(data=on))
+            assert _wait(fut.done, 10)
+            return fut.result()
+
+        r = call(True)
+        assert r.success and rec.recorder.recording and r.message.startswith(str(tmp_path))
+        first = r.message
+        assert rec.recorder.wait_ready(5)
+        assert _wait(lambda: stack.planner._requests.get_subscription_count() >= 3, 10)
+        fut = stack.action.send_goal_async(PlanTask.Goal(robot_id="drone_2", robot_type="drone", task=CAT,
+                                                         tuf=TimeUtility(level="urgent")))
+        assert _wait(fut.done)
+        res = fut.result().get_result_async()
+        assert _wait(res.done, 30) and res.result().result.status == 0
+        stack.settle()
+        r = call(False)
+        assert r.success and r.message == first and not rec.recorder.recording
+        assert call(False).message.startswith("not recording")
+        msgs = list(read_bag(first))
+        assert [m.msg.task for m in msgs if m.topic == "/plan_requests"] == [CAT]
+        assert len([m for m in msgs if m.topic == "/segment_done"]) == len(res.result().result.segments)
+        # the parameter starts a second bag and stops it
+        assert rec.set_parameters([Parameter("recording", value=True)])[0].successful
+        second = str(rec.recorder.path)
+        assert second != first and rec.recorder.recording
+        assert rec.set_parameters([Parameter("recording", value=False)])[0].successful
+        assert not rec.recorder.recording and (tmp_path / second).joinpath("metadata.yaml").is_file()
+        assert not rec.set_parameters([Parameter("recording", value="yes")])[0].successful
+        assert _wait(lambda: paths[-1:] == [second], 5), paths
+    finally:
+        stack.ex.remove_node(rec)
+        rec.destroy_node()
+
+
+def test_cli_record_in_its_own_process(stack, tmp_path):
+    """`python -m timelyllm_ros.bags record` records over DDS from another process and prints the bag path."""
+    out = tmp_path / "cli_bag"
+    proc = subprocess.Popen([sys.executable, "-m", "timelyllm_ros.bags", "record", "-o", str(out), "--duration", "6"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert _wait(lambda: stack.planner._requests.get_subscription_count() >= 3, 15), "recorder never matched"
+        time.sleep(0.3)
+        fut = stack.action.send_goal_async(PlanTask.Goal(robot_id="drone_1", robot_type="drone", task=BOOK,
+                                                         tuf=TimeUtility(level="normal")))
+        assert _wait(fut.done)
+        res = fut.result().get_result_async()
+        assert _wait(res.done, 30)
+        stack.settle()
+        text, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, text
+    assert f"bag: {out}" in text
+    recs = records_from_bag(out)
+    assert [(r.task_type, r.status) for r in recs] == [("book_on_cabinet", "done")]

@@ -1,0 +1,231 @@
+"""Replay a workload against the planner: the same requests, from the same robot ids, at the original
+relative times (divided by ``speed``), as PlanTask goals; collect every result.
+
+    ros2 run timelyllm_ros replay_node --ros-args -p source:=bags/timelyllm_20250101-120000 -p speed:=2.0
+    python -m timelyllm_ros.bags replay data/lrtrace/drone-wid2 --speed 4 --results out.json
+
+The source is a recorded bag (every TaskRequest on /plan_requests, accepted
+or refused, exactly as sent), a bag converted from LRTrace, or an LRTrace
+folder / jobs file. Task ids are left to the planner unless
+``keep_task_ids`` (a planner refuses an id it has already seen).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import rclpy
+from rcl_interfaces.msg import ParameterDescriptor
+from rclpy.action import ActionClient
+from rclpy.callback_groups import ReentrantCallbackGroup
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.node import Node
+
+from timelyllm_ros.action import PlanTask
+from timelyllm_ros.bags.convert import DEFAULT_ROBOT_ID_FORMAT, ReplayRequest, load_requests
+from timelyllm_ros.msg import TimeUtility
+from timelyllm_ros.ros.convert import duration_s
+
+STATUS_NAMES = {v: k.removeprefix("STATUS_").lower() for k, v in vars(PlanTask.Result).items()
+                if k.startswith("STATUS_")}
+
+
+@dataclass
+class ReplayResult:
+    request: ReplayRequest
+    sent_s: float = math.nan  # when the goal was sent, seconds after the replay started
+    status: str = "pending"  # succeeded | rejected | failed | canceled | overdue | robot_failed | not_accepted | ...
+    message: str = ""
+    task_id: str = ""
+    segments: int = 0
+    response_time_s: float = math.nan  # as the planner reports it
+    utility: float = math.nan
+    done_s: float = math.nan
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["request"] = {k: v for k, v in asdict(self.request).items() if k != "meta"}
+        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
+
+
+@dataclass
+class ReplayReport:
+    results: list[ReplayResult]
+    speed: float
+    wall_s: float
+    lateness_s: list[float] = field(default_factory=list)  # sent - scheduled, per goal
+
+    @property
+    def complete(self) -> bool:
+        return all(r.status != "pending" for r in self.results)
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.results:
+            out[r.status] = out.get(r.status, 0) + 1
+        return out
+
+    def save(self, path: str | Path) -> Path:
+        p = Path(path)
+        p.write_text(json.dumps({"speed": self.speed, "wall_s": self.wall_s, "counts": self.counts(),
+                                 "results": [r.to_json() for r in self.results]}, indent=1))
+        return p
+
+
+def goal_of(req: ReplayRequest, keep_task_id: bool = False, task_id_suffix: str = "") -> PlanTask.Goal:
+    return PlanTask.Goal(task_id=(req.task_id + task_id_suffix) if keep_task_id and req.task_id else "",
+                         robot_id=req.robot_id, robot_type=req.robot_type, task=req.task,
+                         tuf=TimeUtility(level=req.level, alpha=float(req.alpha), beta=float(req.beta),
+                                         ert=float(req.ert)))
+
+
+class Replayer:
+    """Sends the goals of ``requests`` on time through an ActionClient of ``node`` (which some executor spins)."""
+
+    def __init__(self, node: Node, requests: Sequence[ReplayRequest], *, speed: float = 1.0,
+                 action: str = "plan_task", keep_task_ids: bool = False, task_id_suffix: str = "") -> None:
+        if not (speed > 0 and math.isfinite(speed)):
+            raise ValueError(f"speed: must be a finite number > 0, got {speed}")
+        self.node = node
+        self.requests = list(requests)
+        self.speed = float(speed)
+        self.keep_task_ids = keep_task_ids
+        self.task_id_suffix = task_id_suffix
+        self.client = ActionClient(node, PlanTask, action, callback_group=ReentrantCallbackGroup())
+        self._done = threading.Semaphore(0)
+        self._t0 = 0.0
+
+    def run(self, *, timeout_s: float = 600.0, server_timeout_s: float = 30.0,
+            stop: threading.Event | None = None) -> ReplayReport:
+        """Block until every goal has a result (or ``timeout_s`` after the last one was sent)."""
+        if not self.client.wait_for_server(timeout_sec=server_timeout_s):
+            raise TimeoutError(f"no PlanTask action server {self.client._action_name!r} within {server_timeout_s} s")
+        results = [ReplayResult(r) for r in self.requests]
+        lateness = []
+        self._t0 = t0 = time.monotonic()
+        for res in results:
+            due = t0 + res.request.offset_s / self.speed
+            while (wait := due - time.monotonic()) > 0:
+                if stop is not None and stop.wait(min(wait, 0.5)):
+                    break
+                if stop is None:
+                    time.sleep(wait)
+            if stop is not None and stop.is_set():
+                break
+            res.sent_s = time.monotonic() - t0
+            lateness.append(res.sent_s - res.request.offset_s / self.speed)
+            fut = self.client.send_goal_async(goal_of(res.request, self.keep_task_ids, self.task_id_suffix))
+            fut.add_done_callback(lambda f, res=res: self._on_goal(res, f))
+        sent = sum(1 for r in results if not math.isnan(r.sent_s))
+        deadline = time.monotonic() + timeout_s
+        for _ in range(sent):
+            if not self._done.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                break
+        return ReplayReport(results, self.speed, time.monotonic() - t0, lateness)
+
+    def _on_goal(self, res: ReplayResult, fut) -> None:  # noqa: ANN001 - rclpy Future
+        handle = fut.result() if fut.exception() is None else None
+        if handle is None or not handle.accepted:
+            res.status, res.message = "not_accepted", str(fut.exception() or "goal not accepted by the server")
+            res.done_s = time.monotonic() - self._t0
+            self._done.release()
+            return
+        handle.get_result_async().add_done_callback(lambda f: self._on_result(res, f))
+
+    def _on_result(self, res: ReplayResult, fut) -> None:  # noqa: ANN001 - rclpy Future
+        try:
+            r = fut.result().result
+            res.status = STATUS_NAMES.get(r.status, str(r.status))
+            res.message, res.task_id, res.segments = r.message, r.task_id, len(r.segments)
+            res.response_time_s = duration_s(r.response_time) if r.segments else math.nan
+            res.utility = float(r.utility)
+        except Exception as e:  # noqa: BLE001 - a broken result is recorded, never fatal to the replay
+            res.status, res.message = "error", repr(e)
+        res.done_s = time.monotonic() - self._t0
+        self._done.release()
+
+    def destroy(self) -> None:
+        self.client.destroy()
+
+
+class ReplayNode(Node):
+    """Parameters: source, speed, action, robot_id_format, keep_task_ids, task_id_suffix, results, timeout_s."""
+
+    def __init__(self, node_name: str = "replay", **kw: Any) -> None:
+        super().__init__(node_name, **kw)
+        d = ParameterDescriptor
+        self.source = self.declare_parameter("source", "", d(description="bag folder / .mcap, or LRTrace")).value
+        self.speed = float(self.declare_parameter("speed", 1.0, d(description="time factor; 2 = twice as fast")).value)
+        self.action = self.declare_parameter("action", "plan_task").value
+        fmt = self.declare_parameter("robot_id_format", DEFAULT_ROBOT_ID_FORMAT,
+                                     d(description="robot id of an LRTrace agent, e.g. drone_{agent_id}")).value
+        self.keep_task_ids = bool(self.declare_parameter("keep_task_ids", False).value)
+        self.task_id_suffix = self.declare_parameter("task_id_suffix", "").value
+        self.results_path = self.declare_parameter("results", "", d(description="write results JSON here")).value
+        self.timeout_s = float(self.declare_parameter("timeout_s", 600.0).value)
+        if not self.source:
+            raise ValueError("parameter source: a bag or LRTrace workload is required")
+        self.requests = load_requests(self.source, robot_id_format=fmt)
+        self.replayer = Replayer(self, self.requests, speed=self.speed, action=self.action,
+                                 keep_task_ids=self.keep_task_ids, task_id_suffix=self.task_id_suffix)
+
+    def replay(self, stop: threading.Event | None = None) -> ReplayReport:
+        span = self.requests[-1].offset_s / self.speed if self.requests else 0.0
+        self.get_logger().info(f"replaying {len(self.requests)} requests from {self.source} over {span:.1f} s "
+                               f"(speed {self.speed})")
+        rep = self.replayer.run(timeout_s=self.timeout_s, stop=stop)
+        self.get_logger().info(f"replay done in {rep.wall_s:.1f} s: {rep.counts()}")
+        if self.results_path:
+            self.get_logger().info(f"results: {rep.save(self.results_path)}")
+        return rep
+
+
+def run_replay(node: ReplayNode) -> ReplayReport:
+    """Spin ``node`` in a background executor while the calling thread replays."""
+    ex = MultiThreadedExecutor(num_threads=4, context=node.context)
+    ex.add_node(node)
+    t = threading.Thread(target=ex.spin, daemon=True)
+    t.start()
+    try:
+        return node.replay()
+    finally:
+        ex.shutdown(timeout_sec=2)
+        t.join(timeout=2)
+
+
+def main(args: list[str] | None = None) -> int:
+    rclpy.init(args=args)
+    try:
+        node = ReplayNode()
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        print(f"replay_node: {e}", flush=True)
+        rclpy.try_shutdown()
+        return 2
+    try:
+        rep = run_replay(node)
+        return 0 if rep.complete else 1
+    except (KeyboardInterrupt, ExternalShutdownException):
+        return 130
+    except TimeoutError as e:
+        print(f"replay_node: {e}", flush=True)
+        return 2
+    finally:
+        node.replayer.destroy()
+        node.destroy_node()
+        rclpy.try_shutdown()
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
+
+
+__all__ = ["ReplayNode", "ReplayReport", "ReplayResult", "Replayer", "goal_of", "main", "run_replay"]

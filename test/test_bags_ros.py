@@ -326,3 +326,38 @@ def test_cli_record_in_its_own_process(stack, tmp_path):
     assert f"bag: {out}" in text
     recs = records_from_bag(out)
     assert [(r.task_type, r.status) for r in recs] == [("book_on_cabinet", "done")]
+
+
+def test_cli_replays_an_lrtrace_workload_and_records_it(stack, tmp_path):
+    """`python -m timelyllm_ros.bags replay <jobs.json> --record <bag>`: goals from another process, on time."""
+    import json
+
+    from timelyllm_ros.core.workloads import load_trace
+
+    wid2 = load_trace("drone-wid2")
+    picked = [j for j in wid2.jobs if j.trace_id in (0, 5)][:3]
+    jobs = []
+    for i, j in enumerate(picked):  # three robots of the fleet, 0.4 s apart
+        d = j.to_json()
+        d.update({"job_id": i, "agent_id": i, "trigger time": 10.0 + 0.4 * i})
+        jobs.append(d)
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    out, results = tmp_path / "replayed", tmp_path / "results.json"
+    before = len(stack.seen("/plan_requests"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "timelyllm_ros.bags", "replay", str(tmp_path / "jobs.json"), "--speed", "2",
+         "--robot-id-format", "drone_{agent_id}", "--keep-task-ids", "--task-id-suffix=-cli",
+         "--results", str(results), "--record", str(out), "--timeout", "60"],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"bag: {out}" in proc.stdout
+    rep = json.loads(results.read_text())
+    assert rep["counts"] == {"succeeded": 3}
+    assert [r["task_id"] for r in rep["results"]] == ["j0-cli", "j1-cli", "j2-cli"]
+    arrived = stack.seen("/plan_requests")[before:]
+    assert [(m.robot_id, m.task_id) for m in arrived] == [(f"drone_{i}", f"j{i}-cli") for i in range(3)]
+    t = [stamp_ns(m.stamp) * 1e-9 for m in arrived]
+    assert [b - a for a, b in zip(t, t[1:], strict=False)] == pytest.approx([0.2, 0.2], abs=0.1)
+    stack.settle()
+    # the replayed run's own bag holds the three requests (its recorder matched before the first goal)
+    assert [m.msg.task_id for m in read_bag(out, ["/plan_requests"])] == ["j0-cli", "j1-cli", "j2-cli"]

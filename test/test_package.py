@@ -63,4 +63,5 @@ def test_installed_interfaces_match_sources():
     share = ROOT / "install" / "share" / "timelyllm_ros"
     for kind in ("msg", "srv", "action"):
         for f in (ROOT / kind).iterdir():
-            assert (share / kind / f.name).read_text() == f.read_text(), f"{kind}/{f.name} is stale: run scripts/setup.sh"
+            stale = f"{kind}/{f.name} is stale: run scripts/setup.sh"
+            assert (share / kind / f.name).read_text() == f.read_text(), stale

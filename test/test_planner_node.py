@@ -36,11 +36,11 @@ class Stack:
     """Planner + scheduler + simulated fleet + a robot-side client node, in one process."""
 
     def __init__(self, policy: str = "pud", silent: tuple[str, ...] = (), robots: int = 4,
-                 engine_time_scale: float = 1.0, fleet_time_scale: float = 0.2) -> None:
+                 engine_time_scale: float = 1.0, fleet_time_scale: float = 0.2, engine=None) -> None:
         self.ctx = rclpy.Context()
         rclpy.init(context=self.ctx)
         kw = {"context": self.ctx}
-        self.engine = RealtimeSimEngine(time_scale=engine_time_scale)
+        self.engine = engine or RealtimeSimEngine(time_scale=engine_time_scale)
         # build_planner creates nodes in the default context: give them ours.
         self.planner, self.sched = build_planner(
             [Parameter("policy", value=policy), Parameter("admission", value="latency")], engine=self.engine,

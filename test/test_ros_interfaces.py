@@ -13,7 +13,6 @@ from rclpy.action import ActionClient, ActionServer, CancelResponse, GoalRespons
 from rclpy.callback_groups import ReentrantCallbackGroup  # noqa: E402
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.qos import QoSDurabilityPolicy, QoSProfile, QoSReliabilityPolicy  # noqa: E402
-
 from timelyllm_ros.action import PlanTask  # noqa: E402
 from timelyllm_ros.msg import (  # noqa: E402
     EngineState,
@@ -134,7 +133,8 @@ def test_services_roundtrip(two_nodes):
     fut = plan_cli.call_async(req)
     assert _wait(fut.done)
     resp = fut.result()
-    assert resp.status == Plan.Response.STATUS_OK and resp.plan_text == "tc(100);" and resp.segments[0].text == "mf(50);"
+    assert resp.status == Plan.Response.STATUS_OK and resp.plan_text == "tc(100);"
+    assert resp.segments[0].text == "mf(50);"
     fut = plan_cli.call_async(Plan.Request(robot_id="drone_1", robot_type="drone", task=""))
     assert _wait(fut.done) and fut.result().status == Plan.Response.STATUS_REJECTED
     fut = est_cli.call_async(EstimateExecTime.Request(robot_type="drone", segment_text="mf(50);"))

@@ -1,0 +1,66 @@
+"""The planner node with the real vLLM engine and the bundled model (CPU build here)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("rclpy")
+pytest.importorskip("vllm")
+
+from test_planner_node import CAT, DOG, NORMAL, URGENT, Stack, _wait  # noqa: E402
+from timelyllm_ros.action import PlanTask  # noqa: E402
+
+from timelyllm_ros.core.skills import load_skill_set  # noqa: E402
+
+pytestmark = [pytest.mark.ros, pytest.mark.engine]
+
+
+@pytest.fixture(scope="module")
+def vllm_engine():
+    from timelyllm_ros.ros.planner_node import engine_from_config
+
+    engine, _ = engine_from_config("engine_vllm_cpu.yaml")
+    yield engine
+    engine.close()
+
+
+def test_real_engine_streams_valid_segments_and_serves_urgent_first(vllm_engine):
+    s = Stack(engine=vllm_engine, fleet_time_scale=1.0)
+    try:
+        # warm-up: the first forward passes of a fresh engine are slow
+        _, h = s.send("drone_3", CAT)
+        s.result(h, timeout=120)
+        fb_n, h_n = s.send("drone_0", CAT, NORMAL)
+        assert _wait(lambda: len(fb_n) >= 1, 60)
+        fb_u, h_u = s.send("drone_1", DOG, URGENT)
+        r_u, r_n = s.result(h_u, 120), s.result(h_n, 120)
+        assert r_n.status == PlanTask.Result.STATUS_SUCCEEDED, r_n.message
+        assert r_u.status == PlanTask.Result.STATUS_SUCCEEDED, r_u.message
+        drone = load_skill_set("drone")
+        for fb in (fb_n, fb_u):
+            texts = [f.segment.text for _, f in fb]
+            assert all(f.segment.skills or f.segment.is_final for _, f in fb), texts
+            for t in texts:
+                assert drone.validate(t) is None, t  # nothing unparsable reached the robot
+        assert len(fb_n) >= 2, [f.segment.text for _, f in fb_n]
+        assert fb_u[0][0] < fb_n[1][0], "the urgent first segment came after the normal task's second segment"
+        # the suspended normal generation held no batch slot meanwhile and nothing is left running
+        assert not vllm_engine.running_ids()
+    finally:
+        s.close()
+
+
+def test_real_engine_cancel_frees_the_request(vllm_engine):
+    s = Stack(engine=vllm_engine, fleet_time_scale=1.0)
+    try:
+        fb, h = s.send("drone_2", CAT)
+        assert _wait(lambda: fb, 60)
+        tid = fb[0][1].segment.task_id
+        cancel = h.cancel_goal_async()
+        assert _wait(cancel.done)
+        r = s.result(h, 60)
+        assert r.status == PlanTask.Result.STATUS_CANCELED
+        assert _wait(lambda: tid not in vllm_engine.running_ids(), 10)
+        assert not vllm_engine.backend_has_request(tid)
+    finally:
+        s.close()

@@ -47,7 +47,7 @@ class StopChecker(abc.ABC):
         """Text of the segment being written (not yet complete)."""
 
 
-class FinishReason(str, enum.Enum):
+class FinishReason(enum.StrEnum):
     SEGMENT = "segment"  # suspended at a segment boundary
     STOP = "stop"  # EOS / stop string: the plan is complete
     LENGTH = "length"  # max_new_tokens reached
@@ -198,13 +198,14 @@ class Engine(abc.ABC):
             complete = req.stop_checker.feed(piece)
             if complete:
                 text = req.stop_checker.cut()
+                last = len(req.output_token_ids) >= req.max_new_tokens
                 ev = SegmentEvent(
                     req.gen_id, text, live.seg_token_ids, FinishReason.SEGMENT,
-                    suspended=req.suspend_at_boundary,
+                    # not suspended when the token budget ends here: a LENGTH event follows
+                    suspended=req.suspend_at_boundary and not last,
                     cached_prompt_tokens=live.cached_prompt_tokens,
                 )
                 live.seg_token_ids, live.seg_text = [], ""
-                last = len(req.output_token_ids) >= req.max_new_tokens
                 if req.suspend_at_boundary and not last:
                     # Cut here: whatever the backend wrote past the boundary is dropped.
                     events.append(ev)

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,9 +100,18 @@ def run_policy(engine: Any, constrained: bool, policy: str, jobs: list[Job], arg
     robots = sorted({robot_id_of(j) for j in jobs} | {"drone_warmup"})
     planner, sched = build_planner([Parameter("policy", value=policy), Parameter("admission", value=args.admission)],
                                    engine=engine, constrained=constrained, context=ctx)
-    fleet = SimFleetNode(context=ctx, parameter_overrides=[
-        Parameter("robots", value=robots), Parameter("time_scale", value=args.fleet_time_scale),
-        Parameter("seed", value=args.seed)])
+    stack = ExitStack()
+    if args.tello:  # emulated Tello drones in network namespaces, driven through djitellopy
+        from timelyllm_ros.ros.emulated_fleet import start_emulated_fleet
+
+        scenes = {robot_id_of(j): j.task_input for j in jobs}
+        tello = stack.enter_context(start_emulated_fleet(robots, speed=args.fleet_time_scale, scenes=scenes))
+        console.print(f"emulated Tello drones: {', '.join(f'{r}@{h}' for r, h in tello.hosts().items())}")
+        fleet_nodes = []
+    else:
+        fleet_nodes = [SimFleetNode(context=ctx, parameter_overrides=[
+            Parameter("robots", value=robots), Parameter("time_scale", value=args.fleet_time_scale),
+            Parameter("seed", value=args.seed)])]
     exec_time = ExecTimeNode(models=planner.core.hooks.exec_model, context=ctx)
     done_count = [0]
 
@@ -124,7 +133,7 @@ def run_policy(engine: Any, constrained: bool, policy: str, jobs: list[Job], arg
             progress.console.print(f"[yellow]{robot_label(rec)} {rec.task_type}: {rec.status} ({rec.reason})")
 
     client = WorkloadClient(jobs, speed=args.speed, on_segment=show_segment, on_done=task_done, context=ctx)
-    nodes = [planner, sched, fleet, exec_time, client]
+    nodes = [planner, sched, *fleet_nodes, exec_time, client]
     try:
         with _spinning(nodes, ctx):
             if not client.wait_for_planner(60):
@@ -144,6 +153,7 @@ def run_policy(engine: Any, constrained: bool, policy: str, jobs: list[Job], arg
         for n in nodes:
             n.destroy_node()
         rclpy.shutdown(context=ctx)
+        stack.close()
     if hasattr(engine, "reset_prefix_cache"):
         engine.reset_prefix_cache()  # the next policy starts from the same (cold) cache
     return RunResult(policy, records, metrics.summarize(records), wall, decisions)
@@ -233,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-gap", type=float, default=6.0, help="shorten idle gaps between events to this (s)")
     ap.add_argument("--speed", type=float, default=1.0, help="arrival-time speed-up factor")
     ap.add_argument("--fleet-time-scale", type=float, default=1.0, help="robot execution time factor")
+    ap.add_argument("--tello", action="store_true",
+                    help="emulated Tello drones (network namespaces, real djitellopy; needs root) instead of "
+                         "simulated robots")
     ap.add_argument("--admission", default="latency", help="'latency' or a fixed batch cap")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=600.0)

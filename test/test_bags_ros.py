@@ -24,14 +24,14 @@ from rclpy.parameter import Parameter  # noqa: E402
 from rclpy.qos import DurabilityPolicy, QoSProfile, QoSReliabilityPolicy  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
 from std_srvs.srv import SetBool  # noqa: E402
-from timelyllm_ros.action import PlanTask  # noqa: E402
-from timelyllm_ros.msg import PlanSegment, SegmentDone, TaskRequest, TimeUtility  # noqa: E402
 
+from timelyllm_ros.action import PlanTask  # noqa: E402
 from timelyllm_ros.bags import read_bag  # noqa: E402
 from timelyllm_ros.bags.convert import load_requests  # noqa: E402
 from timelyllm_ros.bags.io import stamp_ns  # noqa: E402
 from timelyllm_ros.bags.records import bag_metrics, records_from_bag  # noqa: E402
 from timelyllm_ros.engines.sim_realtime import RealtimeSimEngine  # noqa: E402
+from timelyllm_ros.msg import PlanSegment, SegmentDone, TaskRequest, TimeUtility  # noqa: E402
 from timelyllm_ros.ros.live_metrics import LiveMetrics  # noqa: E402
 from timelyllm_ros.ros.planner_node import build_planner  # noqa: E402
 from timelyllm_ros.ros.recorder_node import RecorderNode, start_recorder  # noqa: E402

@@ -12,8 +12,8 @@ from timelyllm_ros.executors.netns import netns_unavailable_reason
 rclpy = pytest.importorskip("rclpy")
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from std_srvs.srv import Trigger  # noqa: E402
-from timelyllm_ros.msg import PlanSegment, SegmentDone  # noqa: E402
 
+from timelyllm_ros.msg import PlanSegment, SegmentDone  # noqa: E402
 from timelyllm_ros.ros.planner_node import RELIABLE, segment_topic  # noqa: E402
 
 pytestmark = pytest.mark.ros

@@ -13,6 +13,7 @@ from rclpy.action import ActionClient, ActionServer, CancelResponse, GoalRespons
 from rclpy.callback_groups import ReentrantCallbackGroup  # noqa: E402
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.qos import QoSDurabilityPolicy, QoSProfile, QoSReliabilityPolicy  # noqa: E402
+
 from timelyllm_ros.action import PlanTask  # noqa: E402
 from timelyllm_ros.msg import (  # noqa: E402
     EngineState,

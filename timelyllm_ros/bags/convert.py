@@ -167,7 +167,11 @@ def load_requests(source: str | Path | Workload, *, robot_id_format: str = DEFAU
         if not reqs:
             raise BagError(f"{source}: no requests on {REQUESTS.name}: nothing to replay")
     else:
-        reqs = [job_request(j, robot_id_format) for j in load_trace(source).jobs]
+        try:
+            wl = load_trace(source)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"{source}: neither a bag nor an LRTrace workload ({e})") from None
+        reqs = [job_request(j, robot_id_format) for j in wl.jobs]
     reqs.sort(key=lambda r: r.offset_s)
     if reqs:
         t0 = reqs[0].offset_s

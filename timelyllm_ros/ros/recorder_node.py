@@ -177,7 +177,11 @@ class RecorderNode(Node):
         counts = self.recorder.counts
         p = self.recorder.stop()
         if p is not None:
-            self.get_logger().info(f"bag closed: {p} ({sum(counts.values())} messages: {counts})")
+            text = f"bag closed: {p} ({sum(counts.values())} messages: {counts})"
+            if self.context.ok():
+                self.get_logger().info(text)
+            else:  # after Ctrl-C the context is gone and rosout with it
+                print(text, flush=True)
         return p
 
     def _check_params(self, params: list[Parameter]) -> SetParametersResult:

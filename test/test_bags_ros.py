@@ -346,7 +346,7 @@ def test_cli_replays_an_lrtrace_workload_and_records_it(stack, tmp_path):
     before = len(stack.seen("/plan_requests"))
     proc = subprocess.run(
         [sys.executable, "-m", "timelyllm_ros.bags", "replay", str(tmp_path / "jobs.json"), "--speed", "2",
-         "--robot-id-format", "drone_{agent_id}", "--keep-task-ids", "--task-id-suffix=-cli",
+         "--keep-task-ids", "--task-id-suffix=-cli",
          "--results", str(results), "--record", str(out), "--timeout", "60"],
         capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -2,7 +2,7 @@
 
     python -m timelyllm_ros.bags record [-o bags/run1] [--duration 60]
     python -m timelyllm_ros.bags replay bags/run1 [--speed 2] [--record bags/run1-replay] [--results r.json]
-    python -m timelyllm_ros.bags replay data/lrtrace/drone-wid2 --robot-id-format 'drone_{agent_id}'
+    python -m timelyllm_ros.bags replay data/lrtrace/drone-wid2 --robot-id-format 'agent{agent_id}'
     python -m timelyllm_ros.bags convert data/lrtrace/drone-wid2 bags/wid2      # LRTrace -> bag
     python -m timelyllm_ros.bags convert bags/run1 out/run1-trace                # bag -> LRTrace folder (or .json)
     python -m timelyllm_ros.bags info bags/run1
@@ -142,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source", help="bag folder / .mcap, or LRTrace folder / jobs.json")
     p.add_argument("--speed", type=float, default=1.0, help="time factor (2 = twice as fast)")
     p.add_argument("--action", default="plan_task")
-    p.add_argument("--robot-id-format", default=DEFAULT_ROBOT_ID_FORMAT, help="robot id of an LRTrace agent")
+    p.add_argument("--robot-id-format", default=DEFAULT_ROBOT_ID_FORMAT,
+                   help="robot id of an LRTrace agent; fields {robot_type}, {agent_id}")
     p.add_argument("--keep-task-ids", action="store_true", help="send the recorded task ids (default: new ids)")
     p.add_argument("--task-id-suffix", default="", help="appended to kept task ids (run several replays)")
     p.add_argument("--results", help="write the per-goal results as JSON")

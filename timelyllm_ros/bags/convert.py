@@ -2,7 +2,7 @@
 
 A workload becomes a bag of TaskRequest messages on /plan_requests, stamped
 at ``time_base + trigger time``, one per job: task id ``j<job_id>``, robot id
-from ``robot_id_format`` (default ``agent{agent_id}``), robot type from the
+from ``robot_id_format`` (default ``{robot_type}_{agent_id}``, e.g. drone_3), robot type from the
 job's Table 2 task, the job's TUF. Each job's JSON record rides along on
 /lrtrace/jobs (std_msgs/String, same timestamp) and config.json in the bag's
 custom_data, so JSON -> bag -> JSON gives back the same jobs and config.
@@ -27,7 +27,8 @@ from .io import BagError, BagWriter, custom_data, read_bag, stamp_ns, time_msg
 from .records import resolve_tuf, task_type
 from .typestore import LRTRACE_JOBS, REQUESTS, SEGMENT_DONE, SEGMENTS, msg_class
 
-DEFAULT_ROBOT_ID_FORMAT = "agent{agent_id}"
+# as timelyllm_ros.ros.workload_client names robots (drone_3, arm_0); the simulator uses agent{agent_id}
+DEFAULT_ROBOT_ID_FORMAT = "{robot_type}_{agent_id}"
 KEY_CONFIG = "timelyllm.lrtrace.config"
 KEY_NAME = "timelyllm.lrtrace.name"
 KEY_TIME_BASE = "timelyllm.time_base_ns"
@@ -65,8 +66,10 @@ def _robot_type(trace_id: int) -> str:
 
 def job_request(job: Job, robot_id_format: str = DEFAULT_ROBOT_ID_FORMAT) -> ReplayRequest:
     tuf = TimeUtility.from_trace(job.tuf)
-    return ReplayRequest(offset_s=job.trigger_time, robot_id=robot_id_format.format(agent_id=job.agent_id),
-                         robot_type=_robot_type(job.trace_id), task=job.task_input,
+    rtype = _robot_type(job.trace_id)
+    return ReplayRequest(offset_s=job.trigger_time,
+                         robot_id=robot_id_format.format(agent_id=job.agent_id, robot_type=rtype),
+                         robot_type=rtype, task=job.task_input,
                          level=tuf.level if tuf.level in LEVELS else "", alpha=tuf.alpha, beta=tuf.beta, ert=tuf.ert,
                          task_id=f"j{job.job_id}", meta={"job": job.to_json()})
 
@@ -93,12 +96,13 @@ def workload_to_bag(workload: Workload, path: str | Path, *, robot_id_format: st
 
 
 def _agent_parser(robot_id_format: str):
-    pat = re.escape(robot_id_format).replace(re.escape("{agent_id}"), r"(\d+)")
+    pat = re.escape(robot_id_format).replace(re.escape("{agent_id}"), r"(?P<agent>\d+)")
+    pat = pat.replace(re.escape("{robot_type}"), r"[A-Za-z]\w*?")
     rx = re.compile(f"^{pat}$")
 
     def parse(robot_id: str) -> int | None:
         m = rx.match(robot_id)
-        return int(m.group(1)) if m else None
+        return int(m.group("agent")) if m else None
 
     return parse
 

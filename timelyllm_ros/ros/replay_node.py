@@ -165,7 +165,7 @@ class ReplayNode(Node):
         self.speed = float(self.declare_parameter("speed", 1.0, d(description="time factor; 2 = twice as fast")).value)
         self.action = self.declare_parameter("action", "plan_task").value
         fmt = self.declare_parameter("robot_id_format", DEFAULT_ROBOT_ID_FORMAT,
-                                     d(description="robot id of an LRTrace agent, e.g. drone_{agent_id}")).value
+                                     d(description="robot id of an LRTrace agent, e.g. {robot_type}_{agent_id}")).value
         self.keep_task_ids = bool(self.declare_parameter("keep_task_ids", False).value)
         self.task_id_suffix = self.declare_parameter("task_id_suffix", "").value
         self.results_path = self.declare_parameter("results", "", d(description="write results JSON here")).value

@@ -2,8 +2,10 @@
 
 Latency-guided admission: before one more generation joins the running
 batch, estimate for every running generation the worst-case time to finish
-its current segment, ``(lmax - tokens_so_far) * step_time(batch + 1)``, and
-admit only if each of them still fits in its slack and the KV cache has room.
+its current segment, ``(lmax - tokens_so_far) * step_time(batch + 1)`` plus
+the prefill still pending, and admit only if that does not push a more urgent
+generation (earlier deadline) past its deadline while the candidate could
+afford to wait, and the KV cache has room (see :class:`LatencyGuided`).
 ``step_time`` is fitted online from the engine's own step reports (no offline
 profile), so it follows whichever engine runs.
 
@@ -123,15 +125,40 @@ class FixedCap(Admission):
 
 
 class LatencyGuided(Admission):
-    """Design §6. ``lmax`` per robot type is the longest-segment budget in tokens."""
+    """Design §6, latency-guided admission. ``lmax`` per robot type is the longest-segment budget in tokens.
 
-    name = "adaptive"
+    For every running generation g the worst-case finish of its current segment is
+    ``now + pending prefill + (lmax - tokens_so_far) * step(batch)``, where pending
+    prefill is the prompts still being prefilled (chunked prefill shares the coming
+    steps with everyone); with the candidate c it grows by c's prefill and by one
+    more sequence per step. g's *deadline* is ``arrival + ERT`` for s_0 and the
+    predicted exec end of s_{k-1} for s_k (the same deadline EDF uses).
+
+    ``mode="protect"`` (default): c may not join while a running generation with an
+    earlier deadline would finish its segment past that deadline with c in the
+    batch — whether c pushes it past or it is late already, when every extra
+    millisecond costs it utility — provided c could wait for that generation and
+    still meet its own deadline. A generation with a later deadline never blocks
+    c (c is the more urgent one), and a candidate that cannot afford to wait is
+    admitted (refusing it only moves the loss onto it). This is what keeps a
+    normal task's prefill out of the steps an urgent first segment needs.
+
+    ``mode="cutoff"`` (the previous rule, kept for comparison): refuse only when a
+    running generation that can still finish before its TUF *cutoff* at the
+    current batch size could not with c; already-late ones do not constrain.
+    """
+
+    MODES = ("protect", "cutoff")
 
     def __init__(self, lmax: dict[str, int] | None = None, default_lmax: int = 10,
-                 kv_high: float = 0.95, hard_cap: int = 256) -> None:
+                 kv_high: float = 0.95, hard_cap: int = 256, mode: str = "protect") -> None:
+        if mode not in self.MODES:
+            raise ValueError(f"LatencyGuided mode must be one of {self.MODES}, got {mode!r}")
         self.lmax = dict(lmax or {"drone": 10, "arm": 20, "chatbot": 20})
         self.default_lmax = default_lmax
         self.kv_high, self.hard_cap = kv_high, hard_cap
+        self.mode = mode
+        self.name = "adaptive" if mode == "protect" else f"adaptive-{mode}"
 
     def admit(self, view: AdmissionView, cand: Generation) -> bool:
         running = view.running
@@ -142,21 +169,26 @@ class LatencyGuided(Admission):
             return False
         t_now = view.estimator.step_time(n)
         t_more = view.estimator.step_time(n + 1)
-        # Prompts still being prefilled (chunked) share the coming steps with everyone
-        # running, and so would the candidate's.
         pending = sum(g.prefill_est_s for g in running if g.k == 0 and g.seg_tokens() == 0)
         extra = cand.prefill_est_s if cand.k == 0 else 0.0
         now, comm = view.now, view.comm_s
         lmax, dflt = self.lmax, self.default_lmax
+        if self.mode == "cutoff":
+            for g in running:
+                left = max(1, lmax.get(g.robot_type, dflt) - g.seg_tokens())
+                lim = g.arrival + g.ert if g.k == 0 else g.prev_end
+                slack = lim - g.beta / g.alpha - comm - now
+                if left * t_now + pending <= slack < left * t_more + pending + extra:
+                    return False
+            return True
+        c_dl = (cand.arrival + cand.ert if cand.k == 0 else cand.prev_end) - comm
+        c_gen = cand.tok_est * t_more + extra  # c's own generation time once it runs
         for g in running:
+            dl = (g.arrival + g.ert if g.k == 0 else g.prev_end) - comm
+            if dl >= c_dl:
+                continue  # g is not more urgent than the candidate
             left = max(1, lmax.get(g.robot_type, dflt) - g.seg_tokens())
-            # Slack up to where the segment's utility would turn negative (the TUF's
-            # cutoff): with ERT itself, lmax tokens would rule out every urgent task at once.
-            lim = g.arrival + g.ert if g.k == 0 else g.prev_end
-            slack = lim - g.beta / g.alpha - comm - now
-            # Only generations that can still make it at the current batch size constrain
-            # admission: one already late gets no better by blocking everyone else.
-            if left * t_now + pending <= slack < left * t_more + pending + extra:
+            if now + pending + extra + left * t_more > dl and now + pending + left * t_now + c_gen <= c_dl:
                 return False
         return True
 
@@ -165,13 +197,16 @@ class LatencyGuided(Admission):
 
 
 def make_admission(spec: str | int, **kw) -> Admission:
-    """``"adaptive"`` or a fixed cap (``8`` / ``"cap8"`` / ``"8"``)."""
+    """``"adaptive"`` (deadline-protecting), ``"adaptive-cutoff"`` (the previous rule) or a fixed cap
+    (``8`` / ``"cap8"`` / ``"8"``)."""
     if isinstance(spec, int):
         return FixedCap(spec, **kw)
     s = str(spec).strip().lower()
     if s in ("adaptive", "latency", "latency-guided"):
         return LatencyGuided(**kw)
+    if s in ("adaptive-cutoff", "cutoff"):
+        return LatencyGuided(mode="cutoff", **kw)
     s = s.removeprefix("cap")
     if s.isdigit():
         return FixedCap(int(s), **kw)
-    raise ValueError(f"unknown admission {spec!r}: use 'adaptive' or a batch cap such as 8")
+    raise ValueError(f"unknown admission {spec!r}: use 'adaptive', 'adaptive-cutoff' or a batch cap such as 8")

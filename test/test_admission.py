@@ -1,0 +1,107 @@
+"""Latency-guided admission (design §6): the deadline-protecting rule and the previous cutoff rule."""
+
+import math
+
+import pytest
+
+from timelyllm_ros.core.admission import AdmissionView, LatencyEstimator, LatencyGuided, make_admission
+from timelyllm_ros.core.clock import SimClock
+from timelyllm_ros.core.policies import make_policy
+from timelyllm_ros.core.scheduler import CoreConfig, Generation, PlannerCore, TaskSpec
+from timelyllm_ros.core.sim_engine import SimEngine
+from timelyllm_ros.core.tuf import LEVELS
+
+
+def gen(level="normal", arrival=0.0, k=0, prev_end=math.nan, seq=0, tok=5.0, prefill=0.026):
+    g = Generation(TaskSpec(robot_id=f"r{seq}", prompt="p", tuf=LEVELS[level]), f"t{seq}", arrival, seq)
+    g.k, g.prev_end, g.tok_est, g.prefill_est_s = k, prev_end, tok, prefill
+    return g
+
+
+def view(running, now=0.0):
+    return AdmissionView(list(running), now, 0.008, 0.1, LatencyEstimator())
+
+
+def test_names_and_modes():
+    assert make_admission("adaptive").name == "adaptive"
+    assert make_admission("adaptive").mode == "protect"
+    assert make_admission("adaptive-cutoff").mode == "cutoff"
+    assert make_admission("adaptive-cutoff").name == "adaptive-cutoff"
+    with pytest.raises(ValueError):
+        LatencyGuided(mode="nope")
+
+
+def test_idle_engine_always_admits():
+    assert LatencyGuided().admit(view([]), gen("normal"))
+
+
+def test_normal_prefill_kept_out_of_an_urgent_first_segment():
+    urgent = gen("urgent", arrival=0.0, seq=1)  # prefill pending, 10-token worst case: late at 0.2 s
+    normal = gen("normal", arrival=0.0, seq=2)
+    adm = LatencyGuided()
+    assert not adm.admit(view([urgent], now=0.01), normal)
+    # the previous rule measured slack to the 0.5 s cutoff and let it in
+    assert make_admission("adaptive-cutoff").admit(view([urgent], now=0.01), normal)
+
+
+def test_more_urgent_candidate_is_never_blocked_by_a_less_urgent_runner():
+    normal = gen("normal", arrival=0.0, seq=1)
+    urgent = gen("urgent", arrival=0.0, seq=2)
+    assert LatencyGuided().admit(view([normal], now=0.01), urgent)
+
+
+def test_candidate_that_cannot_wait_is_admitted():
+    # Two urgent tasks of one burst: the second cannot wait for the first and still
+    # make its own ERT, so it joins (one prefill step for both beats two in a row).
+    a = gen("urgent", arrival=0.0, seq=1)
+    b = gen("urgent", arrival=0.001, seq=2)
+    assert LatencyGuided().admit(view([a], now=0.01), b)
+
+
+def test_normal_admitted_once_the_urgent_is_nearly_done():
+    urgent = gen("urgent", arrival=0.0, seq=1, tok=6.0)
+    normal = gen("normal", arrival=0.0, seq=2)
+    adm = LatencyGuided()
+    v = view([urgent], now=0.05)
+    assert not adm.admit(v, normal)
+    # Pretend the urgent segment has 9 of its 10 worst-case tokens and its prefill is done:
+    # one more step with the normal's prefill still ends well before its 0.2 s deadline.
+    urgent.req = type("R", (), {"output_token_ids": [0] * 9})()
+    urgent.seg_start_len = 0
+    assert adm.admit(v, normal)
+
+
+def test_resumed_segment_with_tight_slack_is_not_starved():
+    urgent = gen("urgent", arrival=0.0, seq=1)
+    # a normal generation resuming s_1: its robot finishes s_0 in 60 ms, so it cannot wait
+    resumed = gen("normal", arrival=-5.0, k=1, prev_end=0.07, seq=2)
+    assert LatencyGuided().admit(view([urgent], now=0.01), resumed)
+
+
+def test_burst_urgent_first_segments_meet_ert_with_normals_in_the_queue():
+    """A burst of 2 urgent + 6 normal tasks on an idle engine: the normals' prefills wait."""
+    clock = SimClock()
+    first_ready = {}
+    core = PlannerCore(SimEngine(), make_policy("pud"), clock, config=CoreConfig(),
+                       on_segment=lambda t, s: first_ready.setdefault(t.task_id, clock.now()))
+    ctx = [7] * 150  # per-task context that misses the prefix cache
+    for i in range(8):
+        level = "urgent" if i in (1, 2) else "normal"
+        core.submit(TaskSpec(robot_id=f"r{i}", prompt="p", tuf=LEVELS[level], task_id=f"t{i}", arrival=0.001 * i,
+                             prompt_token_ids=list(range(100, 400)) + [i] * 16 + ctx,
+                             extra={"plan_text": "tc(30);mf(50);"}))
+    clock.set(0.008)  # the whole burst is queued before the first decision
+    for _ in range(2000):
+        rep = core.start_step()
+        if rep is None:
+            w = core.next_wakeup()
+            if w is None:
+                break
+            clock.set(max(w, clock.now()))
+            continue
+        clock.advance(rep.duration_s)
+        core.complete_step(rep)
+    for t in ("t1", "t2"):
+        assert first_ready[t] + 0.008 - 0.001 * int(t[1]) <= LEVELS["urgent"].ert
+    for t in ("t0", "t3", "t4", "t5", "t6", "t7"):
+        assert first_ready[t] + 0.008 - 0.001 * int(t[1]) <= LEVELS["normal"].ert

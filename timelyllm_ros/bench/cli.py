@@ -1,6 +1,7 @@
 """``timelyllm-bench``: policy comparisons in simulation and scheduler overhead.
 
     timelyllm-bench sim --workload wid2 --policies fcfs,fcfs-stream,fcfs-seg,edf-seg,pud
+    timelyllm-bench sim --workload wid2 --policies fcfs-seg,edf-seg,pud --admission adaptive,adaptive-cutoff
     timelyllm-bench figures            # paper Figs. 5, 7, 8, 9 under bench/results/
     timelyllm-bench overhead           # decision time at queue lengths 1 .. 10000
 """
@@ -117,11 +118,12 @@ def save_results(out: Path, results: Sequence[SimResult], wl: Workload, command:
 
 def cmd_sim(args: argparse.Namespace) -> int:
     wl = load_workload(args.workload, seed=args.seed)
-    results = [run_policy(wl, p, args.admission, args) for p in _progress(args.policies.split(","), "policies")]
+    runs = [(p, a) for a in str(args.admission).split(",") for p in args.policies.split(",")]
+    results = [run_policy(wl, p, a, args) for p, a in _progress(runs, "policies")]
     header, rows = side_by_side(results)
     print_table(f"{wl.name}: {len(wl.jobs)} tasks (mean utility/beta | mean response)", header, rows)
     for r in results:
-        print(f"  {r.policy:<16} {r.speedup:7.0f}x real time, decision "
+        print(f"  {_label(r):<32} {r.speedup:7.0f}x real time, decision "
               f"{metrics.decision_stats(r.decision_times_s)['mean_ms']:.4f} ms mean")
     name = args.name or f"{args.workload}-sim"
     out = Path(args.out) if args.out else _results_root() / name
@@ -265,7 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sim", help="run policies on one workload and compare them")
     p.add_argument("--workload", default="wid2", help="wid2 (trace), wid1/wid3 (generated), or a trace folder")
     p.add_argument("--policies", default=DEFAULT_POLICIES)
-    p.add_argument("--admission", default="auto", help="auto | adaptive | a fixed batch cap (e.g. 8)")
+    p.add_argument("--admission", default="auto",
+                   help="auto | adaptive | adaptive-cutoff | a fixed batch cap (e.g. 8); a comma list runs every "
+                        "policy under each, side by side")
     p.add_argument("--name", help="results sub-folder name")
     common(p)
     p.set_defaults(fn=cmd_sim)

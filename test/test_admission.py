@@ -36,12 +36,16 @@ def test_idle_engine_always_admits():
 
 
 def test_normal_prefill_kept_out_of_an_urgent_first_segment():
-    urgent = gen("urgent", arrival=0.0, seq=1)  # prefill pending, 10-token worst case: late at 0.2 s
+    # prefill pending, 5 tokens expected: ready at ~0.17 s, ~0.195 s with the normal's prefill (ERT 0.2 s - hop)
+    urgent = gen("urgent", arrival=0.0, seq=1)
     normal = gen("normal", arrival=0.0, seq=2)
     adm = LatencyGuided()
-    assert not adm.admit(view([urgent], now=0.01), normal)
+    assert not adm.admit(view([urgent], now=0.03), normal)
+    assert adm.admit(view([urgent], now=0.0), normal)  # earlier, both fit
+    # design §6's worst case (10 tokens) already makes the urgent one late: protect it too
+    assert not LatencyGuided(worst_case=True).admit(view([urgent], now=0.0), normal)
     # the previous rule measured slack to the 0.5 s cutoff and let it in
-    assert make_admission("adaptive-cutoff").admit(view([urgent], now=0.01), normal)
+    assert make_admission("adaptive-cutoff").admit(view([urgent], now=0.03), normal)
 
 
 def test_more_urgent_candidate_is_never_blocked_by_a_less_urgent_runner():

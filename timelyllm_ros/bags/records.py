@@ -11,10 +11,11 @@ Times are robot-side, as in the simulator: arrival = TaskRequest.stamp (the
 planner's receive time), a segment's start/end = its SegmentDone start/finish.
 A segment the robot never reported is left out of its task (it was not seen
 executing). Status: "refused" (the planner refused the goal), "failed" (a
-robot reported a failed segment), "done" (every segment executed and the plan
-is finished: a final segment, or a syntactically complete plan), else
-"incomplete" (still running when the recording ended, or dropped by the
-planner: overdue / cancelled results are not on a topic).
+robot reported a failed segment), the planner's PlanResult when it ended a task
+otherwise (overdue, cancelled, failed), "done" (every segment executed and the
+plan is finished: a PlanResult, a final segment, or a syntactically complete
+plan for bags recorded before /plan_results existed), else "incomplete"
+(still running when the recording ended).
 """
 
 from __future__ import annotations
@@ -32,9 +33,11 @@ from timelyllm_ros.core.tuf import LEVELS
 from timelyllm_ros.core.workloads import plan_templates
 
 from .io import read_bag, stamp_ns
-from .typestore import REQUESTS, SEGMENT_DONE, SEGMENTS
+from .typestore import REQUESTS, RESULTS, SEGMENT_DONE, SEGMENTS
 
-RECORD_TOPICS = (REQUESTS.name, SEGMENTS.name, SEGMENT_DONE.name)
+RECORD_TOPICS = (REQUESTS.name, SEGMENTS.name, SEGMENT_DONE.name, RESULTS.name)
+# PlanResult status codes (msg/PlanResult.msg) -> TaskRecord status
+RESULT_STATUS = {0: "done", 1: "refused", 2: "failed", 3: "cancelled", 4: "rejected", 5: "failed"}
 
 
 def _s(t: Any) -> float:
@@ -80,6 +83,7 @@ class _Task:
     seq: int
     segments: dict[int, Any] = field(default_factory=dict)
     done: dict[int, Any] = field(default_factory=dict)
+    result: Any = None
 
 
 class RecordBuilder:
@@ -99,6 +103,8 @@ class RecordBuilder:
             self.add_segment(msg)
         elif kind == "SegmentDone":
             self.add_done(msg)
+        elif kind == "PlanResult":
+            self.add_result(msg)
 
     def add_request(self, msg: Any) -> None:
         t = _Task(msg, len(self._tasks))
@@ -120,6 +126,13 @@ class RecordBuilder:
             self.orphans += 1
             return
         t.done[int(msg.segment_index)] = msg
+
+    def add_result(self, msg: Any) -> None:
+        t = self._by_id.get(msg.task_id)
+        if t is None:
+            self.orphans += 1
+            return
+        t.result = msg
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -152,7 +165,10 @@ class RecordBuilder:
         final = any(s.is_final for s in t.segments.values())
         if failed:
             rec.status, rec.reason = "failed", f"robot failed: {failed[0].error}"
-        elif len(rec.segments) == len(t.segments) and (final or _complete(r.robot_type, rec.plan)):
+        elif t.result is not None and t.result.status != 0:  # the planner ended it (overdue, cancel, error)
+            rec.status, rec.reason = RESULT_STATUS.get(int(t.result.status), "failed"), t.result.message
+        elif len(rec.segments) == len(t.segments) and (t.result is not None or final
+                                                       or _complete(r.robot_type, rec.plan)):
             rec.status = "done"
         else:
             rec.status = "incomplete"

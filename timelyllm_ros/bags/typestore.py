@@ -70,6 +70,7 @@ class TopicSpec:
 REQUESTS = TopicSpec("/plan_requests", f"{PACKAGE}/msg/TaskRequest")
 SEGMENTS = TopicSpec("/plan_segments", f"{PACKAGE}/msg/PlanSegment")
 SEGMENT_DONE = TopicSpec("/segment_done", f"{PACKAGE}/msg/SegmentDone")
+RESULTS = TopicSpec("/plan_results", f"{PACKAGE}/msg/PlanResult")
 SCHEDULER_STATE = TopicSpec("/scheduler_state", f"{PACKAGE}/msg/SchedulerState", reliable=False, depth=5)
 ENGINE_STATE = TopicSpec("/engine_state", f"{PACKAGE}/msg/EngineState", reliable=False, depth=5)
 # LRTrace side channel: the job record (JSON) of each request of a converted workload, so
@@ -77,8 +78,9 @@ ENGINE_STATE = TopicSpec("/engine_state", f"{PACKAGE}/msg/EngineState", reliable
 LRTRACE_JOBS = TopicSpec("/lrtrace/jobs", "std_msgs/msg/String")
 
 # What the recorder takes by default: every goal (as a request), every segment fleet-wide,
-# robot reports, and the two telemetry streams. The per-robot segment topics duplicate /plan_segments.
-DEFAULT_TOPICS: tuple[TopicSpec, ...] = (REQUESTS, SEGMENTS, SEGMENT_DONE, SCHEDULER_STATE, ENGINE_STATE)
+# robot reports, how each task ended, and the two telemetry streams. The per-robot segment
+# topics duplicate /plan_segments.
+DEFAULT_TOPICS: tuple[TopicSpec, ...] = (REQUESTS, SEGMENTS, SEGMENT_DONE, RESULTS, SCHEDULER_STATE, ENGINE_STATE)
 KNOWN_TOPICS: dict[str, TopicSpec] = {t.name: t for t in (*DEFAULT_TOPICS, LRTRACE_JOBS)}
 
 

@@ -36,7 +36,15 @@ from timelyllm_ros.action import PlanTask
 from timelyllm_ros.core.clock import RealClock
 from timelyllm_ros.core.policies import POLICIES, make_policy
 from timelyllm_ros.core.scheduler import CoreConfig, PlannerCore, Segment, TaskResult, TaskSpec, TaskStatus
-from timelyllm_ros.msg import EngineState, PlanSegment, QueuedGeneration, SchedulerState, SegmentDone, TaskRequest
+from timelyllm_ros.msg import (
+    EngineState,
+    PlanResult,
+    PlanSegment,
+    QueuedGeneration,
+    SchedulerState,
+    SegmentDone,
+    TaskRequest,
+)
 from timelyllm_ros.ros.convert import ClockBridge, duration_msg, segment_msg, tuf_from_msg
 from timelyllm_ros.srv import Plan
 
@@ -51,6 +59,12 @@ STATUS_FROM_CORE = {
     TaskStatus.CANCELLED: PlanTask.Result.STATUS_CANCELED,
     TaskStatus.FAILED: PlanTask.Result.STATUS_FAILED,
 }
+
+
+def _status_code(res: TaskResult) -> int:
+    if res.status is TaskStatus.FAILED and res.reason.startswith("robot failed"):
+        return PlanTask.Result.STATUS_ROBOT_FAILED
+    return STATUS_FROM_CORE.get(res.status, PlanTask.Result.STATUS_FAILED)
 
 
 def segment_topic(robot_id: str) -> str:
@@ -105,6 +119,7 @@ class PlannerNode(Node):
         self._engine_pub = self.create_publisher(EngineState, "engine_state", TELEMETRY)
         self._all_segments = self.create_publisher(PlanSegment, "/plan_segments", RELIABLE)
         self._requests = self.create_publisher(TaskRequest, "/plan_requests", RELIABLE)
+        self._results = self.create_publisher(PlanResult, "/plan_results", RELIABLE)
         self.create_timer(p["state_period_s"], self._publish_engine_state)
 
         self._stop = threading.Event()
@@ -213,6 +228,11 @@ class PlannerNode(Node):
             self.get_logger().warning(f"goal from {g.robot_id!r} rejected: {e}")
             goal_handle.abort()
             return PlanTask.Result(status=PlanTask.Result.STATUS_REJECTED, message=str(e), task_id=g.task_id)
+        except Exception as e:  # noqa: BLE001 - the robot must hear why, whatever broke
+            self.get_logger().error(f"goal from {g.robot_id!r} failed before planning: {e!r}")
+            goal_handle.abort()
+            return PlanTask.Result(status=PlanTask.Result.STATUS_FAILED, message=f"planner error: {e}",
+                                   task_id=g.task_id)
         while True:
             try:
                 kind, item = box.events.get(timeout=0.05)
@@ -242,6 +262,9 @@ class PlannerNode(Node):
         except GoalError as e:
             resp.status, resp.error = Plan.Response.STATUS_REJECTED, str(e)
             return resp
+        except Exception as e:  # noqa: BLE001
+            resp.status, resp.error = Plan.Response.STATUS_FAILED, f"planner error: {e}"
+            return resp
         while True:
             kind, item = box.events.get()
             if kind == "result":
@@ -252,9 +275,7 @@ class PlannerNode(Node):
                 return resp
 
     def _result_msg(self, res: TaskResult, box: _Mailbox) -> PlanTask.Result:
-        status = STATUS_FROM_CORE.get(res.status, PlanTask.Result.STATUS_FAILED)
-        if res.status is TaskStatus.FAILED and res.reason.startswith("robot failed"):
-            status = PlanTask.Result.STATUS_ROBOT_FAILED
+        status = _status_code(res)
         sid = self._skillset_id(box.robot_type)
         waiting = _robot_waiting(res)
         return PlanTask.Result(
@@ -277,6 +298,12 @@ class PlannerNode(Node):
     def _on_result(self, res: TaskResult) -> None:
         with self._mail_lock:
             box = self._mail.pop(res.task_id, None)
+        status = _status_code(res)
+        self._results.publish(PlanResult(
+            stamp=self.get_clock().now().to_msg(), task_id=res.task_id, robot_id=res.robot_id, status=status,
+            message=res.reason or res.status.value, plan_text=res.plan, num_segments=len(res.segments),
+            response_time=duration_msg(res.response_time or 0.0),
+            utility=res.utility if res.utility is not None else float("nan")))
         if box is not None:
             box.events.put(("result", res))
 

@@ -36,6 +36,8 @@ def run(engine: Engine, reqs: Iterable[EngineRequest], *, resume_after: int = 0,
             events[ev.gen_id].append(ev)
             if ev.suspended and not ev.final:
                 parked[ev.gen_id] = resume_after
+            elif ev.final:
+                parked.pop(ev.gen_id, None)
         parked = {g: n - 1 for g, n in parked.items()}
         if steps >= max_steps:
             raise RuntimeError(f"run(): no completion after {max_steps} steps")

@@ -145,6 +145,7 @@ class VllmEngine(Engine):
             detokenize=False,  # we detokenize per token ourselves (IncrementalDetokenizer)
             output_kind=RequestOutputKind.DELTA,
             structured_outputs=so,
+            ignore_eos=bool(ex.get("ignore_eos", False)),  # benchmarks: fixed-length decodes
         )
 
     def _backend_add(self, req: EngineRequest) -> None:

@@ -3,6 +3,7 @@
     timelyllm up [--config fleet_demo.yaml] [--only planner,sim_fleet] [--policy fcfs]
     timelyllm demo [--policy fcfs] ...
     timelyllm plan --robot-id drone_0 --task "Task: find the cat"
+    timelyllm bags {record,replay,convert,info,metrics} ...
 """
 
 from __future__ import annotations
@@ -16,14 +17,21 @@ import time
 from timelyllm_ros.launch_graph import NODE_HOSTS, node_specs
 
 
-def up(config: str, only: list[str] | None, ros_args: list[str], grace_s: float = 10.0) -> int:
-    """One process per executable; Ctrl-C (or SIGTERM) stops them all cleanly."""
+def up(config: str, only: list[str] | None, ros_args: list[str], grace_s: float = 10.0,
+       record: str | None = None) -> int:
+    """One process per executable; Ctrl-C (or SIGTERM) stops them all cleanly.
+
+    ``record``: also run the recorder node, writing one rosbag2 (MCAP) bag to that path."""
     specs = node_specs(config, only)
+    cmds = [(s.executable, [sys.executable, "-m", s.module, "--ros-args", "--params-file", str(s.params_file),
+                            *ros_args]) for s in specs]
+    if record:
+        cmds.append(("recorder_node", [sys.executable, "-m", "timelyllm_ros.ros.recorder_node", "--ros-args",
+                                       "-p", f"bag_path:={record}"]))
     procs: list[tuple[str, subprocess.Popen]] = []
-    for s in specs:
-        cmd = [sys.executable, "-m", s.module, "--ros-args", "--params-file", str(s.params_file), *ros_args]
-        print(f"[timelyllm] starting {s.executable}: {' '.join(cmd)}", flush=True)
-        procs.append((s.executable, subprocess.Popen(cmd)))
+    for name, cmd in cmds:
+        print(f"[timelyllm] starting {name}: {' '.join(cmd)}", flush=True)
+        procs.append((name, subprocess.Popen(cmd)))
 
     stopping = False
 
@@ -63,13 +71,19 @@ def main(argv: list[str] | None = None) -> int:
     u.add_argument("--config", default="fleet_demo.yaml", help="ROS parameters file (path or name in config/)")
     u.add_argument("--only", help=f"comma-separated subset of {sorted(NODE_HOSTS)}")
     u.add_argument("--policy", help="override the scheduler's policy")
+    u.add_argument("--record", metavar="BAG", help="record the planner traffic into a rosbag2 (MCAP) bag at BAG")
     sub.add_parser("demo", help="the fleet demo (see `timelyllm demo --help`)", add_help=False)
     sub.add_parser("plan", help="send one task as a robot and print its segments", add_help=False)
+    sub.add_parser("bags", help="record / replay / convert / info / metrics of bags", add_help=False)
     args, rest = ap.parse_known_args(argv)
     if args.cmd == "demo":
         from timelyllm_ros.demo import main as demo_main
 
         return demo_main(rest)
+    if args.cmd == "bags":
+        from timelyllm_ros.bags.cli import main as bags_main
+
+        return bags_main(rest)
     if args.cmd == "plan":
         from timelyllm_ros.ros.client import main as client_main
 
@@ -77,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     if rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
     ros_args = ["-p", f"policy:={args.policy}"] if args.policy else []
-    return up(args.config, args.only.split(",") if args.only else None, ros_args)
+    return up(args.config, args.only.split(",") if args.only else None, ros_args, record=args.record)
 
 
 if __name__ == "__main__":

@@ -133,6 +133,7 @@ def run_policy(engine: Any, constrained: bool, policy: str, jobs: list[Job], arg
             progress.console.print(f"[yellow]{robot_label(rec)} {rec.task_type}: {rec.status} ({rec.reason})")
 
     client = WorkloadClient(jobs, speed=args.speed, on_segment=show_segment, on_done=task_done, context=ctx)
+    recorder = None
     nodes = [planner, sched, *fleet_nodes, exec_time, client]
     try:
         with _spinning(nodes, ctx):
@@ -141,12 +142,19 @@ def run_policy(engine: Any, constrained: bool, policy: str, jobs: list[Job], arg
             _warm_up(client, ctx)
             console.rule(f"[bold]policy {policy}: {len(jobs)} tasks "
                          f"({sum(1 for j in jobs if j.tuf[0] > 1)} urgent) on {len(robots) - 1} drones")
+            if args.record:  # one bag per run: requests, segments, robot reports, results, telemetry
+                from timelyllm_ros.ros.recorder_node import start_recorder
+
+                recorder = start_recorder(ctx, args.out_dir / f"bag_{policy}")
             t_start[0] = time.monotonic()
             with progress:
                 records = client.run(timeout=args.timeout)
                 if not client.wait_for_reports(timeout=60):
                     console.print("[yellow]some robots did not report every segment in time")
             wall = time.monotonic() - t_start[0]
+            if recorder is not None:
+                bag = recorder.stop()
+                console.print(f"recorded {sum(recorder.counts.values())} messages to {bag}")
             decisions = metrics.decision_stats(planner.core.decision_times)
             planner.shutdown()
     finally:
@@ -202,7 +210,10 @@ def write_results(results: list[RunResult], out: Path, args: argparse.Namespace)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     md = [f"# Fleet demo ({time.strftime('%Y-%m-%d %H:%M:%S')})", "",
-          f"Command: `{' '.join(['python -m timelyllm_ros.demo', *args.argv])}`", ""]
+          f"Command: `{' '.join(['python -m timelyllm_ros.demo', *args.argv])}`", "",
+          "Times are the robots' view: arrival = when the robot sent the goal, response = until the robot "
+          "started the first segment. `timelyllm bags metrics <bag>` measures from the planner's receive "
+          "stamp instead, so its response times are shorter by the goal's transit time.", ""]
     for r in results:
         rows += metrics.summary_dicts(r.summary, policy=r.policy)
         md += [f"## {r.policy} (wall {r.wall_s:.1f} s; decision time mean {r.decision_ms['mean_ms']:.3f} ms, "
@@ -250,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--out", default="", help="results folder (default out/demo/<time>)")
+    ap.add_argument("--no-record", dest="record", action="store_false",
+                    help="do not record a rosbag2 (MCAP) bag of each run into the results folder")
     args = ap.parse_args(argv)
     args.argv = argv
 
@@ -258,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     if not jobs:
         ap.error("the workload selection is empty")
     out = Path(args.out or Path("out") / "demo" / time.strftime("%Y%m%d-%H%M%S"))
+    out.mkdir(parents=True, exist_ok=True)
+    args.out_dir = out
 
     from timelyllm_ros.ros.planner_node import engine_from_config
 

@@ -4,6 +4,7 @@
     timelyllm-bench sim --workload wid2 --policies fcfs-seg,edf-seg,pud --admission adaptive,adaptive-cutoff
     timelyllm-bench figures            # paper Figs. 5, 7, 8, 9 under bench/results/
     timelyllm-bench overhead           # decision time at queue lengths 1 .. 10000
+    timelyllm-bench diagnose --workload wid2   # PUD vs EDF: ordering vs admission; urgent-only bound
 """
 
 from __future__ import annotations
@@ -251,6 +252,12 @@ def cmd_overhead(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_diagnose(args: argparse.Namespace) -> int:
+    from .diagnose import cmd_diagnose
+
+    return cmd_diagnose(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="timelyllm-bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -278,6 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", help="comma list of fig5,fig7,fig8,fig9")
     common(p)
     p.set_defaults(fn=cmd_figures)
+
+    p = sub.add_parser("diagnose", help="PUD vs EDF ordering/admission, urgent-only bound, urgent loss split")
+    p.add_argument("--workload", default="wid2")
+    common(p)
+    p.set_defaults(fn=_cmd_diagnose)
 
     p = sub.add_parser("overhead", help="scheduler decision time vs queue length")
     p.add_argument("--sizes", default="1,8,64,1000,10000")

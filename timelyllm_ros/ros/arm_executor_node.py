@@ -18,9 +18,7 @@ import random
 import threading
 import time
 
-import rclpy
 from builtin_interfaces.msg import Duration
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.node import Node
 from std_msgs.msg import Header, String
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
@@ -33,6 +31,7 @@ from timelyllm_ros.ros.convert import time_msg
 from timelyllm_ros.ros.drone_executor_node import SCENE_QOS, scene_topic
 from timelyllm_ros.ros.executor_base import RobotExecutorNode
 from timelyllm_ros.ros.planner_node import RELIABLE
+from timelyllm_ros.ros.spin import run_nodes
 
 
 def trajectory_topic(robot_id: str) -> str:
@@ -122,29 +121,17 @@ class ArmExecutorNode(RobotExecutorNode):
         self._traj_pub.publish(stop)  # empty trajectory: stop and hold (controller convention)
 
 
-def main(args: list[str] | None = None) -> None:
-    rclpy.init(args=args)
+def _build() -> list[Node]:
     params = Node("arm_executor")
     robots = list(params.declare_parameter("robots", ["arm_0"]).value)
     time_scale = float(params.declare_parameter("time_scale", 1.0).value)
     if not robots or time_scale <= 0:
         raise ValueError(f"parameters: robots must be non-empty and time_scale > 0, got {robots}, {time_scale}")
-    nodes = [ArmExecutorNode(r, time_scale=time_scale, seed=i) for i, r in enumerate(robots)]
-    ex = MultiThreadedExecutor(num_threads=4)
-    ex.add_node(params)
-    for n in nodes:
-        ex.add_node(n)
-    try:
-        ex.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        for n in nodes:
-            n.destroy_node()
-        params.destroy_node()
-        ex.shutdown(timeout_sec=5)
-        if rclpy.ok():
-            rclpy.shutdown()
+    return [params, *(ArmExecutorNode(r, time_scale=time_scale, seed=i) for i, r in enumerate(robots))]
+
+
+def main(args: list[str] | None = None) -> int:
+    return run_nodes(_build, args, num_threads=4)
 
 
 if __name__ == "__main__":

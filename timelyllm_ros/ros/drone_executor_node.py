@@ -14,8 +14,6 @@ publishes on the same topic.
 
 from __future__ import annotations
 
-import rclpy
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import QoSDurabilityPolicy, QoSProfile, QoSReliabilityPolicy
 from std_msgs.msg import String
@@ -26,6 +24,7 @@ from timelyllm_ros.executors.minispec_interpreter import MiniSpecInterpreter
 from timelyllm_ros.executors.perception import ScriptedScene
 from timelyllm_ros.executors.tello_backend import TelloBackend
 from timelyllm_ros.ros.executor_base import RobotExecutorNode
+from timelyllm_ros.ros.spin import run_nodes
 
 SCENE_QOS = QoSProfile(depth=1, reliability=QoSReliabilityPolicy.RELIABLE,
                        durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
@@ -108,8 +107,7 @@ def build_drone_executors(robots: list[str], hosts: list[str], *, time_scale: fl
             for r, h in zip(robots, hosts, strict=True)]
 
 
-def main(args: list[str] | None = None) -> None:
-    rclpy.init(args=args)
+def _build() -> list[Node]:
     params = Node("drone_executor")
     robots = list(params.declare_parameter("robots", ["drone_0"]).value)
     hosts = list(params.declare_parameter("hosts", ["192.168.10.1"]).value)
@@ -117,22 +115,11 @@ def main(args: list[str] | None = None) -> None:
     retry_count = int(params.declare_parameter("retry_count", 3).value)
     if time_scale <= 0:
         raise ValueError(f"parameter time_scale: must be > 0, got {time_scale}")
-    nodes = build_drone_executors(robots, hosts, time_scale=time_scale, retry_count=retry_count)
-    ex = MultiThreadedExecutor(num_threads=4)
-    ex.add_node(params)
-    for n in nodes:
-        ex.add_node(n)
-    try:
-        ex.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        for n in nodes:
-            n.destroy_node()
-        params.destroy_node()
-        ex.shutdown(timeout_sec=5)
-        if rclpy.ok():
-            rclpy.shutdown()
+    return [params, *build_drone_executors(robots, hosts, time_scale=time_scale, retry_count=retry_count)]
+
+
+def main(args: list[str] | None = None) -> int:
+    return run_nodes(_build, args, num_threads=4)
 
 
 if __name__ == "__main__":

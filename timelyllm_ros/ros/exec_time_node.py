@@ -11,8 +11,6 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-import rclpy
-from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 
 from timelyllm_ros.core.exec_model import ExecTimeModel
@@ -20,6 +18,7 @@ from timelyllm_ros.core.skills import load_skill_set
 from timelyllm_ros.msg import PlanSegment, SegmentDone
 from timelyllm_ros.ros.convert import time_s
 from timelyllm_ros.ros.planner_node import RELIABLE
+from timelyllm_ros.ros.spin import run_nodes
 from timelyllm_ros.srv import EstimateExecTime
 
 ALL_SEGMENTS_TOPIC = "/plan_segments"
@@ -77,17 +76,8 @@ class ExecTimeNode(Node):
             self.get_logger().debug(f"not learning from {msg.task_id}[{msg.segment_index}]: {e}")
 
 
-def main(args: list[str] | None = None) -> None:
-    rclpy.init(args=args)
-    node = ExecTimeNode()
-    try:
-        rclpy.spin(node)
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node.destroy_node()
-        if rclpy.ok():
-            rclpy.shutdown()
+def main(args: list[str] | None = None) -> int:
+    return run_nodes(lambda: [ExecTimeNode()], args)
 
 
 if __name__ == "__main__":

@@ -23,11 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import rclpy
 from rcl_interfaces.msg import ParameterDescriptor, SetParametersResult
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSDurabilityPolicy, QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
@@ -46,6 +44,7 @@ from timelyllm_ros.msg import (
     TaskRequest,
 )
 from timelyllm_ros.ros.convert import ClockBridge, duration_msg, segment_msg, tuf_from_msg
+from timelyllm_ros.ros.spin import run_nodes
 from timelyllm_ros.srv import Plan
 
 RELIABLE = QoSProfile(depth=50, reliability=QoSReliabilityPolicy.RELIABLE, history=QoSHistoryPolicy.KEEP_LAST)
@@ -504,24 +503,11 @@ def build_planner(parameter_overrides: list[Parameter] | None = None, engine: An
     return planner, sched
 
 
-def main(args: list[str] | None = None) -> None:
-    # Parameters come from `--ros-args --params-file config/planner.yaml -p policy:=fcfs` as usual.
-    rclpy.init(args=args)
-    planner, sched = build_planner()
-    ex = MultiThreadedExecutor(num_threads=32)  # goal threads block on their mailbox
-    ex.add_node(planner)
-    ex.add_node(sched)
-    try:
-        ex.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        planner.shutdown()
-        ex.shutdown(timeout_sec=5)
-        sched.destroy_node()
-        planner.destroy_node()
-        if rclpy.ok():
-            rclpy.shutdown()
+def main(args: list[str] | None = None) -> int:
+    # Parameters come from `--ros-args --params-file config/fleet_demo.yaml -p policy:=fcfs` as usual.
+    # Goal threads block on their mailbox: many executor threads.
+    return run_nodes(lambda: build_planner()[::-1], args, num_threads=32,
+                     before_destroy=lambda nodes: nodes[-1].shutdown())
 
 
 if __name__ == "__main__":

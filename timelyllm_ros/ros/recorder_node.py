@@ -28,7 +28,7 @@ import rclpy
 from rcl_interfaces.msg import ParameterDescriptor, SetParametersResult
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.context import Context
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSDurabilityPolicy, QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
@@ -37,6 +37,7 @@ from std_srvs.srv import SetBool
 
 from timelyllm_ros.bags.io import BagError, BagWriter
 from timelyllm_ros.bags.typestore import DEFAULT_TOPICS, TopicSpec, topic_spec
+from timelyllm_ros.ros.spin import run_nodes
 
 LATCHED = QoSProfile(depth=1, reliability=QoSReliabilityPolicy.RELIABLE,
                      durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
@@ -288,17 +289,7 @@ def start_recorder(node_or_context: Node | Context | None, path: str | Path,
 
 
 def main(args: list[str] | None = None) -> int:
-    rclpy.init(args=args)
-    node = RecorderNode()
-    try:
-        rclpy.spin(node)
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node.destroy_node()
-        if rclpy.ok():
-            rclpy.try_shutdown()
-    return 0
+    return run_nodes(lambda: [RecorderNode()], args)
 
 
 if __name__ == "__main__":

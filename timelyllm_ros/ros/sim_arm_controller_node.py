@@ -14,14 +14,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import rclpy
-from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from std_msgs.msg import Header
 from trajectory_msgs.msg import JointTrajectory
 
 from timelyllm_ros.ros.arm_executor_node import status_topic, trajectory_topic
 from timelyllm_ros.ros.planner_node import RELIABLE
+from timelyllm_ros.ros.spin import run_nodes
 
 
 @dataclass
@@ -97,17 +96,8 @@ class SimArmControllerNode(Node):
                     arm.active = None
 
 
-def main(args: list[str] | None = None) -> None:
-    rclpy.init(args=args)
-    node = SimArmControllerNode()
-    try:
-        rclpy.spin(node)
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node.destroy_node()
-        if rclpy.ok():
-            rclpy.shutdown()
+def main(args: list[str] | None = None) -> int:
+    return run_nodes(lambda: [SimArmControllerNode()], args)
 
 
 if __name__ == "__main__":

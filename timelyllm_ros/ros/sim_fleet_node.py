@@ -14,8 +14,6 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-import rclpy
-from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 
 from timelyllm_ros.core.exec_model import ExecTimeModel
@@ -23,6 +21,7 @@ from timelyllm_ros.core.skills import load_skill_set
 from timelyllm_ros.msg import PlanSegment, SegmentDone
 from timelyllm_ros.ros.convert import time_msg
 from timelyllm_ros.ros.planner_node import RELIABLE, segment_topic
+from timelyllm_ros.ros.spin import run_nodes
 
 
 @dataclass
@@ -118,17 +117,8 @@ class SimFleetNode(Node):
         super().destroy_node()
 
 
-def main(args: list[str] | None = None) -> None:
-    rclpy.init(args=args)
-    node = SimFleetNode()
-    try:
-        rclpy.spin(node)
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node.destroy_node()
-        if rclpy.ok():
-            rclpy.shutdown()
+def main(args: list[str] | None = None) -> int:
+    return run_nodes(lambda: [SimFleetNode()], args)
 
 
 if __name__ == "__main__":

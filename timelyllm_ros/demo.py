@@ -97,7 +97,7 @@ def run_policy(engine: Any, constrained: bool, policy: str, jobs: list[Job], arg
 
     ctx = rclpy.Context()
     rclpy.init(context=ctx)
-    robots = sorted({robot_id_of(j) for j in jobs} | {"drone_warmup"})
+    robots = sorted({robot_id_of(j) for j in jobs})
     planner, sched = build_planner([Parameter("policy", value=policy), Parameter("admission", value=args.admission)],
                                    engine=engine, constrained=constrained, context=ctx)
     stack = ExitStack()
@@ -139,9 +139,8 @@ def run_policy(engine: Any, constrained: bool, policy: str, jobs: list[Job], arg
         with _spinning(nodes, ctx):
             if not client.wait_for_planner(60):
                 raise RuntimeError("the planner's action server never came up")
-            _warm_up(client, ctx)
             console.rule(f"[bold]policy {policy}: {len(jobs)} tasks "
-                         f"({sum(1 for j in jobs if j.tuf[0] > 1)} urgent) on {len(robots) - 1} drones")
+                         f"({sum(1 for j in jobs if j.tuf[0] > 1)} urgent) on {len(robots)} drones")
             if args.record:  # one bag per run: requests, segments, robot reports, results, telemetry
                 from timelyllm_ros.ros.recorder_node import start_recorder
 
@@ -169,24 +168,6 @@ def run_policy(engine: Any, constrained: bool, policy: str, jobs: list[Job], arg
 
 def robot_label(rec: TaskRecord) -> str:
     return f"{rec.robot_type}_{rec.agent_id}"
-
-
-def _warm_up(client: Any, ctx: Any) -> None:
-    """One task before the clock starts: the first vLLM forward passes are slow to set up."""
-    import rclpy
-
-    from timelyllm_ros.action import PlanTask
-    from timelyllm_ros.msg import TimeUtility
-
-    goal = PlanTask.Goal(task_id="warmup", robot_id="drone_warmup", robot_type="drone",
-                         task="Scene: [] Task: [A] Turn around once.", tuf=TimeUtility(level="normal"))
-    fut = client._action.send_goal_async(goal)
-    end = time.monotonic() + 120
-    while not fut.done() and time.monotonic() < end and rclpy.ok(context=ctx):
-        time.sleep(0.05)
-    res = fut.result().get_result_async()
-    while not res.done() and time.monotonic() < end:
-        time.sleep(0.05)
 
 
 def print_table(results: list[RunResult]) -> None:

@@ -122,11 +122,29 @@ class PlannerNode(Node):
         self.create_timer(p["state_period_s"], self._publish_engine_state)
 
         self._stop = threading.Event()
+        if p["warm_up"]:
+            self._warm_up()
         self._thread = threading.Thread(target=self._engine_loop, name="timelyllm-engine", daemon=True)
         self._thread.start()
         self.get_logger().info(
             f"planner ready: policy={p['policy']} admission={p['admission']} engine={type(engine).__name__} "
             f"robot types={self._robot_types}")
+
+    def _warm_up(self) -> None:
+        """Prefill each robot type's shared prompt (skill catalogue, few-shot examples) once, before the
+        first task: then even the first request of a burst pays only for its own scene and instruction,
+        and a fresh engine's slow first forward passes are out of the way."""
+        if getattr(self.engine, "needs_plan_text", False):
+            return  # the simulated engine has no prompt to warm
+        from timelyllm_ros.core.engine import EngineRequest
+
+        t0 = time.monotonic()
+        for rt in self._robot_types:
+            ids = self._prompts.token_ids(rt, "Scene: [] Task: [A] warm-up")
+            self.engine.add(EngineRequest(f"warmup-{rt}", ids, self.core.hooks.stop_checker(rt), max_new_tokens=1))
+            while self.engine.has_work():
+                self.engine.step()
+        self.get_logger().info(f"warmed the prompts of {self._robot_types} in {time.monotonic() - t0:.2f} s")
 
     # -- parameters ---------------------------------------------------------------
     def _declare_params(self) -> dict:
@@ -145,6 +163,8 @@ class PlannerNode(Node):
             "state_period_s": self.declare_parameter("state_period_s", 0.5).value,
             "robot_types": self.declare_parameter("robot_types", ["drone", "arm", "chatbot"]).value,
             "max_task_chars": self.declare_parameter("max_task_chars", 2000).value,
+            "warm_up": self.declare_parameter(
+                "warm_up", True, d(description="prefill each robot type's shared prompt before serving")).value,
         }
         self._robot_types = list(p["robot_types"])
         self._max_task_chars = int(p["max_task_chars"])

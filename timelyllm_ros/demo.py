@@ -227,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(prog="timelyllm demo", description=__doc__.splitlines()[0])
     ap.add_argument("--policy", default="pud", help="scheduling policy (default pud)")
-    ap.add_argument("--compare", default="", help="also run this policy on the same workload (e.g. fcfs)")
+    ap.add_argument("--compare", default="",
+                    help="also run these policies on the same workload, comma-separated (e.g. fcfs,edf-seg)")
     ap.add_argument("--engine", default="engine_vllm_cpu.yaml", help="engine YAML (name in config/ or path)")
     ap.add_argument("--workload", default="wid2", help="LRTrace workload: wid2 (real trace), wid1/wid3, or a path")
     ap.add_argument("--events", type=int, default=2, help="how many arrival events of the trace to serve")
@@ -247,7 +248,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.argv = argv
 
-    policies = [args.policy] + ([args.compare] if args.compare else [])
+    policies = [args.policy] + [p for p in args.compare.split(",") if p]
+    from timelyllm_ros.core.policies import POLICIES
+
+    bad = [p for p in policies if p not in POLICIES]
+    if bad:
+        ap.error(f"unknown policy {bad}; known: {', '.join(POLICIES)}")
     jobs = pick_jobs(load_workload(args.workload, args.seed), args.events, args.per_event, args.max_gap)
     if not jobs:
         ap.error("the workload selection is empty")
@@ -270,12 +276,10 @@ def main(argv: list[str] | None = None) -> int:
         engine.close()
     print_table(results)
     png = write_results(results, out, args)
-    if len(results) == 2:
-        a, b = ({s.group: s for s in r.summary} for r in results)
+    if len(results) > 1:
         for grp in ("all urgent", "all normal"):
-            if grp in a and grp in b:
-                console.print(f"{grp}: U/beta {results[0].policy} {a[grp].utility_norm:.3f} vs "
-                              f"{results[1].policy} {b[grp].utility_norm:.3f}")
+            vals = [({x.group: x for x in r.summary}.get(grp), r.policy) for r in results]
+            console.print(f"{grp} U/beta: " + ", ".join(f"{p} {s.utility_norm:.3f}" for s, p in vals if s))
     console.print(f"results: {out / 'results.md'}\nplot: {png}")
     return 0
 

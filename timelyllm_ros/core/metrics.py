@@ -120,7 +120,7 @@ def bar_plot(path: str | Path, groups: Sequence[str], series: dict[str, Sequence
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(groups) * max(1, len(series)) / 2 + 3), 3.6))
+    fig, ax = plt.subplots(figsize=(min(12.0, 3 + 0.3 * len(groups) * max(1, len(series))), 4.5))
     width = 0.8 / max(1, len(series))
     for i, (name, vals) in enumerate(series.items()):
         xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
@@ -132,7 +132,7 @@ def bar_plot(path: str | Path, groups: Sequence[str], series: dict[str, Sequence
     ax.axhline(0, color="black", lw=0.6)
     if hline is not None:
         ax.axhline(hline, color="gray", lw=0.6, ls="--")
-    ax.legend(fontsize=7, ncol=min(4, len(series)))
+    ax.legend(fontsize=8, ncol=min(4, len(series)), loc="best", framealpha=0.9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

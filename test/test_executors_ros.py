@@ -81,7 +81,6 @@ def test_a_fleet_of_emulated_drones_is_served_at_once_and_invalid_skills_never_r
                               log_dir=tmp_path) as fleet:
         planner = Planner(robots)
         try:
-            t0 = time.monotonic()
             planner.send("drone_a", "t-a", 0, "mf(100);")
             planner.send("drone_a", "t-a", 1, "tc(90);", final=True)
             planner.send("drone_b", "t-b", 0, "?iv('cat')==True{")
@@ -91,7 +90,6 @@ def test_a_fleet_of_emulated_drones_is_served_at_once_and_invalid_skills_never_r
             planner.send("drone_c", "t-c", 1, "mf(600);")  # out of bounds: refused
             planner.send("drone_c", "t-c", 2, "tc(90);", final=True)  # the task has ended: refused
             done = planner.wait_done(8, timeout=30)
-            elapsed = time.monotonic() - t0
         finally:
             planner.close()
         ok = {(d.task_id, d.segment_index): (d.success, d.error) for d in done}
@@ -106,8 +104,14 @@ def test_a_fleet_of_emulated_drones_is_served_at_once_and_invalid_skills_never_r
     assert cmds["drone_a"] == connect + ["forward 100", "cw 90", "land"]  # land: executor shutdown
     assert cmds["drone_b"] == connect + ["up 50", "land"]
     assert cmds["drone_c"] == connect + ["forward 100", "land"]
-    # served at once: the three drones flew in parallel (one drone alone needs ~0.9 s of emulated motion)
-    assert elapsed < 8.0
+    # served at once: the drones' flights overlap in time (each from its take-off to its last motion)
+    spans = []
+    for r in robots:
+        log = [e for e in fleet.drones[r].log() if e.get("reply") is not None]
+        t_off = next(e["t"] for e in log if e["cmd"] == "takeoff")
+        t_last = max(e["t"] for e in log if e["cmd"].split()[0] in ("forward", "up", "cw"))
+        spans.append((t_off, t_last))
+    assert max(a for a, _ in spans) < min(b for _, b in spans), spans
 
 
 @needs_netns
@@ -123,9 +127,7 @@ def test_emergency_stop_lands_the_drone_at_once_and_ends_the_task(tmp_path):
             while not _moving(fleet.drones["drone_e"]) and time.monotonic() < end:
                 time.sleep(0.05)
             time.sleep(0.3)
-            t0 = time.monotonic()
             resp = planner.call("/drone_e/emergency_stop")
-            assert time.monotonic() - t0 < 3.0
             assert resp.success and "landed" in resp.message, resp.message
             done = planner.wait_done(2)
             planner.send("drone_e", "t-f", 0, "mf(20);", final=True)
@@ -139,6 +141,12 @@ def test_emergency_stop_lands_the_drone_at_once_and_ends_the_task(tmp_path):
         assert not refused.success and "emergency stop active" in refused.error
     cmds = fleet.drones["drone_e"].commands()
     assert cmds == ["command", "battery?", "takeoff", "forward 500", "stop", "land"]
+    # "at once": the stop cut the 500 cm move short (its reply came with the stop, before the move's
+    # modelled end), whatever the machine's load made the service round trip cost
+    t = {e["cmd"]: e["t"] for e in fleet.drones["drone_e"].log() if e.get("reply") is not None}
+    modelled = (0.0072 * 500 + 1.8144) * 0.5
+    assert t["forward 500"] - t["takeoff"] < modelled, (t, modelled)
+    assert t["stop"] <= t["forward 500"]
 
 
 def _moving(drone) -> bool:

@@ -146,8 +146,8 @@ class TelloBackend:
         if land and self._flying:
             try:
                 self.land()
-            except ExecutionError as e:
-                log.warning("%s", e)
+            except Exception as e:  # noqa: BLE001 - best effort at teardown: never mask the caller's error
+                log.warning("landing %s at close failed: %r", self.host, e)
         self._flying = False
         self.tello.is_flying = False
         tello_mod.drones.pop(self.host, None)

@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import asdict
 
 import pytest
+from waiting import wait_until
 
 rclpy = pytest.importorskip("rclpy")
 from rclpy.action import ActionClient  # noqa: E402
@@ -57,12 +58,7 @@ GOALS = [(0.0, "drone_0", "drone", CAT, TimeUtility(level="normal")),
 
 
 def _wait(pred, timeout: float = 20.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return False
+    return wait_until(pred, timeout)
 
 
 class Stack:

@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+from waiting import wait_until
 
 rclpy = pytest.importorskip("rclpy")
 from rclpy.action import ActionClient  # noqa: E402
@@ -82,12 +83,7 @@ class Stack:
 
 
 def _wait(pred, timeout: float = 15.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.005)
-    return False
+    return wait_until(pred, timeout)
 
 
 @pytest.fixture()

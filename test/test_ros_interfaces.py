@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from waiting import wait_until
 
 rclpy = pytest.importorskip("rclpy", reason="rclpy missing: run scripts/setup.sh and `. env.sh`")
 from builtin_interfaces.msg import Duration, Time  # noqa: E402
@@ -51,13 +52,8 @@ def two_nodes():
     t.join(timeout=5)
 
 
-def _wait(pred, timeout=TIMEOUT):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return False
+def _wait(pred, timeout: float = TIMEOUT) -> bool:
+    return wait_until(pred, timeout)
 
 
 def _segment(i: int = 1) -> PlanSegment:

@@ -364,14 +364,10 @@ class PlannerCore:
         """Queued generations, best first, with their current priority, slack and projected wait (telemetry)."""
         with self._lock:
             now = self.clock.now() if now is None else now
-            cands = self.rank(now)
-            if not cands:
-                return []
-            ctx = RankContext(self.cfg.comm_s, self.estimator.step_time(len(self._running) + 1),
-                              self.cfg.slack_floor_s)
-            pri = self.policy.priorities(cands, now, ctx)
+            cands, pri = self._priorities(now)
+            ctx = self._rank_ctx()
             out = []
-            for g, p in zip(cands, pri, strict=True):
+            for p, g in sorted(zip(pri, cands, strict=True), key=lambda x: -x[0]):
                 G = g.tok_est * ctx.per_token_s + (g.prefill_est_s if g.k == 0 else 0.0)
                 if g.k == 0:
                     wait = now - g.arrival + G + self.cfg.comm_s
@@ -452,25 +448,25 @@ class PlannerCore:
                 g.enqueued_at = max(g.eligible_at, g.enqueued_at)
                 self._cands[g.task_id] = g
 
+    def _rank_ctx(self) -> RankContext:
+        # G is estimated at the batch size the candidate would join
+        return RankContext(self.cfg.comm_s, self.estimator.step_time(len(self._running) + 1), self.cfg.slack_floor_s)
+
+    def _priorities(self, now: float) -> tuple[list[Generation], list[float]]:
+        cands = list(self._cands.values())
+        return cands, (self.policy.priorities(cands, now, self._rank_ctx()) if cands else [])
+
     def rank(self, now: float) -> list[Generation]:
         """Candidates ordered by the policy (best first), priorities recomputed now."""
-        cands = list(self._cands.values())
-        if not cands:
-            return []
-        ctx = RankContext(self.cfg.comm_s, self.estimator.step_time(len(self._running) + 1),
-                          self.cfg.slack_floor_s)
-        pri = self.policy.priorities(cands, now, ctx)
+        cands, pri = self._priorities(now)
         order = sorted(range(len(cands)), key=pri.__getitem__, reverse=True)  # stable: ties by queue order
         return [cands[i] for i in order]
 
     def best(self, now: float, n: int) -> list[Generation]:
         """The ``n`` best candidates (what a decision needs; cheaper than a full sort)."""
-        cands = list(self._cands.values())
+        cands, pri = self._priorities(now)
         if not cands:
             return []
-        ctx = RankContext(self.cfg.comm_s, self.estimator.step_time(len(self._running) + 1),
-                          self.cfg.slack_floor_s)
-        pri = self.policy.priorities(cands, now, ctx)
         if n == 1:
             i = max(range(len(pri)), key=pri.__getitem__)
             return [cands[i]]

@@ -37,7 +37,8 @@ class Stack:
     """Planner + scheduler + simulated fleet + a robot-side client node, in one process."""
 
     def __init__(self, policy: str = "pud", silent: tuple[str, ...] = (), robots: int = 4,
-                 engine_time_scale: float = 1.0, fleet_time_scale: float = 0.2, engine=None) -> None:
+                 engine_time_scale: float = 1.0, fleet_time_scale: float = 0.2, engine=None,
+                 sim_fleet: bool = True) -> None:
         self.ctx = rclpy.Context()
         rclpy.init(context=self.ctx)
         kw = {"context": self.ctx}
@@ -46,14 +47,14 @@ class Stack:
         self.planner, self.sched = build_planner(
             [Parameter("policy", value=policy), Parameter("admission", value="latency")], engine=self.engine,
             context=self.ctx)
-        self.fleet = SimFleetNode(context=self.ctx, parameter_overrides=[
+        self.fleet = None if not sim_fleet else SimFleetNode(context=self.ctx, parameter_overrides=[
             Parameter("robots", value=[f"drone_{i}" for i in range(robots)] + list(silent)),
             Parameter("silent_robots", value=list(silent) or [""]),
             Parameter("time_scale", value=fleet_time_scale)])
         self.client = rclpy.create_node("robot_client", **kw)
         self.action = ActionClient(self.client, PlanTask, "/plan_task")
         self.ex = MultiThreadedExecutor(num_threads=24, context=self.ctx)
-        for n in (self.planner, self.sched, self.fleet, self.client):
+        for n in self.nodes:
             self.ex.add_node(n)
         self.thread = threading.Thread(target=self.ex.spin, daemon=True)
         self.thread.start()
@@ -77,9 +78,13 @@ class Stack:
     def close(self) -> None:
         self.planner.shutdown()
         self.ex.shutdown(timeout_sec=5)
-        for n in (self.client, self.fleet, self.sched, self.planner):
+        for n in reversed(self.nodes):
             n.destroy_node()
         rclpy.shutdown(context=self.ctx)
+
+    @property
+    def nodes(self) -> list:
+        return [n for n in (self.planner, self.sched, self.fleet, self.client) if n is not None]
 
 
 def _wait(pred, timeout: float = 15.0) -> bool:
@@ -195,7 +200,7 @@ def test_every_accepted_goal_ends_when_the_planner_shuts_down():
             results.append(res.result())
     finally:
         s.ex.shutdown(timeout_sec=5)
-        for n in (s.client, s.fleet, s.sched, s.planner):
+        for n in reversed(s.nodes):
             n.destroy_node()
         rclpy.shutdown(context=s.ctx)
     for r in results:

@@ -45,9 +45,14 @@ class RunResult:
     decision_ms: dict[str, float]
 
 
-def pick_jobs(workload: Workload, events: int, per_event: int, max_gap_s: float) -> list[Job]:
+def pick_jobs(workload: Workload, events: int, per_event: int, max_gap_s: float, tuf_scale: float = 1.0
+              ) -> list[Job]:
     """The first ``per_event`` jobs of each of the first ``events`` events, with idle gaps
-    between events shortened to ``max_gap_s`` (the trace waits up to a minute)."""
+    between events shortened to ``max_gap_s`` (the trace waits up to a minute).
+
+    ``tuf_scale`` stretches every TUF's time axis (ERT and cut-off; beta unchanged): an engine k
+    times slower than the paper's GPU faces the same scheduling problem with deadlines k times
+    longer."""
     groups: list[list[Job]] = []
     for j in workload.jobs:
         if groups and j.trigger_time - groups[-1][0].trigger_time < 0.5:
@@ -65,8 +70,10 @@ def pick_jobs(workload: Workload, events: int, per_event: int, max_gap_s: float)
             t_shift += max(0.0, (start - prev_start) - max_gap_s)
         prev_start = start
         for j in g[:per_event]:
+            beta, ert, cutoff = j.tuf
             out.append(Job(j.job_id, j.trigger_time - t_shift - groups[0][0].trigger_time, j.agent_id, j.trace_id,
-                           j.task_input, j.exe_time_detail, j.tuf, j.task_exe_time))
+                           j.task_input, j.exe_time_detail, [beta, ert * tuf_scale, cutoff * tuf_scale],
+                           j.task_exe_time))
     return out
 
 
@@ -140,7 +147,8 @@ def run_policy(engine: Any, constrained: bool, policy: str, jobs: list[Job], arg
             if not client.wait_for_planner(60):
                 raise RuntimeError("the planner's action server never came up")
             console.rule(f"[bold]policy {policy}: {len(jobs)} tasks "
-                         f"({sum(1 for j in jobs if j.tuf[0] > 1)} urgent) on {len(robots)} drones")
+                         f"({sum(1 for j in jobs if j.tuf[0] > 1)} urgent) on {len(robots)} drones"
+                         + (f", TUF time axis x{args.tuf_scale:g}" if args.tuf_scale != 1 else ""))
             if args.record:  # one bag per run: requests, segments, robot reports, results, telemetry
                 from timelyllm_ros.ros.recorder_node import start_recorder
 
@@ -152,8 +160,8 @@ def run_policy(engine: Any, constrained: bool, policy: str, jobs: list[Job], arg
                     console.print("[yellow]some robots did not report every segment in time")
             wall = time.monotonic() - t_start[0]
             if recorder is not None:
-                bag = recorder.stop()
-                console.print(f"recorded {sum(recorder.counts.values())} messages to {bag}")
+                n_msgs = sum(recorder.counts.values())
+                console.print(f"recorded {n_msgs} messages to {recorder.stop()}")
             decisions = metrics.decision_stats(planner.core.decision_times)
             planner.shutdown()
     finally:
@@ -194,7 +202,8 @@ def write_results(results: list[RunResult], out: Path, args: argparse.Namespace)
           f"Command: `{' '.join(['python -m timelyllm_ros.demo', *args.argv])}`", "",
           "Times are the robots' view: arrival = when the robot sent the goal, response = until the robot "
           "started the first segment. `timelyllm bags metrics <bag>` measures from the planner's receive "
-          "stamp instead, so its response times are shorter by the goal's transit time.", ""]
+          "stamp instead, so its response times are shorter by the goal's transit time.", "",
+          f"TUF time axis scaled by {args.tuf_scale:g} (ERT and cut-off; 1 = the paper's TUFs).", ""]
     for r in results:
         rows += metrics.summary_dicts(r.summary, policy=r.policy)
         md += [f"## {r.policy} (wall {r.wall_s:.1f} s; decision time mean {r.decision_ms['mean_ms']:.3f} ms, "
@@ -235,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-event", type=int, default=6, help="at most this many tasks of each event")
     ap.add_argument("--max-gap", type=float, default=6.0, help="shorten idle gaps between events to this (s)")
     ap.add_argument("--speed", type=float, default=1.0, help="arrival-time speed-up factor")
+    ap.add_argument("--tuf-scale", type=float, default=1.0,
+                    help="stretch every TUF's ERT and cut-off by this factor (the paper's TUFs assume a GPU; "
+                         "a CPU engine k times slower faces the same problem with deadlines k times longer)")
     ap.add_argument("--fleet-time-scale", type=float, default=1.0, help="robot execution time factor")
     ap.add_argument("--tello", action="store_true",
                     help="emulated Tello drones (network namespaces, real djitellopy; needs root) instead of "
@@ -254,7 +266,10 @@ def main(argv: list[str] | None = None) -> int:
     bad = [p for p in policies if p not in POLICIES]
     if bad:
         ap.error(f"unknown policy {bad}; known: {', '.join(POLICIES)}")
-    jobs = pick_jobs(load_workload(args.workload, args.seed), args.events, args.per_event, args.max_gap)
+    if not args.tuf_scale > 0:
+        ap.error("--tuf-scale must be > 0")
+    jobs = pick_jobs(load_workload(args.workload, args.seed), args.events, args.per_event, args.max_gap,
+                     args.tuf_scale)
     if not jobs:
         ap.error("the workload selection is empty")
     out = Path(args.out or Path("out") / "demo" / time.strftime("%Y%m%d-%H%M%S"))

@@ -58,7 +58,9 @@ class WorkloadClient(Node):
             tuf = j.time_utility
             self.records[j.job_id] = TaskRecord(
                 job_id=j.job_id, trace_id=j.trace_id, task_type=t.name if t else f"trace_{j.trace_id}",
-                robot_type=robot_type_of(j), level=tuf.level, agent_id=j.agent_id, arrival=float("nan"),
+                # the level stays named when the demo scales the TUFs
+                robot_type=robot_type_of(j), level=t.level if t else tuf.level, agent_id=j.agent_id,
+                arrival=float("nan"),
                 alpha=tuf.alpha, beta=tuf.beta, ert=tuf.ert)
         self._by_task: dict[str, TaskRecord] = {}
         self._early: dict[tuple[str, int], SegmentDone] = {}  # reports that overtook their feedback
@@ -130,6 +132,11 @@ class WorkloadClient(Node):
 
     def _result(self, rec: TaskRecord, res: PlanTask.Result) -> None:
         rec.plan = res.plan_text
+        # Feedback and result travel separately: feedback still in flight when the result
+        # arrives is dropped by the action client. The result lists every segment sent.
+        for s in res.segments:
+            if s.segment_index >= len(rec.segments) or rec.segments[s.segment_index] is None:
+                self._feedback(rec, PlanTask.Feedback(segment=s))
         self._close(rec, STATUS.get(res.status, "failed"), res.message)
 
     def _close(self, rec: TaskRecord, status: str, reason: str) -> None:

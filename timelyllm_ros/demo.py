@@ -93,7 +93,8 @@ def _spinning(nodes: list[Any], ctx: Any) -> Iterator[Any]:
         t.join(timeout=5)
 
 
-def run_policy(engine: Any, constrained: bool, policy: str, jobs: list[Job], args: argparse.Namespace) -> RunResult:
+def run_policy(engine: Any, constrained: bool, policy: str, jobs: list[Job], args: argparse.Namespace,
+               record: bool = True) -> RunResult:
     import rclpy
     from rclpy.parameter import Parameter
 
@@ -149,7 +150,7 @@ def run_policy(engine: Any, constrained: bool, policy: str, jobs: list[Job], arg
             console.rule(f"[bold]policy {policy}: {len(jobs)} tasks "
                          f"({sum(1 for j in jobs if j.tuf[0] > 1)} urgent) on {len(robots)} drones"
                          + (f", TUF time axis x{args.tuf_scale:g}" if args.tuf_scale != 1 else ""))
-            if args.record:  # one bag per run: requests, segments, robot reports, results, telemetry
+            if args.record and record:  # one bag per run: requests, segments, robot reports, results, telemetry
                 from timelyllm_ros.ros.recorder_node import start_recorder
 
                 recorder = start_recorder(ctx, args.out_dir / f"bag_{policy}")
@@ -255,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--out", default="", help="results folder (default out/demo/<time>)")
+    ap.add_argument("--no-warmup-pass", dest="warmup_pass", action="store_false",
+                    help="when comparing policies, skip the unmeasured first pass of the workload")
     ap.add_argument("--no-record", dest="record", action="store_false",
                     help="do not record a rosbag2 (MCAP) bag of each run into the results folder")
     args = ap.parse_args(argv)
@@ -285,6 +288,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"loaded in {time.monotonic() - t0:.1f} s")
     results = []
     try:
+        if len(policies) > 1 and args.warmup_pass:
+            # Whichever policy runs first would otherwise also pay for the engine's first bursts.
+            console.rule("[dim]warm-up pass (not measured)")
+            run_policy(engine, constrained, policies[0], jobs, args, record=False)
         for p in policies:
             results.append(run_policy(engine, constrained, p, jobs, args))
     finally:

@@ -144,6 +144,15 @@ class PlannerNode(Node):
             self.engine.add(EngineRequest(f"warmup-{rt}", ids, self.core.hooks.stop_checker(rt), max_new_tokens=1))
             while self.engine.has_work():
                 self.engine.step()
+        # A burst of requests at once: the engine's first multi-request prefill and decode batches are slow
+        # to set up, and the first real burst must not pay for that.
+        rt = self._robot_types[0]
+        for i in range(min(8, int(getattr(self.engine, "max_batch", 8)))):
+            ids = self._prompts.token_ids(rt, f"Scene: [] Task: [A] warm-up {i}: " + "look around " * i)
+            self.engine.add(EngineRequest(f"warmup-burst-{i}", ids, self.core.hooks.stop_checker(rt),
+                                          max_new_tokens=4, suspend_at_boundary=False))
+        while self.engine.has_work():
+            self.engine.step()
         self.get_logger().info(f"warmed the prompts of {self._robot_types} in {time.monotonic() - t0:.2f} s")
 
     # -- parameters ---------------------------------------------------------------

@@ -34,6 +34,7 @@ from timelyllm_ros.core.simulator import SegRecord, TaskRecord
 from timelyllm_ros.core.workloads import Job, Workload, load_workload
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 130)
+CPU_TUF_SCALE = 5.0  # bench/results/realtime_cpu/results.md: first-segment latency of vLLM-CPU vs the paper's GPU
 
 
 @dataclass
@@ -175,6 +176,15 @@ def run_policy(engine: Any, constrained: bool, policy: str, jobs: list[Job], arg
     return RunResult(policy, records, metrics.summarize(records), wall, decisions)
 
 
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False
+
+
 def robot_label(rec: TaskRecord) -> str:
     return f"{rec.robot_type}_{rec.agent_id}"
 
@@ -245,9 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-event", type=int, default=6, help="at most this many tasks of each event")
     ap.add_argument("--max-gap", type=float, default=6.0, help="shorten idle gaps between events to this (s)")
     ap.add_argument("--speed", type=float, default=1.0, help="arrival-time speed-up factor")
-    ap.add_argument("--tuf-scale", type=float, default=1.0,
+    ap.add_argument("--tuf-scale", type=float, default=None,
                     help="stretch every TUF's ERT and cut-off by this factor (the paper's TUFs assume a GPU; "
-                         "a CPU engine k times slower faces the same problem with deadlines k times longer)")
+                         "a CPU engine k times slower faces the same problem with deadlines k times longer). "
+                         f"Default: {CPU_TUF_SCALE:g} for a real engine on a CPU (measured: its first segment "
+                         "takes ~5x the paper's GPU), 1 for the simulated engine or a GPU")
     ap.add_argument("--fleet-time-scale", type=float, default=1.0, help="robot execution time factor")
     ap.add_argument("--tello", action="store_true",
                     help="emulated Tello drones (network namespaces, real djitellopy; needs root) instead of "
@@ -269,12 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     bad = [p for p in policies if p not in POLICIES]
     if bad:
         ap.error(f"unknown policy {bad}; known: {', '.join(POLICIES)}")
-    if not args.tuf_scale > 0:
+    if args.tuf_scale is not None and not args.tuf_scale > 0:
         ap.error("--tuf-scale must be > 0")
-    jobs = pick_jobs(load_workload(args.workload, args.seed), args.events, args.per_event, args.max_gap,
-                     args.tuf_scale)
-    if not jobs:
-        ap.error("the workload selection is empty")
     out = Path(args.out or Path("out") / "demo" / time.strftime("%Y%m%d-%H%M%S"))
     out.mkdir(parents=True, exist_ok=True)
     args.out_dir = out
@@ -286,6 +294,15 @@ def main(argv: list[str] | None = None) -> int:
         engine, constrained = engine_from_config(args.engine)
     console.print(f"engine {type(engine).__name__} ({getattr(engine, 'model', 'simulated')}) "
                   f"loaded in {time.monotonic() - t0:.1f} s")
+    if args.tuf_scale is None:
+        args.tuf_scale = 1.0 if getattr(engine, "needs_plan_text", False) or _has_cuda() else CPU_TUF_SCALE
+    if args.tuf_scale != 1:
+        console.print(f"TUF time axis x{args.tuf_scale:g} (ERT and cut-off; the paper's TUFs assume a GPU engine; "
+                      "--tuf-scale 1 for the paper's)")
+    jobs = pick_jobs(load_workload(args.workload, args.seed), args.events, args.per_event, args.max_gap,
+                     args.tuf_scale)
+    if not jobs:
+        ap.error("the workload selection is empty")
     results = []
     try:
         if len(policies) > 1 and args.warmup_pass:

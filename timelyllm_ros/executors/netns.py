@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import itertools
 import os
 import re
 import shutil
@@ -56,9 +57,14 @@ def netns_unavailable_reason() -> str | None:
     return None
 
 
-def _subnet_base(pid: int) -> ipaddress.IPv4Address:
-    # A /24 per run inside 198.18.0.0/15, picked by pid so concurrent runs rarely collide.
-    k = pid % 512
+_GENERATIONS = itertools.count()
+
+
+def _subnet_base(pid: int, generation: int = 0) -> ipaddress.IPv4Address:
+    # A /24 per network inside 198.18.0.0/15, picked by pid so concurrent runs rarely collide, and
+    # moved on for every new network of this process: djitellopy keys its state by host address and a
+    # garbage-collected Tello of an earlier fleet deletes its host's entry (Tello.__del__ -> end()).
+    k = (pid + 37 * generation) % 512
     return ipaddress.IPv4Address(f"198.{18 + k // 256}.{k % 256}.0")
 
 
@@ -77,12 +83,13 @@ class DroneNetwork:
 
     count: int
     pid: int = field(default_factory=os.getpid)
+    generation: int = field(default_factory=lambda: next(_GENERATIONS))
     drones: list[DroneNet] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not 1 <= self.count <= MAX_DRONES:
             raise ValueError(f"count must be in 1..{MAX_DRONES}, got {self.count}")
-        base = _subnet_base(self.pid)
+        base = _subnet_base(self.pid, self.generation)
         for i in range(self.count):
             self.drones.append(DroneNet(i, f"{PREFIX}{self.pid}d{i}", f"tl{self.pid}h{i}",
                                         str(base + 4 * i + 1), str(base + 4 * i + 2)))

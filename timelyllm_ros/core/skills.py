@@ -580,12 +580,7 @@ class _Parser:
 # ---------------------------------------------------------------------------
 
 def skills_dir() -> Path:
-    try:
-        return paths.skills_dir()
-    except IndexError:
-        # paths.share_dir() indexes _PKG.parents[3], which fails for a checkout
-        # less than 3 folders deep (/work/main); fall back to the source tree.
-        return Path(__file__).resolve().parents[2] / "skills"
+    return paths.skills_dir()
 
 
 _CACHE: dict[Path, SkillSet] = {}

@@ -24,10 +24,7 @@ from .tuf import LEVELS, TimeUtility
 
 
 def data_dir() -> Path:
-    try:
-        return paths.data_dir()
-    except IndexError:  # paths.share_dir() indexes parents[3], which a shallow checkout path lacks
-        return Path(__file__).resolve().parents[2] / "data"
+    return paths.data_dir()
 
 
 @dataclass(frozen=True)

@@ -33,10 +33,7 @@ class PromptConfigError(ValueError):
 
 
 def prompts_dir() -> Path:
-    try:
-        return paths.config_dir() / "prompts"
-    except IndexError:  # paths.share_dir() on a shallow checkout path (/work/main): fall back to the repo
-        return Path(__file__).resolve().parents[2] / "config" / "prompts"
+    return paths.config_dir() / "prompts"
 
 
 @dataclass

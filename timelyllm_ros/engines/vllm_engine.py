@@ -29,7 +29,8 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections import OrderedDict, deque
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +47,98 @@ DEFAULT_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
 }
 
-_FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORTED}
+# Every finish_reason string vLLM 0.32 emits (vllm/v1/engine/__init__.py FINISH_REASON_STRINGS, "part of
+# the external API"), with what it means there and what it means for a plan. Only "stop" is a clean
+# completion (EOS, a stop token or a stop string; the grammar of a constrained plan ends with EOS).
+_FINISH: dict[str, tuple[FinishReason, str]] = {
+    "stop": (FinishReason.STOP, ""),
+    # check_stop (v1/core/sched/utils.py): max_tokens (our remaining max_new_tokens) or max_model_len reached
+    "length": (FinishReason.LENGTH, "the request reached max_tokens or max_model_len"),
+    # Never one of ours (the engine drops a request before aborting it): vLLM aborted it itself
+    # (pause_generation(mode='abort'), shutdown, fault-tolerance recovery, end of a streaming session).
+    "abort": (FinishReason.ABORTED, "aborted inside vLLM (pause, shutdown or fault recovery), not by the scheduler"),
+    # Request-level internal error: the structured-output grammar rejected a sampled token or failed to
+    # compile, a KV-cache load failed, a multimodal/encoder cache miss (scheduler.py, core.py).
+    "error": (FinishReason.ERROR, "request-level internal error (e.g. the structured-output grammar "
+                                  "rejected a token or failed to compile, a KV-cache load failed)"),
+    # SamplingParams.repetition_detection found an N-gram repeated min_count times: a degenerate,
+    # looping output (hallucination), cut off. Not a plan.
+    "repetition": (FinishReason.ERROR, "a repetitive token pattern was detected in the output "
+                                       "(SamplingParams.repetition_detection): a degenerate, looping generation"),
+}
+
+# Bounds on bookkeeping that would otherwise grow with every request of a long-running node.
+SUBMISSION_LOG_LEN = 4096  # per-(re)submission records kept in VllmEngine.submissions
+HISTORY_LEN = 4096  # generations (live or suspended) whose vLLM request ids are remembered
+RETIRED_LEN = 256  # ended generations still remembered (backend_has_request checks after an abort)
+
+
+def finish_reason_from_vllm(reason: str | None, detail: object = None) -> tuple[FinishReason, str]:
+    """Our :class:`FinishReason` for the ``finish_reason`` of a finished vLLM
+    ``CompletionOutput``, and the error text a failed task should carry ("" for
+    a clean stop). ``detail``: anything vLLM said besides (``stop_reason``,
+    ``RequestOutput.error``), appended to the text.
+
+    Anything but ``"stop"`` is a failure; ``None`` or a reason this version
+    does not know is ERROR, naming what vLLM reported.
+    """
+    known = _FINISH.get(reason) if isinstance(reason, str) else None
+    if known is None:
+        what = "without a finish reason" if reason is None else f"with unknown reason {reason!r}"
+        code, msg = FinishReason.ERROR, f"vLLM finished the request {what}"
+    else:
+        code, why = known
+        if code is FinishReason.STOP:
+            return code, ""
+        msg = f"vLLM finished the request with reason {reason!r}: {why}"
+    if detail is not None and detail != "":
+        msg += f" ({detail})"
+    return code, msg
+
+
+class SubmissionLog(Sequence):
+    """Append-only log that keeps only its last ``maxlen`` records.
+
+    Indices are absolute (since the engine started) and ``len()`` counts every
+    record ever appended, so ``log[len_before:]`` still gives the records added
+    since ``len_before`` and ``log[-1]`` the latest. Iterating yields the kept
+    records; indexing a dropped one raises IndexError; a slice leaves dropped
+    ones out.
+    """
+
+    def __init__(self, maxlen: int = SUBMISSION_LOG_LEN) -> None:
+        self._items: deque[dict] = deque(maxlen=maxlen)
+        self._total = 0
+
+    def append(self, rec: dict) -> None:
+        self._items.append(rec)
+        self._total += 1
+
+    @property
+    def dropped(self) -> int:
+        return self._total - len(self._items)
+
+    def __len__(self) -> int:
+        return self._total
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self._items[k - self.dropped] for k in range(*i.indices(self._total)) if k >= self.dropped]
+        k = i + self._total if i < 0 else i
+        if not 0 <= k < self._total:
+            raise IndexError("submission index out of range")
+        if k < self.dropped:
+            raise IndexError(f"submission {k} was dropped (only the last {self._items.maxlen} are kept)")
+        return self._items[k - self.dropped]
+
+    def __iter__(self) -> Iterator[dict]:
+        return iter(list(self._items))
+
+    def __reversed__(self) -> Iterator[dict]:
+        return reversed(list(self._items))
+
+    def __repr__(self) -> str:
+        return f"SubmissionLog({len(self._items)} kept of {self._total})"
 
 
 def apply_default_env(overrides: dict[str, str] | None = None) -> None:
@@ -65,6 +157,8 @@ class _Sub:
     prompt_len: int
     detok: IncrementalDetokenizer
     submitted: float
+    max_tokens: int = 0  # what vLLM may generate in this submission
+    n_out: int = 0  # tokens it generated so far
     first_output: float | None = None
     cached: int | None = None
     t_first: list[float] = field(default_factory=list)
@@ -112,14 +206,24 @@ class VllmEngine(Engine):
         eos = gen_cfg.get("eos_token_id", self.tokenizer.eos_token_id)
         self.eos_token_ids: set[int] = set(eos if isinstance(eos, list) else [eos]) - {None}
         self.default_regex = default_regex
+        self._init_state()
+        log.info("vLLM engine %s loaded in %.1f s (import %.1f s), block_size=%d, max_num_seqs=%d",
+                 self.model, self.load_s, self.import_s, self.block_size, self.max_batch)
+
+    def _init_state(self) -> None:
+        """Per-request bookkeeping (no vLLM needed: unit tests call it on a bare instance)."""
         self._seq = itertools.count()
         self._subs: dict[str, _Sub] = {}  # gen_id -> current submission
         self._by_ext: dict[str, _Sub] = {}  # vLLM external request id -> submission
-        self._history: dict[str, list[str]] = {}  # gen_id -> internal ids ever used (for checks)
-        # Per (re)submission record: gen_id, prompt tokens, cached tokens, time to first token.
-        self.submissions: list[dict] = []
-        log.info("vLLM engine %s loaded in %.1f s (import %.1f s), block_size=%d, max_num_seqs=%d",
-                 self.model, self.load_s, self.import_s, self.block_size, self.max_batch)
+        # gen_id -> vLLM internal ids it ever used (for checks), live and suspended generations (LRU);
+        # an ended one moves to _retired. Both bounded.
+        self._history: OrderedDict[str, list[str]] = OrderedDict()
+        self._retired: OrderedDict[str, list[str]] = OrderedDict()
+        # gen_id -> (reason, what vLLM reported) for Engine._finish in the step that ran _backend_step
+        self._finish_errors: dict[str, tuple[FinishReason, str]] = {}
+        # Per (re)submission record: gen_id, prompt tokens, cached tokens, time to first token (the last
+        # SUBMISSION_LOG_LEN kept; indices stay absolute, see SubmissionLog).
+        self.submissions = SubmissionLog()
 
     # -- hooks -------------------------------------------------------------
     def _sampling_params(self, req: EngineRequest) -> Any:
@@ -150,23 +254,28 @@ class VllmEngine(Engine):
         )
 
     def _backend_add(self, req: EngineRequest) -> None:
-        from vllm.inputs import TokensPrompt
-
         ids = req.all_token_ids  # token ids, never re-tokenized text
         if len(ids) >= self.max_model_len:
             raise ValueError(f"{req.gen_id}: context of {len(ids)} tokens >= max_model_len={self.max_model_len}")
         ext = f"{req.gen_id}#{next(self._seq)}"
         params = self._sampling_params(req)
-        int_id = self._llm.add_request(ext, TokensPrompt(prompt_token_ids=ids), params)
+        # vllm.inputs.TokensPrompt is a TypedDict: calling it builds exactly this dict.
+        int_id = self._llm.add_request(ext, {"prompt_token_ids": ids}, params)
         sub = _Sub(req.gen_id, ext, int_id, len(ids),
-                   IncrementalDetokenizer(self.tokenizer, ids, skip_ids=self.eos_token_ids), time.perf_counter())
+                   IncrementalDetokenizer(self.tokenizer, ids, skip_ids=self.eos_token_ids), time.perf_counter(),
+                   max_tokens=params.max_tokens)
         self._subs[req.gen_id] = sub
         self._by_ext[ext] = sub
-        self._history.setdefault(req.gen_id, []).append(int_id)
+        revived = self._retired.pop(req.gen_id, None) or []
+        self._history.setdefault(req.gen_id, revived).append(int_id)
+        self._history.move_to_end(req.gen_id)
+        while len(self._history) > HISTORY_LEN:  # suspended and never resumed nor aborted
+            self._history.popitem(last=False)
 
     def _backend_step(self) -> tuple[Sequence[RawTokens], float | None, int]:
         outs = self._llm.step()
         now = time.perf_counter()
+        self._finish_errors = {}  # only for the Engine.step() that runs this backend step
         raw: list[RawTokens] = []
         prefill = 0
         for o in outs:
@@ -175,6 +284,7 @@ class VllmEngine(Engine):
                 continue  # output of a submission we already cut or aborted
             comp = o.outputs[0]
             toks = list(comp.token_ids)
+            sub.n_out += len(toks)
             cached = 0
             if sub.first_output is None and toks:
                 sub.first_output = now
@@ -187,26 +297,58 @@ class VllmEngine(Engine):
                 })
             finished = None
             if o.finished:
-                finished = _FINISH.get(comp.finish_reason or "stop", FinishReason.STOP)
+                req_err = getattr(o, "error", None)  # vllm.outputs.RequestError, when vLLM gives one
+                detail = f"{req_err.code}: {req_err.message}" if req_err is not None else comp.stop_reason
+                if comp.finish_reason == "length":
+                    if sub.n_out >= sub.max_tokens:
+                        detail = None  # our own max_new_tokens budget ran out: the scheduler names that
+                    else:
+                        detail = f"context {sub.prompt_len + sub.n_out} tokens, max_model_len={self.max_model_len}"
+                finished, error = finish_reason_from_vllm(comp.finish_reason, detail)
+                if detail is None and finished is FinishReason.LENGTH:
+                    error = ""
+                if error:
+                    log.warning("%s: %s", sub.gen_id, error)
+                    self._finish_errors[sub.gen_id] = (finished, error)
+                if finished is FinishReason.ERROR:
+                    toks = []  # nothing of an output vLLM failed reaches the plan
                 self._drop(sub)
             raw.append(RawTokens(sub.gen_id, toks, sub.detok.push_many(toks), finished, cached))
         return raw, None, prefill
+
+    def _finish(self, live, reason: FinishReason, events, error: str = "") -> None:
+        # Engine._consume ends a generation vLLM finished without an error text: add what vLLM reported.
+        reported = self._finish_errors.pop(live.req.gen_id, None)
+        if not error and reported is not None and reported[0] is reason:
+            error = reported[1]
+        super()._finish(live, reason, events, error)
 
     def _drop(self, sub: _Sub) -> None:
         self._by_ext.pop(sub.ext_id, None)
         if self._subs.get(sub.gen_id) is sub:
             del self._subs[sub.gen_id]
 
-    def _backend_suspend(self, gen_id: str) -> None:
-        # Aborting frees the batch slot now; full KV blocks stay in the prefix cache for the resume.
-        self._backend_abort(gen_id)
-
-    def _backend_abort(self, gen_id: str) -> None:
+    def _cancel(self, gen_id: str) -> None:
+        """Abort the current vLLM request of a generation, if any."""
+        self._finish_errors.pop(gen_id, None)
         sub = self._subs.get(gen_id)
         if sub is None:
             return
         self._drop(sub)
         self._llm.abort_request([sub.ext_id])
+
+    def _backend_suspend(self, gen_id: str) -> None:
+        # Aborting frees the batch slot now; full KV blocks stay in the prefix cache for the resume.
+        self._cancel(gen_id)
+
+    def _backend_abort(self, gen_id: str) -> None:
+        # The generation ended (aborted or finished): its request-id history moves to the bounded retired set.
+        self._cancel(gen_id)
+        ids = self._history.pop(gen_id, None)
+        if ids is not None:
+            self._retired[gen_id] = ids
+            while len(self._retired) > RETIRED_LEN:
+                self._retired.popitem(last=False)
 
     # -- introspection -------------------------------------------------------
     @property
@@ -218,7 +360,7 @@ class VllmEngine(Engine):
         sched = self.scheduler
         if sched is None:
             return gen_id in self._subs
-        ids = set(self._history.get(gen_id, ()))
+        ids = set(self._history.get(gen_id) or self._retired.get(gen_id) or ())
         return any(r in ids for r in sched.requests) or any(r.request_id in ids for r in sched.running)
 
     def backend_running_ids(self) -> set[str]:
@@ -262,6 +404,8 @@ class VllmEngine(Engine):
         for g in list(self._subs):
             self._backend_abort(g)
         self._live.clear()
+        self._history.clear()
+        self._retired.clear()
         core = self._llm.engine_core
         if hasattr(core, "shutdown"):
             core.shutdown()

@@ -2,12 +2,20 @@
 
 Learning needs the skills of each finished segment: the node keeps the
 segments it saw on the fleet-wide /plan_segments topic and matches each
-SegmentDone report to one by (task_id, segment_index).
+SegmentDone report to one by (task_id, segment_index). A segment carries no
+robot type: it is the ``robot_type`` of the skill set its calls were validated
+against (``SkillCall.skillset_id``, e.g. ``drone_minispec`` -> ``drone``). A
+segment without skill calls (``};``, an end-of-plan marker) has nothing to
+learn from and is not kept.
+
+Callbacks never raise: a report that cannot be learned from is logged at
+WARNING and dropped (an exception would stop the executor spinning the node).
 """
 
 from __future__ import annotations
 
 import threading
+import traceback
 from collections import OrderedDict
 from typing import Any
 
@@ -17,8 +25,8 @@ from timelyllm_ros.core.exec_model import ExecTimeModel
 from timelyllm_ros.core.skills import load_skill_set
 from timelyllm_ros.msg import PlanSegment, SegmentDone
 from timelyllm_ros.ros.convert import time_s
-from timelyllm_ros.ros.planner_node import RELIABLE
 from timelyllm_ros.ros.spin import run_nodes
+from timelyllm_ros.ros.topics import RELIABLE
 from timelyllm_ros.srv import EstimateExecTime
 
 ALL_SEGMENTS_TOPIC = "/plan_segments"
@@ -29,20 +37,27 @@ class ExecTimeNode(Node):
         """``models``: callable robot_type -> ExecTimeModel to share (e.g. the planner core's)."""
         super().__init__(node_name, **kw)
         self.learn = self.declare_parameter("learn", True).value
-        self._own: dict[str, ExecTimeModel] = {}
+        self._own: dict[str, ExecTimeModel] = {}  # skill set id -> model
         self._models = models or self._own_model
-        self._seen: OrderedDict[tuple[str, int], tuple[str, str]] = OrderedDict()  # -> (robot_type, text)
+        self._seen: OrderedDict[tuple[str, int], tuple[str, str]] = OrderedDict()  # -> (skillset_id, text)
         self._lock = threading.Lock()
+        # Segments seen, and what became of the SegmentDone reports (diagnostics, tests).
+        self.stats = {"segments": 0, "segments_without_skills": 0,
+                      "learned": 0, "unmatched": 0, "skipped": 0, "failed": 0}
         self.create_service(EstimateExecTime, "estimate_exec_time", self._estimate)
         if models is None:  # a shared model already learns inside the planner core
             self.create_subscription(PlanSegment, ALL_SEGMENTS_TOPIC, self._segment, RELIABLE)
             self.create_subscription(SegmentDone, "/segment_done", self._done, RELIABLE)
 
     def _own_model(self, robot_type: str) -> ExecTimeModel:
-        m = self._own.get(robot_type)
-        if m is None:
-            m = self._own[robot_type] = ExecTimeModel(load_skill_set(robot_type), learn=self.learn)
-        return m
+        """The model of a robot type or skill set id: one per skill set, so that
+        ``drone`` and ``drone_minispec`` share what is learned."""
+        ss = load_skill_set(robot_type)  # FileNotFoundError / SkillSetError (a ValueError) if unknown
+        with self._lock:
+            m = self._own.get(ss.id)
+            if m is None:
+                m = self._own[ss.id] = ExecTimeModel(ss, learn=self.learn)
+            return m
 
     def _estimate(self, req: EstimateExecTime.Request, resp: EstimateExecTime.Response) -> EstimateExecTime.Response:
         try:
@@ -54,26 +69,42 @@ class ExecTimeNode(Node):
         return resp
 
     def _segment(self, msg: PlanSegment) -> None:
-        robot_type = msg.skills[0].skillset_id if msg.skills else ""
+        skillset_id = next((c.skillset_id for c in msg.skills if c.skillset_id), "")
         with self._lock:
-            self._seen[(msg.task_id, msg.segment_index)] = (robot_type, msg.text)
+            self.stats["segments"] += 1
+            if not skillset_id:  # no skill calls ('};', end-of-plan marker): nothing to learn
+                self.stats["segments_without_skills"] += 1
+                return
+            self._seen[(msg.task_id, msg.segment_index)] = (skillset_id, msg.text)
             while len(self._seen) > 10_000:
                 self._seen.popitem(last=False)
 
     def _done(self, msg: SegmentDone) -> None:
+        where = f"task {msg.task_id!r} segment {msg.segment_index}"
+        try:
+            outcome = self._learn(msg)
+        except (ValueError, LookupError, OSError) as e:  # unknown skill set, unparsable text, ...
+            outcome = "failed"
+            self.get_logger().warning(f"not learning from {where}: {type(e).__name__}: {e}")
+        except Exception as e:  # a callback that raises would stop the executor spinning this node
+            outcome = "failed"
+            self.get_logger().warning(f"not learning from {where}: unexpected {type(e).__name__}: {e}\n"
+                                      f"{traceback.format_exc()}")
+        with self._lock:
+            self.stats[outcome] += 1
+
+    def _learn(self, msg: SegmentDone) -> str:
         with self._lock:
             seen = self._seen.pop((msg.task_id, msg.segment_index), None)
-        if seen is None or not msg.success or not self.learn:
-            return
-        robot_type, text = seen
+        if seen is None:  # a segment without skills, or one this node never saw
+            return "unmatched"
         took = time_s(msg.finish) - time_s(msg.start)
-        if took <= 0:
-            return
-        try:
-            model = self._models(robot_type)
-            model.observe(model.skillset.parse(text), took)
-        except ValueError as e:
-            self.get_logger().debug(f"not learning from {msg.task_id}[{msg.segment_index}]: {e}")
+        if not msg.success or not self.learn or took <= 0:
+            return "skipped"
+        skillset_id, text = seen
+        model = self._models(load_skill_set(skillset_id).robot_type)
+        model.observe(model.skillset.parse(text), took)
+        return "learned"
 
 
 def main(args: list[str] | None = None) -> int:

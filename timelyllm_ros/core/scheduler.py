@@ -60,13 +60,15 @@ class TaskStatus(enum.StrEnum):
     RUNNING = "running"  # in the engine's batch
     SUSPENDED = "suspended"  # between segments
     DONE = "done"
-    FAILED = "failed"
-    REJECTED = "rejected"
+    FAILED = "failed"  # generation or validation failed, or the engine broke
+    ROBOT_FAILED = "robot_failed"  # the robot reported a failed segment, or went silent
+    REJECTED = "rejected"  # overdue: refused by the overdue policy
     CANCELLED = "cancelled"
 
     @property
     def terminal(self) -> bool:
-        return self in (TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.REJECTED, TaskStatus.CANCELLED)
+        return self in (TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.ROBOT_FAILED, TaskStatus.REJECTED,
+                        TaskStatus.CANCELLED)
 
 
 @dataclass
@@ -78,7 +80,8 @@ class TaskSpec:
     tuf: TimeUtility
     robot_type: str = "drone"
     task_id: str | None = None
-    arrival: float | None = None  # clock time; default: now
+    arrival: float | None = None  # clock time of the goal's arrival at the planner; default: now
+    sent: float | None = None  # clock time of the robot's own send stamp, when the goal carried one
     prompt_token_ids: list[int] | None = None  # default: engine.tokenize(prompt)
     max_new_tokens: int = 256
     max_segment_tokens: int = 64
@@ -119,6 +122,8 @@ class TaskResult:
     utility: float | None  # TUF_0(response_time); None when nothing was sent
     reason: str = ""  # why it failed / was rejected / cancelled
     meta: dict = field(default_factory=dict)
+    robot_type: str = "drone"
+    response_time_from_send: float | None = None  # W(s_0) measured from the robot's send stamp
 
 
 class Generation:
@@ -128,7 +133,7 @@ class Generation:
         "task_id", "robot_id", "robot_type", "spec", "tuf", "alpha", "beta", "ert", "arrival",
         "k", "prev_end", "enqueued_at", "eligible_at", "tok_est", "prefill_est_s", "seq", "status",
         "req", "segments", "seg_start_len", "gen_start", "wait_version", "reason", "pending_abort",
-        "held", "checker",
+        "held", "checker", "abort_status",
     )
 
     def __init__(self, spec: TaskSpec, task_id: str, arrival: float, seq: int) -> None:
@@ -152,6 +157,7 @@ class Generation:
         self.wait_version = 0
         self.reason = ""
         self.pending_abort = False
+        self.abort_status = TaskStatus.CANCELLED  # how a pending abort ends the task
         self.held: list[Segment] = []  # produced but not yet sent (non-streaming policies)
         self.checker: StopChecker | None = None
 
@@ -173,6 +179,12 @@ class CoreConfig:
     prefill_tokens_default: int = 64  # prefill estimate when a prompt is not tokenized yet
     learn_exec_times: bool = True  # feed robot reports into the exec-time model
     record_decisions: bool = True
+    # Finished results are kept this long / at most this many (then the task id can be used again).
+    keep_results_s: float = 600.0
+    keep_results_max: int = 10_000
+    # A robot that has not reported a dispatched segment by its predicted end + this margin has failed
+    # (None: trust predictions forever, as the simulator does).
+    robot_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.overdue not in ("serve", "reject"):
@@ -248,7 +260,9 @@ class PlannerCore:
         self._lock = threading.RLock()
         self._seq = itertools.count()
         self._tasks: dict[str, Generation] = {}  # every non-terminal task
-        self._done: dict[str, TaskResult] = {}
+        self._done: dict[str, TaskResult] = {}  # finished, oldest first (bounded: keep_results_*)
+        self._done_at: dict[str, float] = {}
+        self._watch: dict[str, list[Segment]] = {}  # task -> dispatched segments the robot has not reported
         self._cands: dict[str, Generation] = {}  # eligible, not running
         self._waiting: list[tuple[float, int, int, Generation]] = []  # (eligible_at, seq, version, gen)
         self._running: dict[str, Generation] = {}
@@ -305,26 +319,134 @@ class PlannerCore:
             t = self.clock.now() if finish_time is None else float(finish_time)
             seg = segs[seg_index]
             seg.real_end, seg.success, seg.error = t, success, error
+            self._reported(task_id, seg)
+            robot_type = g.robot_type if g is not None else res.robot_type
             if success and self.cfg.learn_exec_times and seg.calls:
                 start = start_time if start_time is not None else seg.pred_start
                 if start is not None and t > start:
                     try:
-                        self.hooks.exec_model(g.robot_type if g else "drone").observe(seg.calls, t - start)
-                    except Exception as e:  # learning must never break scheduling
-                        log.debug("exec model observe failed: %s", e)
-            if g is None:
-                return
+                        self.hooks.exec_model(robot_type).observe(seg.calls, t - start)
+                    except Exception as e:  # learning must never break scheduling; but say so
+                        log.warning("exec model (%s) did not learn from %s[%s]: %s", robot_type, task_id,
+                                    seg_index, e)
             if not success:
-                reason = f"robot failed segment {seg_index}: {error or 'no reason given'}"
-                if task_id in self._running:
-                    g.pending_abort, g.reason = True, reason
-                    self._aborts.append(task_id)
-                else:
-                    self._finish(g, TaskStatus.FAILED, reason)
-            else:
+                self._robot_failed(task_id, f"robot failed segment {seg_index}: {error or 'no reason given'}")
+            elif g is not None:
                 self._repredict(g, seg_index)
         self.wake.set()
         self._flush()
+
+    def robot_failed(self, task_id: str, reason: str) -> None:
+        """The transport or a watchdog says the robot failed this task (see :meth:`_robot_failed`)."""
+        with self._lock:
+            self._robot_failed(task_id, reason)
+        self.wake.set()
+        self._flush()
+
+    def _robot_failed(self, task_id: str, reason: str) -> None:
+        """The robot failed (or went silent): end the task ROBOT_FAILED; a task whose generation had
+        already ended gets its published result revised (never silently left at DONE)."""
+        g = self._tasks.get(task_id)
+        if g is not None:
+            if task_id in self._running:
+                g.pending_abort, g.reason, g.abort_status = True, reason, TaskStatus.ROBOT_FAILED
+                self._aborts.append(task_id)
+            else:
+                self._finish(g, TaskStatus.ROBOT_FAILED, reason)
+            return
+        res = self._done.get(task_id)
+        if res is not None and res.status is TaskStatus.DONE:
+            res.status, res.reason = TaskStatus.ROBOT_FAILED, reason
+            self._watch.pop(task_id, None)
+            self._outbox.append(("result", res, None))
+
+    def _reported(self, task_id: str, seg: Segment) -> None:
+        pending = self._watch.get(task_id)
+        if pending is not None:
+            pending[:] = [s for s in pending if s is not seg]  # identity: segments compare by value
+            if not pending:
+                del self._watch[task_id]
+
+    def expire_silent(self, now: float | None = None) -> list[str]:
+        """End every task whose robot has not reported a dispatched segment by its predicted end +
+        ``robot_timeout_s`` (ROBOT_FAILED, naming the segment). Returns the task ids it ended."""
+        if self.cfg.robot_timeout_s is None:
+            return []
+        ended = []
+        with self._lock:
+            now = self.clock.now() if now is None else now
+            for tid, pending in list(self._watch.items()):
+                late = [s for s in pending if s.pred_end is not None and now > s.pred_end + self.cfg.robot_timeout_s]
+                if late:
+                    s = late[0]
+                    self._watch.pop(tid, None)
+                    self._robot_failed(tid, f"robot silent: no report for segment {s.index} within its predicted "
+                                            f"execution ({s.est_exec_s:.2f} s) + {self.cfg.robot_timeout_s:g} s")
+                    ended.append(tid)
+        self._flush()
+        return ended
+
+    def fail_all(self, reason: str, status: TaskStatus = TaskStatus.FAILED) -> int:
+        """End every open task at once (the engine died: nothing may wait for the engine thread).
+        The engine's own state is left alone; replace it with :meth:`replace_engine`."""
+        with self._lock:
+            gens = list(self._tasks.values())
+            self._aborts.clear()
+            self._running.clear()
+            for g in gens:
+                self._finish(g, status, reason)
+        self._flush()
+        return len(gens)
+
+    def replace_engine(self, engine: Engine) -> None:
+        """Serve from a new engine (after a crash); only when no task is open."""
+        with self._lock:
+            if self._tasks:
+                raise RuntimeError(f"replace_engine with {len(self._tasks)} open tasks")
+            self.engine = engine
+        self.wake.set()
+
+    def restore(self, spec: TaskSpec, segments: list[Segment], *, final: bool = False) -> str:
+        """Re-open a task journaled by a planner that died: its segments were already sent (their
+        dispatch/prediction times in this clock), so its generation resumes after the last one from
+        the exact token ids, with the stop checker fed the text written so far.
+        ``final``: the plan had ended (its last segment or end marker was sent): it ends DONE."""
+        with self._lock:
+            tid = spec.task_id
+            if not tid or tid in self._tasks or tid in self._done:
+                raise ValueError(f"task id {tid!r}: missing or already known")
+            arrival = self.clock.now() if spec.arrival is None else float(spec.arrival)
+            g = Generation(spec, tid, arrival, next(self._seq))
+            g.tok_est = self._tok_est.get(spec.robot_type, 8.0)
+            g.prefill_est_s = self._prefill_estimate(spec)
+            g.segments = list(segments)
+            self._tasks[tid] = g
+            unreported = [s for s in g.segments if s.dispatch is not None and s.real_end is None]
+            if unreported:
+                self._watch[tid] = unreported
+            if final or (g.segments and g.segments[-1].final):
+                if g.segments:
+                    g.segments[-1].final = True
+                self._finish(g, TaskStatus.DONE, "")
+            elif not g.segments:
+                self._cands[tid] = g
+            else:
+                ids = spec.prompt_token_ids if spec.prompt_token_ids is not None else self.engine.tokenize(spec.prompt)
+                g.checker = self.hooks.stop_checker(g.robot_type)
+                for s in g.segments:  # the grammar state (open braces, ...) of what was written
+                    g.checker.feed(s.text)
+                    g.checker.cut()
+                g.req = EngineRequest(
+                    gen_id=tid, prompt_token_ids=list(ids), stop_checker=g.checker,
+                    output_token_ids=[t for s in g.segments for t in s.token_ids],
+                    max_new_tokens=spec.max_new_tokens, max_segment_tokens=spec.max_segment_tokens,
+                    suspend_at_boundary=self.policy.segmented, extra={"robot_type": g.robot_type, **spec.extra})
+                g.status = TaskStatus.SUSPENDED
+                g.k = len(g.segments)
+                self._requeue(g, self.clock.now())
+        self.wake.set()
+        self._flush()
+        return tid
 
     def task_status(self, task_id: str) -> TaskStatus | None:
         with self._lock:
@@ -417,8 +539,7 @@ class PlannerCore:
                 self.engine.abort(tid)
                 self._running.pop(tid, None)
                 if g is not None and g.pending_abort:
-                    status = TaskStatus.FAILED if g.reason.startswith("robot failed") else TaskStatus.CANCELLED
-                    self._finish(g, status, g.reason)
+                    self._finish(g, g.abort_status, g.reason)
             self._aborts.clear()
             self._schedule(now)
         self._flush()
@@ -619,6 +740,7 @@ class PlannerCore:
         arrive = now + self.cfg.comm_s
         seg.pred_start = arrive if prev is None else max(arrive, prev)
         seg.pred_end = seg.pred_start + seg.est_exec_s
+        self._watch.setdefault(g.task_id, []).append(seg)
         self._outbox.append(("segment", g, seg))
 
     def _repredict(self, g: Generation, from_index: int) -> None:
@@ -662,12 +784,30 @@ class PlannerCore:
         self._running.pop(g.task_id, None)
         s0 = g.segments[0] if g.segments else None
         rt = (s0.dispatch + self.cfg.comm_s - g.arrival) if s0 is not None and s0.dispatch is not None else None
+        sent = g.spec.sent
         res = TaskResult(task_id=g.task_id, robot_id=g.robot_id, status=status,
                          plan="".join(s.text for s in g.segments), segments=g.segments,
                          response_time=rt, utility=g.tuf.tuf0(rt) if rt is not None else None,
-                         reason=reason, meta=g.spec.meta)
+                         reason=reason, meta=g.spec.meta, robot_type=g.robot_type,
+                         response_time_from_send=(rt + g.arrival - sent) if rt is not None and sent is not None
+                         else None)
+        if status is not TaskStatus.DONE:
+            self._watch.pop(g.task_id, None)  # nothing more is expected of the robot
+        now = self.clock.now()
         self._done[g.task_id] = res
+        self._done_at[g.task_id] = now
+        self._evict_results(now)
         self._outbox.append(("result", res, None))
+
+    def _evict_results(self, now: float) -> None:
+        """Bounded memory: forget the oldest results (their task ids become usable again)."""
+        horizon = now - self.cfg.keep_results_s
+        for tid in list(self._done_at):  # insertion order = finish order
+            if len(self._done_at) <= self.cfg.keep_results_max and self._done_at[tid] > horizon:
+                break
+            del self._done_at[tid]
+            self._done.pop(tid, None)
+            self._watch.pop(tid, None)
 
     def _flush(self) -> None:
         with self._lock:

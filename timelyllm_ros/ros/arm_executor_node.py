@@ -30,7 +30,7 @@ from timelyllm_ros.executors.perception import ScriptedScene
 from timelyllm_ros.ros.convert import time_msg
 from timelyllm_ros.ros.drone_executor_node import SCENE_QOS, scene_topic
 from timelyllm_ros.ros.executor_base import RobotExecutorNode
-from timelyllm_ros.ros.planner_node import RELIABLE
+from timelyllm_ros.ros.topics import RELIABLE
 from timelyllm_ros.ros.spin import run_nodes
 
 

@@ -50,6 +50,12 @@ class ClockBridge:
     def to_core(self, t: Time) -> float:
         return time_s(t) - self.offset
 
+    def to_wall(self, core_t: float | None) -> float | None:
+        return None if core_t is None else core_t + self.offset
+
+    def to_core_s(self, wall_s: float) -> float:
+        return wall_s - self.offset
+
 
 def tuf_from_msg(msg: TimeUtilityMsg) -> TimeUtility:
     """Named level (fields left at 0 take the level's values) or custom alpha/beta/ert.

@@ -19,6 +19,7 @@ import queue
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,10 +29,11 @@ from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.node import Node
 from rclpy.parameter import Parameter
-from rclpy.qos import QoSDurabilityPolicy, QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
+from rclpy.qos import QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
 
 from timelyllm_ros.action import PlanTask
 from timelyllm_ros.core.clock import RealClock
+from timelyllm_ros.core.hygiene import check_text, check_token_count
 from timelyllm_ros.core.policies import POLICIES, make_policy
 from timelyllm_ros.core.scheduler import CoreConfig, PlannerCore, Segment, TaskResult, TaskSpec, TaskStatus
 from timelyllm_ros.msg import (
@@ -40,95 +42,139 @@ from timelyllm_ros.msg import (
     PlanSegment,
     QueuedGeneration,
     SchedulerState,
+    SegmentAck,
     SegmentDone,
     TaskRequest,
 )
-from timelyllm_ros.ros.convert import ClockBridge, duration_msg, segment_msg, tuf_from_msg
+from timelyllm_ros.ros import topics
+from timelyllm_ros.ros.convert import ClockBridge, duration_msg, segment_msg, time_s, tuf_from_msg
 from timelyllm_ros.ros.spin import run_nodes
-from timelyllm_ros.srv import Plan
-
-RELIABLE = QoSProfile(depth=50, reliability=QoSReliabilityPolicy.RELIABLE, history=QoSHistoryPolicy.KEEP_LAST)
-TELEMETRY = QoSProfile(depth=5, reliability=QoSReliabilityPolicy.BEST_EFFORT, history=QoSHistoryPolicy.KEEP_LAST)
-LATCHED = QoSProfile(depth=1, reliability=QoSReliabilityPolicy.RELIABLE,
-                     durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
+from timelyllm_ros.ros.topics import LATCHED, RELIABLE, TELEMETRY, segment_topic  # noqa: F401 - re-exported
+from timelyllm_ros.srv import GetPlanResult, Plan
 
 STATUS_FROM_CORE = {
     TaskStatus.DONE: PlanTask.Result.STATUS_SUCCEEDED,
     TaskStatus.REJECTED: PlanTask.Result.STATUS_OVERDUE,
     TaskStatus.CANCELLED: PlanTask.Result.STATUS_CANCELED,
     TaskStatus.FAILED: PlanTask.Result.STATUS_FAILED,
+    TaskStatus.ROBOT_FAILED: PlanTask.Result.STATUS_ROBOT_FAILED,
 }
+STATUS_NAME = {v: k.removeprefix("STATUS_").lower() for k, v in vars(PlanTask.Result).items()
+               if k.startswith("STATUS_")}
+CORE_FROM_NAME = {s.value: s for s in TaskStatus}
 
 
 def _status_code(res: TaskResult) -> int:
-    if res.status is TaskStatus.FAILED and res.reason.startswith("robot failed"):
-        return PlanTask.Result.STATUS_ROBOT_FAILED
     return STATUS_FROM_CORE.get(res.status, PlanTask.Result.STATUS_FAILED)
 
 
-def segment_topic(robot_id: str) -> str:
-    """Per-robot segment topic: /<robot_id>/plan_segments."""
-    return f"/{robot_id}/plan_segments"
-
-
 @dataclass
-class _Mailbox:
-    """What the engine thread hands to the goal/service thread of one task."""
+class _OpenTask:
+    """Node-side state of one accepted task: who waits for it and what its robot was sent."""
 
+    task_id: str
     robot_id: str
     robot_type: str
-    events: queue.Queue = field(default_factory=queue.Queue)  # ("segment", Segment) | ("result", TaskResult)
+    key: tuple  # the request's content: a retry with the same task_id and key joins this task
+    handles: list = field(default_factory=list)  # PlanTask goal handles (a retry adds one)
+    waiters: list = field(default_factory=list)  # queues of one-shot Plan service calls
+    sent: int = 0  # segments handed to the robot's topic
+    final_sent: bool = False
 
 
 class GoalError(ValueError):
     """A goal that is refused; the message names the field and the problem."""
 
 
+def _request_key(robot_id: str, robot_type: str, task: str, tuf_msg) -> tuple:
+    return (robot_id, robot_type, task, tuf_msg.level, tuf_msg.alpha, tuf_msg.beta, tuf_msg.ert)
+
+
 class PlannerNode(Node):
+    """Thin adapter: validates goals, hands them to the core, and delivers what the core produces.
+
+    No thread waits per goal: a goal handle is kept until the core's result callback completes it
+    (``ServerGoalHandle.execute`` with a callback that returns the finished result), so the number of
+    open goals is bounded by ``max_active_tasks``, not by the executor's thread count.
+    """
+
     def __init__(self, *, policy: str = "pud", engine: Any = None, constrained: bool = False,
                  core_config: CoreConfig | None = None, parameter_overrides: list[Parameter] | None = None,
-                 node_name: str = "planner", **node_kw) -> None:
+                 node_name: str = "planner", engine_factory: Callable[[], Any] | None = None, **node_kw) -> None:
         super().__init__(node_name, parameter_overrides=parameter_overrides or [], **node_kw)
         p = self._declare_params()
         p["policy"] = policy
         self._bridge = ClockBridge()
         if engine is None:
             engine, constrained = engine_from_config(p["engine_config"])
+            engine_factory = engine_factory or (lambda: engine_from_config(p["engine_config"])[0])
         self.engine = engine
+        self._engine_factory = engine_factory or self._reuse_engine
         from timelyllm_ros.core.admission import make_admission
 
+        robot_timeout = p["robot_timeout_s"] if p["robot_timeout_s"] > 0 else None
         cfg = core_config or CoreConfig(comm_s=p["comm_s"], overdue=p["overdue"], slack_floor_s=p["slack_floor_s"],
-                                        resume_lead_s=p["resume_lead_s"])
+                                        resume_lead_s=p["resume_lead_s"], keep_results_s=p["keep_results_s"],
+                                        keep_results_max=p["keep_results_max"], robot_timeout_s=robot_timeout)
         self.core = PlannerCore(engine, make_policy(p["policy"]), RealClock(), admission=make_admission(p["admission"]),
                                 config=cfg, on_segment=self._on_segment, on_result=self._on_result)
-        self._mail: dict[str, _Mailbox] = {}
-        self._mail_lock = threading.Lock()
+        self._open: dict[str, _OpenTask] = {}
+        self._open_lock = threading.RLock()
+        self._arrivals: dict[int, float] = {}  # id(goal message) -> arrival (core clock), goal_cb -> accepted cb
         self._seg_pubs: dict[str, Any] = {}
         self._pub_lock = threading.Lock()
         self._prompts = _PromptRenderer(engine, constrained)
         self._skillset_ids: dict[str, str] = {}
+        self._oneshot = threading.BoundedSemaphore(p["max_oneshot_calls"])
+        self._engine_error: str | None = None  # set while the engine is down (goals are refused)
+        self._next_prune = 0.0
+        self.engine_restarts = 0
+
+        from timelyllm_ros.ros.delivery import SegmentDelivery
+
+        self.delivery = SegmentDelivery(self._publish_to_robot, period_s=p["resend_period_s"],
+                                        max_period_s=max(p["resend_period_s"], p["resend_max_period_s"]),
+                                        give_up_s=p["delivery_timeout_s"])
+        self.journal = None
+        if p["state_dir"]:
+            from timelyllm_ros.core.journal import Journal
+
+            self.journal = Journal(p["state_dir"])
 
         goals = ReentrantCallbackGroup()
-        self._action = ActionServer(self, PlanTask, "plan_task", execute_callback=self._execute,
-                                    goal_callback=self._goal_cb, cancel_callback=lambda _g: CancelResponse.ACCEPT,
-                                    callback_group=goals)
-        self.create_service(Plan, "plan", self._plan_srv, callback_group=goals)
-        self.create_subscription(SegmentDone, "/segment_done", self._segment_done, RELIABLE,
-                                 callback_group=MutuallyExclusiveCallbackGroup())
-        self._engine_pub = self.create_publisher(EngineState, "engine_state", TELEMETRY)
-        self._all_segments = self.create_publisher(PlanSegment, "/plan_segments", RELIABLE)
-        self._requests = self.create_publisher(TaskRequest, "/plan_requests", RELIABLE)
-        self._results = self.create_publisher(PlanResult, "/plan_results", RELIABLE)
+        deep = QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE, history=QoSHistoryPolicy.KEEP_LAST)
+        # A burst of goals must not overflow the goal service's request queue (rclpy's default depth is 10).
+        self._action = ActionServer(self, PlanTask, topics.PLAN_TASK_ACTION, execute_callback=self._execute_noop,
+                                    goal_callback=self._goal_cb, handle_accepted_callback=self._accepted,
+                                    cancel_callback=self._cancel_cb, callback_group=goals,
+                                    goal_service_qos_profile=deep, result_service_qos_profile=deep,
+                                    cancel_service_qos_profile=deep,
+                                    feedback_pub_qos_profile=QoSProfile(depth=1000),
+                                    result_timeout=int(p["action_result_timeout_s"]))
+        self.create_service(Plan, topics.PLAN_SERVICE, self._plan_srv, callback_group=goals)
+        self.create_service(GetPlanResult, topics.GET_PLAN_RESULT_SERVICE, self._get_result_srv, callback_group=goals)
+        reports = MutuallyExclusiveCallbackGroup()
+        self.create_subscription(SegmentDone, topics.SEGMENT_DONE, self._segment_done, topics.REPORTS,
+                                 callback_group=reports)
+        self.create_subscription(SegmentAck, topics.SEGMENT_ACKS, self._segment_ack, topics.REPORTS,
+                                 callback_group=reports)
+        self._engine_pub = self.create_publisher(EngineState, "engine_state", topics.TELEMETRY)
+        self._all_segments = self.create_publisher(PlanSegment, topics.ALL_SEGMENTS, topics.REPORTS)
+        self._requests = self.create_publisher(TaskRequest, topics.PLAN_REQUESTS, topics.REPORTS)
+        self._results = self.create_publisher(PlanResult, topics.PLAN_RESULTS, topics.RESULTS_QOS)
         self.create_timer(p["state_period_s"], self._publish_engine_state)
+        self.create_timer(p["resend_period_s"] / 2, self._housekeeping, callback_group=MutuallyExclusiveCallbackGroup())
 
         self._stop = threading.Event()
         if p["warm_up"]:
             self._warm_up()
+        if self.journal is not None:
+            self._recover()
         self._thread = threading.Thread(target=self._engine_loop, name="timelyllm-engine", daemon=True)
         self._thread.start()
         self.get_logger().info(
             f"planner ready: policy={p['policy']} admission={p['admission']} engine={type(engine).__name__} "
-            f"robot types={self._robot_types}")
+            f"robot types={self._robot_types} journal={p['state_dir'] or 'off'}")
 
     def _warm_up(self) -> None:
         """Prefill each robot type's shared prompt (skill catalogue, few-shot examples) once, before the
@@ -172,34 +218,82 @@ class PlannerNode(Node):
             "state_period_s": self.declare_parameter("state_period_s", 0.5).value,
             "robot_types": self.declare_parameter("robot_types", ["drone", "arm", "chatbot"]).value,
             "max_task_chars": self.declare_parameter("max_task_chars", 2000).value,
+            "max_task_tokens": self.declare_parameter(
+                "max_task_tokens", 1024, d(description="task text limit in tokens of the engine's tokenizer")).value,
             "warm_up": self.declare_parameter(
                 "warm_up", True, d(description="prefill each robot type's shared prompt before serving")).value,
+            "max_active_tasks": self.declare_parameter(
+                "max_active_tasks", 5000, d(description="open tasks; goals beyond are REJECTED, never dropped")).value,
+            "max_oneshot_calls": self.declare_parameter(
+                "max_oneshot_calls", 8, d(description="concurrent /plan service calls (each holds a thread); "
+                                                      "more are refused: use the PlanTask action")).value,
+            "keep_results_s": self.declare_parameter(
+                "keep_results_s", 600.0, d(description="finished results kept this long (then the id is free)")).value,
+            "keep_results_max": self.declare_parameter(
+                "keep_results_max", 10000, d(description="at most this many finished results kept")).value,
+            "action_result_timeout_s": self.declare_parameter(
+                "action_result_timeout_s", 60, d(description="rclpy keeps an action result this long")).value,
+            "resend_period_s": self.declare_parameter(
+                "resend_period_s", 0.2, d(description="first re-send of an unacknowledged segment")).value,
+            "resend_max_period_s": self.declare_parameter(
+                "resend_max_period_s", 1.0, d(description="re-send backoff cap")).value,
+            "delivery_timeout_s": self.declare_parameter(
+                "delivery_timeout_s", 30.0, d(description="a segment unacknowledged this long fails its task "
+                                                          "(ROBOT_FAILED)")).value,
+            "robot_timeout_s": self.declare_parameter(
+                "robot_timeout_s", 10.0, d(description="a robot silent this long past a segment's predicted end "
+                                                       "fails its task (ROBOT_FAILED); 0: never")).value,
+            "state_dir": self.declare_parameter(
+                "state_dir", "", d(description="folder of the durable task journal (SQLite WAL); '' = none")).value,
+            "engine_restart_backoff_s": self.declare_parameter(
+                "engine_restart_backoff_s", 0.5, d(description="first wait before rebuilding a failed engine; "
+                                                               "doubles up to 30 s")).value,
         }
+        for name in ("max_active_tasks", "max_oneshot_calls", "keep_results_max", "max_task_tokens",
+                     "max_task_chars", "action_result_timeout_s"):
+            if int(p[name]) < 1:
+                raise ValueError(f"parameter {name}: must be >= 1, got {p[name]}")
+        for name in ("resend_period_s", "delivery_timeout_s", "keep_results_s", "engine_restart_backoff_s"):
+            if not float(p[name]) > 0:
+                raise ValueError(f"parameter {name}: must be > 0, got {p[name]}")
+        if float(p["robot_timeout_s"]) < 0:
+            raise ValueError(f"parameter robot_timeout_s: must be >= 0 (0 = never), got {p['robot_timeout_s']}")
         self._robot_types = list(p["robot_types"])
         self._max_task_chars = int(p["max_task_chars"])
+        self._max_task_tokens = int(p["max_task_tokens"])
+        self._max_active = int(p["max_active_tasks"])
+        self._restart_backoff = float(p["engine_restart_backoff_s"])
         return p
 
     # -- goal validation -------------------------------------------------------------
     def _goal_cb(self, goal: PlanTask.Goal) -> GoalResponse:
-        # Accept everything here so that a refused goal still gets a result with
-        # the reason; validation happens at the start of execution.
+        # Accept everything here so that a refused goal still gets a result with the reason; this is the
+        # earliest moment the goal is ours: its arrival time.
+        with self._open_lock:
+            if len(self._arrivals) > 10_000:  # entries whose goal never reached _accepted (bounded memory)
+                self._arrivals.clear()
+            self._arrivals[id(goal)] = self.core.clock.now()
         return GoalResponse.ACCEPT
 
-    def _validate(self, task_id: str, robot_id: str, robot_type: str, task: str, tuf_msg) -> TaskSpec:
+    def _validate(self, task_id: str, robot_id: str, robot_type: str, task: str, tuf_msg, *,
+                  arrival: float | None = None, sent: float | None = None) -> TaskSpec:
+        check_text("robot_id", robot_id, max_chars=256)
         if not robot_id.strip():
             raise GoalError("robot_id: must not be empty")
+        check_text("task_id", task_id, max_chars=256)
         if robot_type not in self._robot_types:
             raise GoalError(f"robot_type: unknown {robot_type!r}; this planner serves {self._robot_types}")
         if not task.strip():
             raise GoalError("task: must not be empty")
         if len(task) > self._max_task_chars:
             raise GoalError(f"task: {len(task)} characters, more than max_task_chars={self._max_task_chars}")
+        check_text("task", task)
         try:
             tuf = tuf_from_msg(tuf_msg)
         except ValueError as e:
             raise GoalError(str(e)) from None
-        if task_id and self.core.task_status(task_id) is not None:
-            raise GoalError(f"task_id: {task_id!r} is already in use")
+        n_task = len(self.engine.tokenize(task))
+        check_token_count("task", n_task, self._max_task_tokens)
         prompt_ids = self._prompts.token_ids(robot_type, task)
         limit = getattr(self.engine, "max_model_len", None)
         if limit and len(prompt_ids) + 16 > limit:
@@ -215,131 +309,231 @@ class PlannerNode(Node):
                 raise GoalError(str(e)) from None
         return TaskSpec(robot_id=robot_id, prompt=task, tuf=tuf, robot_type=robot_type,
                         task_id=task_id or f"{robot_id}-{uuid.uuid4().hex[:8]}", prompt_token_ids=prompt_ids,
-                        extra=extra)
+                        extra=extra, arrival=arrival, sent=sent)
 
-    # -- action / service --------------------------------------------------------------
-    def _submit(self, spec: TaskSpec) -> tuple[str, _Mailbox]:
-        box = _Mailbox(spec.robot_id, spec.robot_type)
-        with self._mail_lock:
-            if spec.task_id in self._mail:
-                raise GoalError(f"task_id: {spec.task_id!r} is already in use")
-            self._mail[spec.task_id] = box
-        try:
-            tid = self.core.submit(spec)
-        except ValueError as e:
-            with self._mail_lock:
-                self._mail.pop(spec.task_id, None)
-            raise GoalError(str(e)) from None
-        return tid, box
-
-    def _accept(self, task_id: str, robot_id: str, robot_type: str, task: str, tuf_msg) -> tuple[str, _Mailbox]:
-        """Validate and submit; every request, refused or not, is published on /plan_requests."""
-        req = TaskRequest(stamp=self.get_clock().now().to_msg(), task_id=task_id, robot_id=robot_id,
+    # -- accepting work -----------------------------------------------------------------
+    def _accept(self, task_id: str, robot_id: str, robot_type: str, task: str, tuf_msg, *,
+                arrival: float | None = None, stamp=None, handle=None, waiter=None) -> tuple[str, TaskResult | None]:
+        """Validate and submit, or join the open task of an identical retry. Returns (task id, its result if it
+        has already finished). Every request, refused or not, is published on /plan_requests."""
+        arrival = self.core.clock.now() if arrival is None else arrival
+        sent = self._bridge.to_core(stamp) if stamp is not None and (stamp.sec or stamp.nanosec) else None
+        req = TaskRequest(stamp=self._bridge.to_msg(arrival), task_id=task_id, robot_id=robot_id,
                           robot_type=robot_type, task=task, tuf=tuf_msg, accepted=False)
+        key = _request_key(robot_id, robot_type, task, tuf_msg)
         try:
-            spec = self._validate(task_id, robot_id, robot_type, task, tuf_msg)
-            req.task_id = spec.task_id
-            tid, box = self._submit(spec)
+            with self._open_lock:
+                joined = self._join(task_id, key, handle, waiter)
+                if joined is not None:
+                    return task_id, joined[1]
+                if self._engine_error is not None:
+                    raise GoalError(f"engine unavailable ({self._engine_error}); restarting, retry later")
+                if len(self._open) >= self._max_active:
+                    raise GoalError(f"planner at capacity: {len(self._open)} active tasks "
+                                    f"(max_active_tasks={self._max_active}); retry later")
+                spec = self._validate(task_id, robot_id, robot_type, task, tuf_msg, arrival=arrival, sent=sent)
+                req.task_id = spec.task_id
+                spec.meta["request_key"] = key
+                if self.core.task_status(spec.task_id) is not None:
+                    raise GoalError(f"task_id: {spec.task_id!r} is already in use")
+                self._segment_pub(robot_id)  # discovery starts now, before the first segment exists
+                self._open[spec.task_id] = _OpenTask(spec.task_id, robot_id, robot_type, key,
+                                                     [handle] if handle is not None else [],
+                                                     [waiter] if waiter is not None else [])
+                if self.journal is not None:
+                    self._jot("task_accepted", spec.task_id, robot_id, robot_type, _spec_record(spec, tuf_msg),
+                                               self._bridge.to_wall(arrival))
+            try:
+                tid = self.core.submit(spec)
+            except ValueError as e:
+                with self._open_lock:
+                    self._open.pop(spec.task_id, None)
+                raise GoalError(str(e)) from None
         except GoalError as e:
             req.error = str(e)
             self._requests.publish(req)
+            self.get_logger().warning(f"request from {robot_id!r} refused: {e}")
             raise
         req.accepted = True
         self._requests.publish(req)
-        return tid, box
+        return tid, None
 
-    def _execute(self, goal_handle) -> PlanTask.Result:
+    def _join(self, task_id: str, key: tuple, handle, waiter) -> tuple[str, TaskResult | None] | None:
+        """A repeated request (same task_id, same content) is answered with that task's state."""
+        if not task_id:
+            return None
+        op = self._open.get(task_id)
+        if op is not None:
+            if op.key != key:
+                raise GoalError(f"task_id: {task_id!r} is already in use by a different request")
+            if handle is not None:
+                op.handles.append(handle)
+            if waiter is not None:
+                op.waiters.append(waiter)
+            return task_id, None
+        res = self.core.result(task_id)
+        if res is not None:
+            if res.meta.get("request_key") != key:
+                raise GoalError(f"task_id: {task_id!r} is already in use by a different request")
+            return task_id, res
+        return None
+
+    def _accepted(self, goal_handle) -> None:
         g = goal_handle.request
+        with self._open_lock:
+            arrival = self._arrivals.pop(id(g), None)
         try:
-            tid, box = self._accept(g.task_id, g.robot_id, g.robot_type, g.task, g.tuf)
+            tid, done = self._accept(g.task_id, g.robot_id, g.robot_type, g.task, g.tuf, arrival=arrival,
+                                     stamp=g.stamp, handle=goal_handle)
         except GoalError as e:
-            self.get_logger().warning(f"goal from {g.robot_id!r} rejected: {e}")
-            goal_handle.abort()
-            return PlanTask.Result(status=PlanTask.Result.STATUS_REJECTED, message=str(e), task_id=g.task_id)
+            self._complete(goal_handle, PlanTask.Result(status=PlanTask.Result.STATUS_REJECTED, message=str(e),
+                                                        task_id=g.task_id), TaskStatus.FAILED)
+            return
         except Exception as e:  # noqa: BLE001 - the robot must hear why, whatever broke
             self.get_logger().error(f"goal from {g.robot_id!r} failed before planning: {e!r}")
-            goal_handle.abort()
-            return PlanTask.Result(status=PlanTask.Result.STATUS_FAILED, message=f"planner error: {e}",
-                                   task_id=g.task_id)
-        while True:
-            try:
-                kind, item = box.events.get(timeout=0.05)
-            except queue.Empty:
-                if goal_handle.is_cancel_requested:
-                    self.core.cancel(tid, "cancelled by the robot")
-                continue
-            if kind == "segment":
-                seg: Segment = item
-                goal_handle.publish_feedback(PlanTask.Feedback(
-                    segment=segment_msg(tid, box.robot_id, seg, self._bridge, self._skillset_id(box.robot_type)),
-                    utility_estimate=_utility_estimate(self.core, tid)))
-                continue
-            res: TaskResult = item
-            out = self._result_msg(res, box)
-            if res.status is TaskStatus.DONE:
-                goal_handle.succeed()
-            elif res.status is TaskStatus.CANCELLED and goal_handle.is_cancel_requested:
-                goal_handle.canceled()
+            self._complete(goal_handle, PlanTask.Result(status=PlanTask.Result.STATUS_FAILED,
+                                                        message=f"planner error: {e}", task_id=g.task_id),
+                           TaskStatus.FAILED)
+            return
+        if done is not None:  # a retry of a finished task: its result again
+            self._complete(goal_handle, self._result_msg(done), done.status)
+
+    def _complete(self, goal_handle, out: PlanTask.Result, status: TaskStatus) -> None:
+        """Finish a goal without having held a thread for it: rclpy runs this callback once, at once."""
+        def finish(h):
+            if status is TaskStatus.DONE:
+                h.succeed()
+            elif status is TaskStatus.CANCELLED and h.is_cancel_requested:
+                h.canceled()
             else:
-                goal_handle.abort()
+                h.abort()
             return out
+        try:
+            goal_handle.execute(finish)
+        except Exception as e:  # noqa: BLE001 - e.g. the client's goal already expired
+            self.get_logger().warning(f"could not complete goal of task {out.task_id!r}: {e!r}")
+
+    @staticmethod
+    def _execute_noop(goal_handle) -> PlanTask.Result:  # every goal is completed through _complete
+        goal_handle.abort()
+        return PlanTask.Result(status=PlanTask.Result.STATUS_FAILED, message="internal: goal executed twice")
+
+    def _cancel_cb(self, goal_handle) -> CancelResponse:
+        with self._open_lock:
+            tid = next((t for t, op in self._open.items() if goal_handle in op.handles), None)
+        if tid is None:
+            return CancelResponse.REJECT
+        self.core.cancel(tid, "cancelled by the robot")
+        return CancelResponse.ACCEPT
 
     def _plan_srv(self, req: Plan.Request, resp: Plan.Response) -> Plan.Response:
+        if not self._oneshot.acquire(blocking=False):
+            resp.status, resp.error = Plan.Response.STATUS_REJECTED, (
+                "planner busy: too many one-shot /plan calls in progress (max_oneshot_calls); "
+                "use the PlanTask action")
+            return resp
         try:
-            tid, box = self._accept("", req.robot_id, req.robot_type, req.task, req.tuf)
-        except GoalError as e:
-            resp.status, resp.error = Plan.Response.STATUS_REJECTED, str(e)
-            return resp
-        except Exception as e:  # noqa: BLE001
-            resp.status, resp.error = Plan.Response.STATUS_FAILED, f"planner error: {e}"
-            return resp
-        while True:
-            kind, item = box.events.get()
-            if kind == "result":
-                out = self._result_msg(item, box)
-                resp.status = Plan.Response.STATUS_OK if item.status is TaskStatus.DONE else Plan.Response.STATUS_FAILED
-                resp.error = "" if item.status is TaskStatus.DONE else out.message
-                resp.plan_text, resp.segments = out.plan_text, out.segments
+            box: queue.Queue = queue.Queue(maxsize=1)
+            try:
+                tid, done = self._accept("", req.robot_id, req.robot_type, req.task, req.tuf, waiter=box)
+            except GoalError as e:
+                resp.status, resp.error = Plan.Response.STATUS_REJECTED, str(e)
                 return resp
+            except Exception as e:  # noqa: BLE001
+                resp.status, resp.error = Plan.Response.STATUS_FAILED, f"planner error: {e}"
+                return resp
+            res: TaskResult = done or box.get()
+            out = self._result_msg(res)
+            ok = res.status is TaskStatus.DONE
+            resp.status = Plan.Response.STATUS_OK if ok else Plan.Response.STATUS_FAILED
+            resp.error = "" if ok else out.message
+            resp.plan_text, resp.segments = out.plan_text, out.segments
+            return resp
+        finally:
+            self._oneshot.release()
 
-    def _result_msg(self, res: TaskResult, box: _Mailbox) -> PlanTask.Result:
-        status = _status_code(res)
-        sid = self._skillset_id(box.robot_type)
-        waiting = _robot_waiting(res)
+    def _get_result_srv(self, req: GetPlanResult.Request, resp: GetPlanResult.Response) -> GetPlanResult.Response:
+        tid = req.task_id
+        res = self.core.result(tid)
+        if res is not None:
+            resp.state, resp.result = GetPlanResult.Response.STATE_DONE, self._plan_result_msg(res)
+        elif self.core.task_status(tid) is not None:
+            resp.state = GetPlanResult.Response.STATE_ACTIVE
+            resp.result = PlanResult(task_id=tid, response_time_from_send=math.nan, utility=math.nan)
+        elif self.journal is not None and (rec := self.journal.result(tid)) is not None:
+            resp.state, resp.result = GetPlanResult.Response.STATE_DONE, _plan_result_from_record(rec)
+        else:
+            resp.state = GetPlanResult.Response.STATE_UNKNOWN
+            resp.result = PlanResult(task_id=tid, response_time_from_send=math.nan, utility=math.nan)
+        return resp
+
+    # -- messages ---------------------------------------------------------------------------
+    def _result_msg(self, res: TaskResult) -> PlanTask.Result:
+        sid = self._skillset_id(res.robot_type)
         return PlanTask.Result(
-            status=status, message=res.reason or res.status.value, task_id=res.task_id, plan_text=res.plan,
+            status=_status_code(res), message=res.reason or res.status.value, task_id=res.task_id,
+            plan_text=res.plan,
             segments=[segment_msg(res.task_id, res.robot_id, s, self._bridge, sid) for s in res.segments],
             response_time=duration_msg(res.response_time if res.response_time is not None else 0.0),
-            robot_waiting_time=duration_msg(waiting),
-            utility=res.utility if res.utility is not None else float("nan"))
+            response_time_from_send=_nan_if_none(res.response_time_from_send),
+            robot_waiting_time=duration_msg(_robot_waiting(res)), utility=_nan_if_none(res.utility))
 
-    # -- core callbacks (engine thread) ----------------------------------------------------
+    def _plan_result_msg(self, res: TaskResult) -> PlanResult:
+        return PlanResult(
+            stamp=self.get_clock().now().to_msg(), task_id=res.task_id, robot_id=res.robot_id,
+            status=_status_code(res), message=res.reason or res.status.value, plan_text=res.plan,
+            num_segments=len(res.segments), response_time=duration_msg(res.response_time or 0.0),
+            response_time_from_send=_nan_if_none(res.response_time_from_send), utility=_nan_if_none(res.utility))
+
+    # -- core callbacks (engine thread, or a report's thread) ------------------------------------
     def _on_segment(self, res: TaskResult, seg: Segment) -> None:
-        box = self._mail.get(res.task_id)
-        robot_type = box.robot_type if box else "drone"
+        with self._open_lock:
+            op = self._open.get(res.task_id)
+            handles = list(op.handles) if op is not None else []
+        robot_type = op.robot_type if op else res.robot_type
         msg = segment_msg(res.task_id, res.robot_id, seg, self._bridge, self._skillset_id(robot_type))
-        self._segment_pub(res.robot_id).publish(msg)
+        if op is not None:
+            op.sent = max(op.sent, seg.index + 1)
+            op.final_sent = op.final_sent or msg.is_final
+        if self.journal is not None:
+            self._jot("segment_sent", res.task_id, seg.index, seg.text, list(seg.token_ids), msg.is_final,
+                                      self._bridge.to_wall(seg.dispatch), seg.est_exec_s)
+        self.delivery.send(res.robot_id, msg, time.monotonic())
         self._all_segments.publish(msg)  # fleet-wide copy for recorders and the exec-time node
-        if box is not None:
-            box.events.put(("segment", seg))
+        fb = PlanTask.Feedback(segment=msg, utility_estimate=math.nan)
+        for h in handles:
+            h.publish_feedback(fb)
 
     def _on_result(self, res: TaskResult) -> None:
-        with self._mail_lock:
-            box = self._mail.pop(res.task_id, None)
-        status = _status_code(res)
-        self._results.publish(PlanResult(
-            stamp=self.get_clock().now().to_msg(), task_id=res.task_id, robot_id=res.robot_id, status=status,
-            message=res.reason or res.status.value, plan_text=res.plan, num_segments=len(res.segments),
-            response_time=duration_msg(res.response_time or 0.0),
-            utility=res.utility if res.utility is not None else float("nan")))
-        if box is not None:
-            box.events.put(("result", res))
+        with self._open_lock:
+            op = self._open.pop(res.task_id, None)
+        if op is not None and op.sent and not op.final_sent:
+            # The robot's topic carries the end of the plan itself: a marker after the last segment sent.
+            marker = PlanSegment(task_id=res.task_id, robot_id=res.robot_id, segment_index=op.sent, text="",
+                                 is_final=True, stamp_generated=self.get_clock().now().to_msg())
+            if self.journal is not None:
+                self._jot("end_marker_sent", res.task_id, op.sent)
+            self.delivery.send(res.robot_id, marker, time.monotonic())
+        if self.journal is not None:
+            self._jot("task_finished", res.task_id, res.status.value, _result_record(res), time.time())
+        self._results.publish(self._plan_result_msg(res))
+        if op is None:
+            return  # a revision (late robot failure) or a restored task: /plan_results carries it
+        out = self._result_msg(res)
+        for h in op.handles:
+            self._complete(h, out, res.status)
+        for w in op.waiters:
+            w.put(res)
+
+    def _publish_to_robot(self, robot_id: str, msg: PlanSegment) -> None:
+        self._segment_pub(robot_id).publish(msg)
 
     def _segment_pub(self, robot_id: str):
         with self._pub_lock:
             pub = self._seg_pubs.get(robot_id)
             if pub is None:
-                pub = self._seg_pubs[robot_id] = self.create_publisher(PlanSegment, segment_topic(robot_id), RELIABLE)
+                pub = self._seg_pubs[robot_id] = self.create_publisher(
+                    PlanSegment, topics.segment_topic(robot_id), topics.RELIABLE)
             return pub
 
     def _skillset_id(self, robot_type: str) -> str:
@@ -356,15 +550,72 @@ class PlannerNode(Node):
     def _segment_done(self, msg: SegmentDone) -> None:
         start = self._bridge.to_core(msg.start) if (msg.start.sec or msg.start.nanosec) else None
         finish = self._bridge.to_core(msg.finish) if (msg.finish.sec or msg.finish.nanosec) else None
+        # A report implies receipt (its ack may have been lost).
+        self.delivery.ack(msg.task_id, msg.segment_index)
         self.core.report_segment_done(msg.task_id, msg.segment_index, finish, msg.success, msg.error, start)
+        if self.journal is not None:
+            self._jot("segment_reported", msg.task_id, msg.segment_index, msg.success,
+                                          time_s(msg.start) or None, time_s(msg.finish) or None, msg.error)
+
+    def _jot(self, what: str, *args) -> None:
+        """Journal write: a failure is logged loudly but never stops a segment or result from going out."""
+        try:
+            getattr(self.journal, what)(*args)
+        except Exception as e:  # noqa: BLE001
+            self.get_logger().error(f"journal {what}{args[:2]} failed: {e!r}")
+
+    def _segment_ack(self, msg: SegmentAck) -> None:
+        if self.delivery.ack(msg.task_id, msg.segment_index) and self.journal is not None:
+            self._jot("segment_acked", msg.task_id, msg.segment_index)
+
+    def _housekeeping(self) -> None:
+        for tid, index, robot_id in self.delivery.due(time.monotonic()):
+            self.get_logger().error(f"{robot_id} never acknowledged segment {index} of {tid}")
+            self.core.robot_failed(tid, f"robot {robot_id} never acknowledged segment {index} within "
+                                        f"{self.delivery.give_up_s:g} s")
+        for tid in self.core.expire_silent():
+            self.get_logger().error(f"task {tid}: robot silent, ended ROBOT_FAILED")
+        now = time.monotonic()
+        if self.journal is not None and now >= self._next_prune:
+            self._next_prune = now + 30.0
+            cfg = self.core.cfg
+            self._jot("prune", cfg.keep_results_s, cfg.keep_results_max, time.time())
 
     # -- engine loop ------------------------------------------------------------------------------
     def _engine_loop(self) -> None:
-        try:
-            self.core.serve_forever(self._stop)
-        except Exception as e:  # noqa: BLE001 - every accepted task must still get an answer
-            self.get_logger().error(f"engine loop crashed: {e!r}; failing all tasks")
-            self.fail_all(f"planner engine failure: {e}")
+        backoff = self._restart_backoff
+        while not self._stop.is_set():
+            try:
+                self.core.serve_forever(self._stop)
+                return
+            except Exception as e:  # noqa: BLE001 - every accepted task must still get an answer
+                with self._open_lock:
+                    self._engine_error = f"engine failure: {e!r}"
+                self.get_logger().error(f"engine loop crashed: {e!r}; failing every open task, rebuilding the engine")
+                n = self.core.fail_all(f"planner engine failure: {e!r}")
+                self.get_logger().error(f"{n} open tasks ended FAILED")
+            while not self._stop.wait(backoff):
+                try:
+                    engine = self._engine_factory()
+                    self.core.fail_all("planner engine failure (task accepted during the restart)")
+                    self.core.replace_engine(engine)
+                    self.engine = self._prompts.engine = engine
+                except Exception as e:  # noqa: BLE001
+                    backoff = min(backoff * 2, 30.0)
+                    self.get_logger().error(f"engine restart failed: {e!r}; next try in {backoff:g} s")
+                    continue
+                with self._open_lock:
+                    self._engine_error = None
+                self.engine_restarts += 1
+                backoff = self._restart_backoff
+                self.get_logger().warning(f"engine restarted ({self.engine_restarts}); serving again")
+                break
+
+    def _reuse_engine(self) -> Any:
+        """Restart for an engine handed in without a factory: drop whatever it still holds."""
+        for gid in list(self.engine.running_ids()):
+            self.engine.abort(gid)
+        return self.engine
 
     def _publish_engine_state(self) -> None:
         try:
@@ -378,29 +629,127 @@ class PlannerNode(Node):
             max_batch=st.max_batch, tokens_per_second=float(st.tokens_per_s), step_time_s=float(st.step_time_s),
             kv_cache_usage=float(st.kv_cache_usage)))
 
+    # -- journal recovery --------------------------------------------------------------------------
+    def _recover(self) -> None:
+        """Resume what a killed planner left: re-open unfinished tasks, re-send unacknowledged segments."""
+        from timelyllm_ros.msg import TimeUtility as TimeUtilityMsg
+
+        now_wall = time.time()
+        resumed = ended = 0
+        for jt in self.journal.unfinished():
+            s = jt.spec
+            tuf_msg = TimeUtilityMsg(level=s["tuf"]["level"], alpha=s["tuf"]["alpha"], beta=s["tuf"]["beta"],
+                                     ert=s["tuf"]["ert"])
+            arrival = self._bridge.to_core_s(jt.arrival_wall)
+            sent = self._bridge.to_core_s(s["sent_wall"]) if s.get("sent_wall") else None
+            try:
+                spec = self._validate(jt.task_id, jt.robot_id, jt.robot_type, s["task"], tuf_msg, arrival=arrival,
+                                      sent=sent)
+            except GoalError as e:
+                self.journal.task_finished(jt.task_id, TaskStatus.FAILED.value,
+                                           {"status": TaskStatus.FAILED.value, "message": f"after restart: {e}",
+                                            "robot_id": jt.robot_id}, now_wall)
+                ended += 1
+                continue
+            segs = []
+            for js in jt.segments:
+                if js.marker:
+                    continue
+                seg = Segment(index=js.index, text=js.text, token_ids=list(js.token_ids),
+                              calls=self.core.hooks.parse(jt.robot_type, js.text),
+                              gen_start=self._bridge.to_core_s(js.dispatch_wall),
+                              ready=self._bridge.to_core_s(js.dispatch_wall),
+                              dispatch=self._bridge.to_core_s(js.dispatch_wall), est_exec_s=js.est_exec_s,
+                              final=js.is_final)
+                seg.pred_start = seg.dispatch + self.core.cfg.comm_s
+                if segs and segs[-1].end is not None:
+                    seg.pred_start = max(seg.pred_start, segs[-1].end)
+                seg.pred_end = seg.pred_start + seg.est_exec_s
+                if js.reported:
+                    seg.real_end, seg.success, seg.error = (self._bridge.to_core_s(js.finish_wall)
+                                                            if js.finish_wall else seg.pred_end), js.success, js.error
+                segs.append(seg)
+            marker = any(js.marker for js in jt.segments)
+            key = _request_key(jt.robot_id, jt.robot_type, s["task"], tuf_msg)
+            with self._open_lock:
+                self._open[jt.task_id] = _OpenTask(jt.task_id, jt.robot_id, jt.robot_type, key, [], [],
+                                                   sent=len(segs), final_sent=marker or any(x.final for x in segs))
+            self._segment_pub(jt.robot_id)
+            if not segs and spec.tuf.tuf0(self.core.clock.now() - arrival) < 0:
+                with self._open_lock:
+                    self._open.pop(jt.task_id, None)
+                res_rec = {"status": TaskStatus.REJECTED.value, "robot_id": jt.robot_id,
+                           "message": "planner restarted after the task's utility cutoff; nothing was sent"}
+                self.journal.task_finished(jt.task_id, TaskStatus.REJECTED.value, res_rec, now_wall)
+                self._results.publish(_plan_result_from_record({"task_id": jt.task_id, **res_rec}))
+                ended += 1
+                continue
+            spec.meta["request_key"] = key
+            self.core.restore(spec, segs, final=marker)
+            resumed += 1
+        for tid, robot_id, js in self.journal.unacked():
+            msg = PlanSegment(task_id=tid, robot_id=robot_id, segment_index=js.index, text=js.text,
+                              is_final=bool(js.is_final or js.marker))
+            if not js.marker:
+                rt = self._open[tid].robot_type if tid in self._open else "drone"
+                calls = self.core.hooks.parse(rt, js.text)
+                from timelyllm_ros.ros.convert import skill_call_msg
+
+                msg.skills = [skill_call_msg(c, self._skillset_id(rt)) for c in calls]
+                msg.predicted_execution = duration_msg(js.est_exec_s)
+            self.delivery.send(robot_id, msg, time.monotonic())
+        if resumed or ended:
+            self.get_logger().warning(f"journal: resumed {resumed} unfinished tasks, ended {ended}")
+
+    # -- shutdown ------------------------------------------------------------------------------------
     def fail_all(self, reason: str) -> None:
-        """Answer every open task (shutdown or engine failure): nothing is left hanging."""
-        with self._mail_lock:
-            open_ids = list(self._mail)
-        for tid in open_ids:
-            self.core.cancel(tid, reason)
+        """Answer every open task (shutdown): nothing is left hanging."""
+        self.core.fail_all(reason, TaskStatus.CANCELLED)
 
     def shutdown(self) -> None:
-        self.fail_all("planner shutting down")
-        # The engine thread may be inside a step: give it time to deliver the results.
-        deadline = time.monotonic() + 5.0
-        while self._mail and time.monotonic() < deadline:
-            self.core.wake.set()
-            time.sleep(0.02)
         self._stop.set()
         self.core.wake.set()
         self._thread.join(timeout=10)
-        with self._mail_lock:  # last resort: the engine thread is gone
-            leftovers = list(self._mail.items())
-            self._mail.clear()
-        for tid, box in leftovers:
-            box.events.put(("result", TaskResult(tid, box.robot_id, TaskStatus.CANCELLED, "", [], None, None,
-                                                 "planner shutting down")))
+        self.fail_all("planner shutting down")
+        with self._open_lock:  # last resort: anything the core no longer knows
+            leftovers = list(self._open.values())
+            self._open.clear()
+        for op in leftovers:
+            res = TaskResult(op.task_id, op.robot_id, TaskStatus.CANCELLED, "", [], None, None,
+                             "planner shutting down", robot_type=op.robot_type)
+            for h in op.handles:
+                self._complete(h, self._result_msg(res), res.status)
+            for w in op.waiters:
+                w.put(res)
+        if self.journal is not None:
+            self.journal.close()
+
+
+def _nan_if_none(x: float | None) -> float:
+    return float(x) if x is not None else math.nan
+
+
+def _spec_record(spec: TaskSpec, tuf_msg) -> dict:
+    return {"task": spec.prompt, "tuf": {"level": tuf_msg.level, "alpha": spec.tuf.alpha, "beta": spec.tuf.beta,
+                                         "ert": spec.tuf.ert},
+            "sent_wall": (spec.sent + ClockBridge().offset) if spec.sent is not None else None}
+
+
+def _result_record(res: TaskResult) -> dict:
+    return {"task_id": res.task_id, "robot_id": res.robot_id, "status": res.status.value, "message": res.reason,
+            "plan_text": res.plan, "num_segments": len(res.segments), "response_time": res.response_time,
+            "response_time_from_send": res.response_time_from_send, "utility": res.utility}
+
+
+def _plan_result_from_record(rec: dict) -> PlanResult:
+    status = CORE_FROM_NAME.get(rec.get("status", ""), TaskStatus.FAILED)
+    return PlanResult(task_id=rec.get("task_id", ""), robot_id=rec.get("robot_id", ""),
+                      status=STATUS_FROM_CORE.get(status, PlanTask.Result.STATUS_FAILED),
+                      message=rec.get("message") or status.value, plan_text=rec.get("plan_text", ""),
+                      num_segments=int(rec.get("num_segments", 0)),
+                      response_time=duration_msg(rec.get("response_time") or 0.0),
+                      response_time_from_send=_nan_if_none(rec.get("response_time_from_send")),
+                      utility=_nan_if_none(rec.get("utility")))
 
 
 class SchedulerNode(Node):
@@ -534,8 +883,8 @@ def build_planner(parameter_overrides: list[Parameter] | None = None, engine: An
 
 def main(args: list[str] | None = None) -> int:
     # Parameters come from `--ros-args --params-file config/fleet_demo.yaml -p policy:=fcfs` as usual.
-    # Goal threads block on their mailbox: many executor threads.
-    return run_nodes(lambda: build_planner()[::-1], args, num_threads=32,
+    # No callback blocks for long except the bounded one-shot /plan calls (max_oneshot_calls).
+    return run_nodes(lambda: build_planner()[::-1], args, num_threads=16,
                      before_destroy=lambda nodes: nodes[-1].shutdown())
 
 

@@ -19,7 +19,7 @@ from std_msgs.msg import Header
 from trajectory_msgs.msg import JointTrajectory
 
 from timelyllm_ros.ros.arm_executor_node import status_topic, trajectory_topic
-from timelyllm_ros.ros.planner_node import RELIABLE
+from timelyllm_ros.ros.topics import RELIABLE
 from timelyllm_ros.ros.spin import run_nodes
 
 

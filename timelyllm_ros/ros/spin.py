@@ -28,6 +28,10 @@ def run_nodes(build: Callable[[], Sequence[Node]], args: list[str] | None = None
     finally:
         if before_destroy is not None and nodes:
             before_destroy(nodes)
+            # What before_destroy queued on the executor (e.g. final action results) still goes out.
+            for _ in range(20):
+                if rclpy.ok():
+                    ex.spin_once(timeout_sec=0.05)
         ex.shutdown(timeout_sec=5)
         for n in reversed(nodes):
             n.destroy_node()

@@ -1,0 +1,81 @@
+"""At-least-once segment transport with acknowledgements (the planner's half of the delivery contract).
+
+Every segment (and end-of-plan marker) handed to a robot stays here until the
+robot's executor acknowledges it on ``/segment_acks``; until then it is
+re-sent with exponential backoff. The executor drops duplicates by
+(task_id, segment_index), so at-least-once sending gives exactly-once
+execution. Why not TRANSIENT_LOCAL on the robot topics: a history cache
+would hand a *restarted* executor old plans, and it still cannot say whether
+a segment arrived; acknowledgements can.
+
+Pure Python (no rclpy): the node passes a ``send`` callable and calls
+:meth:`due` from a timer.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class _Pending:
+    robot_id: str
+    msg: Any  # PlanSegment
+    first_sent: float
+    next_send: float
+    period: float
+    sends: int = 1
+
+
+class SegmentDelivery:
+    """Unacknowledged segments by (task_id, segment_index); bounded by what is in flight."""
+
+    def __init__(self, send: Callable[[str, Any], None], *, period_s: float = 0.2, max_period_s: float = 1.0,
+                 give_up_s: float = 30.0) -> None:
+        if not (0 < period_s <= max_period_s) or give_up_s <= 0:
+            raise ValueError("SegmentDelivery: need 0 < period_s <= max_period_s and give_up_s > 0")
+        self._send = send
+        self.period_s, self.max_period_s, self.give_up_s = period_s, max_period_s, give_up_s
+        self._pending: dict[tuple[str, int], _Pending] = {}
+        self._lock = threading.Lock()
+        self.resends = 0  # total re-sends (telemetry)
+
+    def send(self, robot_id: str, msg: Any, now: float) -> None:
+        """Send now and keep re-sending until :meth:`ack`."""
+        with self._lock:
+            self._pending[(msg.task_id, int(msg.segment_index))] = _Pending(
+                robot_id, msg, now, now + self.period_s, self.period_s)
+        self._send(robot_id, msg)
+
+    def ack(self, task_id: str, index: int) -> bool:
+        """The robot has it; False if it was not pending (a duplicate ack)."""
+        with self._lock:
+            return self._pending.pop((task_id, int(index)), None) is not None
+
+    def due(self, now: float) -> list[tuple[str, int, str]]:
+        """Re-send what is due; returns (task_id, index, robot_id) of segments given up on (never acknowledged
+        within ``give_up_s``): the caller ends those tasks as robot failures."""
+        resend, lost = [], []
+        with self._lock:
+            for key, p in list(self._pending.items()):
+                if now - p.first_sent > self.give_up_s:
+                    del self._pending[key]
+                    lost.append((key[0], key[1], p.robot_id))
+                elif now >= p.next_send:
+                    p.period = min(p.period * 2, self.max_period_s)
+                    p.next_send = now + p.period
+                    p.sends += 1
+                    resend.append((p.robot_id, p.msg))
+            self.resends += len(resend)
+        for robot_id, msg in resend:
+            self._send(robot_id, msg)
+        return lost
+
+    def pending(self, task_id: str | None = None) -> int:
+        with self._lock:
+            if task_id is None:
+                return len(self._pending)
+            return sum(1 for k in self._pending if k[0] == task_id)

@@ -1,0 +1,44 @@
+"""Topic names and QoS profiles: the one module every node imports (executors never import the planner).
+
+Delivery contract (README, "Delivery guarantees"): segments travel RELIABLE
+and VOLATILE on ``/<robot_id>/plan_segments``; the executor acknowledges each
+one on ``/segment_acks`` and the planner re-sends it until it is
+acknowledged, so a subscription that matches late, a dropped packet or a
+restarted planner loses nothing. Executors drop duplicates by
+(task_id, segment_index). VOLATILE (not TRANSIENT_LOCAL) on purpose: a
+restarted executor must not be handed old plans from a history cache.
+"""
+
+from __future__ import annotations
+
+from rclpy.qos import QoSDurabilityPolicy, QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
+
+RELIABLE = QoSProfile(depth=50, reliability=QoSReliabilityPolicy.RELIABLE, history=QoSHistoryPolicy.KEEP_LAST)
+# Robot reports and acknowledgements: a burst of 1000 goals must not overflow a history.
+REPORTS = QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE, history=QoSHistoryPolicy.KEEP_LAST)
+TELEMETRY = QoSProfile(depth=5, reliability=QoSReliabilityPolicy.BEST_EFFORT, history=QoSHistoryPolicy.KEEP_LAST)
+LATCHED = QoSProfile(depth=1, reliability=QoSReliabilityPolicy.RELIABLE,
+                     durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
+# How tasks ended: a client whose action connection broke (or a planner that restarted) can still
+# read its result; late-joining TRANSIENT_LOCAL subscribers get the recent ones.
+RESULTS_QOS = QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE, history=QoSHistoryPolicy.KEEP_LAST,
+                         durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
+
+PLAN_TASK_ACTION = "/plan_task"
+PLAN_SERVICE = "/plan"
+GET_PLAN_RESULT_SERVICE = "/get_plan_result"
+ALL_SEGMENTS = "/plan_segments"
+SEGMENT_DONE = "/segment_done"
+SEGMENT_ACKS = "/segment_acks"
+PLAN_REQUESTS = "/plan_requests"
+PLAN_RESULTS = "/plan_results"
+
+
+def segment_topic(robot_id: str) -> str:
+    """Per-robot segment topic: /<robot_id>/plan_segments."""
+    return f"/{robot_id}/plan_segments"
+
+
+def is_end_marker(text: str, is_final: bool) -> bool:
+    """An end-of-plan marker: is_final with no text (the plan ended after the previous segment)."""
+    return is_final and not text

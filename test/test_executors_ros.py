@@ -1,7 +1,9 @@
-"""Executor nodes over real DDS: emulated Tello fleet, emergency stop, preemption, arm + simulated controller."""
+"""Executor nodes over real DDS: emulated Tello fleet, emergency stop, preemption, arm + simulated controller,
+and the delivery contract (acks, duplicates, reordering, end markers) of the executors and the simulated fleet."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -12,9 +14,10 @@ from timelyllm_ros.executors.netns import netns_unavailable_reason
 rclpy = pytest.importorskip("rclpy")
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from std_srvs.srv import Trigger  # noqa: E402
+from waiting import wait_until  # noqa: E402
 
-from timelyllm_ros.msg import PlanSegment, SegmentDone  # noqa: E402
-from timelyllm_ros.ros.planner_node import RELIABLE, segment_topic  # noqa: E402
+from timelyllm_ros.msg import PlanSegment, SegmentAck, SegmentDone  # noqa: E402
+from timelyllm_ros.ros.topics import RELIABLE, REPORTS, SEGMENT_ACKS, segment_topic  # noqa: E402
 
 pytestmark = pytest.mark.ros
 _WHY = netns_unavailable_reason()
@@ -31,6 +34,8 @@ class Planner:
         self.pubs = {r: self.node.create_publisher(PlanSegment, segment_topic(r), RELIABLE) for r in robots}
         self.done: list[SegmentDone] = []
         self.node.create_subscription(SegmentDone, "/segment_done", self.done.append, RELIABLE)
+        self.acks: list[SegmentAck] = []
+        self.node.create_subscription(SegmentAck, SEGMENT_ACKS, self.acks.append, REPORTS)
         self.ex = MultiThreadedExecutor(num_threads=2, context=self.ctx)
         self.ex.add_node(self.node)
         for n in extra_nodes:
@@ -234,3 +239,205 @@ def test_arm_executor_drives_the_simulated_controller_and_stops_on_emergency():
             n.destroy_node()
         rclpy.shutdown(context=ctx)
         spin.join(timeout=5)
+
+
+# -- delivery contract: acks, duplicates, reordering, end markers (no network namespaces needed) -------------------
+
+class _Runner:
+    """A robot that records what it ran; ``slow`` blocks until ``gate`` is set or the robot is stopped."""
+
+    def __init__(self) -> None:
+        from timelyllm_ros.executors.base import StopSignal
+
+        self.stop = StopSignal()
+        self.ran: list[str] = []
+        self.begun: list[str] = []
+        self.gate = threading.Event()
+        self.in_slow = threading.Event()
+
+    def begin_task(self, task_id: str) -> None:
+        self.begun.append(task_id)
+
+    def run(self, text: str) -> str:
+        self.ran.append(text)
+        if text == "slow":
+            self.in_slow.set()
+            end = time.monotonic() + 60  # bounded: a broken test must not hang
+            while not self.gate.wait(0.01) and time.monotonic() < end:
+                self.stop.check()
+        self.stop.check()
+        return "ok"
+
+    def halt(self) -> None:
+        pass
+
+    def emergency(self) -> str:
+        return "stopped"
+
+
+@contextlib.contextmanager
+def _robot(robot_id: str, reorder_timeout_s: float | None = None):
+    """A RobotExecutorNode with a recording runner, spun in its own context, and a Planner stand-in."""
+    from rclpy.parameter import Parameter
+
+    from timelyllm_ros.ros.executor_base import RobotExecutorNode
+
+    class FakeExecutor(RobotExecutorNode):
+        def __init__(self, **kw) -> None:
+            super().__init__(robot_id, "fake_executor", **kw)
+            self.runner = _Runner()
+            self.start_executor()
+
+    ctx = rclpy.Context()
+    rclpy.init(context=ctx)
+    over = [] if reorder_timeout_s is None else [Parameter("reorder_timeout_s", value=reorder_timeout_s)]
+    node = FakeExecutor(context=ctx, parameter_overrides=over)
+    ex = MultiThreadedExecutor(num_threads=2, context=ctx)
+    ex.add_node(node)
+    spin = threading.Thread(target=ex.spin, daemon=True)
+    spin.start()
+    planner = None
+    try:
+        planner = Planner([robot_id])
+        yield node, planner
+    finally:
+        node.runner.gate.set()
+        if planner is not None:
+            planner.close()
+        ex.shutdown(timeout_sec=5)
+        node.destroy_node()
+        rclpy.shutdown(context=ctx)
+        spin.join(timeout=5)
+
+
+def _acked(planner: Planner, n: int) -> None:
+    assert wait_until(lambda: len(planner.acks) >= n, timeout=20), [(a.task_id, a.segment_index) for a in planner.acks]
+
+
+def _done_of(planner: Planner, task: str) -> list[tuple[int, bool, str]]:
+    return [(d.segment_index, d.success, d.error) for d in planner.done if d.task_id == task]
+
+
+def test_executor_acks_every_copy_runs_each_segment_once_in_index_order_and_an_end_marker_closes_the_task():
+    with _robot("bot_d") as (node, planner):
+        sent = [(2, "c", False), (0, "a", False), (0, "a", False), (1, "b", False), (2, "c", False),
+                (3, "", True), (3, "", True), (1, "b", False)]  # 3: end marker (the plan ended after 2)
+        for i, text, final in sent:
+            planner.send("bot_d", "t-dup", i, text, final=final)
+        _acked(planner, len(sent))
+        planner.wait_done(3, task="t-dup")
+        # the marker closed the task: segment 0 of a new task starts it without preempting anything
+        planner.send("bot_d", "t-next", 0, "d", final=True)
+        planner.wait_done(1, task="t-next")
+        _acked(planner, len(sent) + 1)
+        assert node.runner.ran == ["a", "b", "c", "d"]
+        assert _done_of(planner, "t-dup") == [(0, True, ""), (1, True, ""), (2, True, "")]  # once each, no marker
+        assert _done_of(planner, "t-next") == [(0, True, "")]
+        acks = [(a.task_id, a.segment_index) for a in planner.acks]
+        assert sorted(acks) == sorted([("t-dup", i) for i, _, _ in sent] + [("t-next", 0)])
+        assert all(a.robot_id == "bot_d" and (a.stamp.sec, a.stamp.nanosec) > (0, 0) for a in planner.acks)
+
+
+def test_a_late_or_duplicate_segment_of_an_old_task_never_preempts_nor_restarts_anything():
+    with _robot("bot_l") as (node, planner):
+        planner.send("bot_l", "old", 0, "a", final=True)
+        planner.wait_done(1, task="old")
+        planner.send("bot_l", "cur", 0, "slow")
+        assert node.runner.in_slow.wait(20)
+        planner.send("bot_l", "old", 0, "a", final=True)  # re-sent: a duplicate
+        planner.send("bot_l", "old", 1, "x")  # after the old plan's end: refused, preempts nothing
+        planner.send("bot_l", "cur", 0, "slow")  # duplicate of the running segment: no restart
+        assert wait_until(lambda: len(_done_of(planner, "old")) >= 2, timeout=20), planner.done
+        _acked(planner, 5)
+        node.runner.gate.set()
+        planner.send("bot_l", "cur", 1, "", final=True)
+        planner.wait_done(1, task="cur")
+        _acked(planner, 6)
+        assert node.runner.ran == ["a", "slow"] and node.runner.begun == ["old", "cur"]
+        old = _done_of(planner, "old")
+        assert old[0] == (0, True, "") and len(old) == 2
+        assert old[1][:2] == (1, False) and "after the end of its plan" in old[1][2]
+        assert _done_of(planner, "cur") == [(0, True, "")]
+
+
+def test_segments_of_a_task_whose_segment_zero_never_arrives_are_refused_after_reorder_timeout_s():
+    with _robot("bot_z", reorder_timeout_s=0.5) as (node, planner):
+        planner.send("bot_z", "t-z", 2, "c")
+        planner.send("bot_z", "t-z", 1, "b")
+        planner.send("bot_z", "t-z", 3, "", final=True)  # end marker: acknowledged, never reported
+        done = planner.wait_done(2, task="t-z")
+        planner.send("bot_z", "t-z", 0, "a")  # too late: refused, never run
+        planner.send("bot_z", "t-ok", 0, "d", final=True)  # an unrelated task still runs
+        planner.wait_done(3, task="t-z")
+        planner.wait_done(1, task="t-ok")
+        _acked(planner, 5)
+        why = "segment 0 of task t-z never arrived within 0.5 s"
+        assert sorted((d.segment_index, d.success, d.error) for d in done) == [(1, False, why), (2, False, why)]
+        assert sorted(_done_of(planner, "t-z")) == [(0, False, why), (1, False, why), (2, False, why)]
+        assert node.runner.ran == ["d"]
+
+
+def test_reorder_timeout_s_must_be_positive():
+    from rclpy.parameter import Parameter
+
+    from timelyllm_ros.ros.executor_base import RobotExecutorNode
+    from timelyllm_ros.ros.sim_fleet_node import SimFleetNode
+
+    ctx = rclpy.Context()
+    rclpy.init(context=ctx)
+    try:
+        for make in (lambda o: RobotExecutorNode("bot_bad", "fake_executor", context=ctx, parameter_overrides=o),
+                     lambda o: SimFleetNode(context=ctx, parameter_overrides=o)):
+            with pytest.raises(ValueError, match="parameter reorder_timeout_s: must be > 0"):
+                make([Parameter("reorder_timeout_s", value=0.0)])
+    finally:
+        rclpy.shutdown(context=ctx)
+
+
+def test_sim_fleet_dedups_reorders_and_acks_and_a_silent_robot_acks_without_reporting():
+    from rclpy.parameter import Parameter
+
+    from timelyllm_ros.ros.sim_fleet_node import SimFleetNode
+
+    ctx = rclpy.Context()
+    rclpy.init(context=ctx)
+    fleet = SimFleetNode(context=ctx, parameter_overrides=[
+        Parameter("robots", value=["sim_a", "sim_mute"]), Parameter("silent_robots", value=["sim_mute"]),
+        Parameter("time_scale", value=0.01), Parameter("reorder_timeout_s", value=0.5)])
+    ex = MultiThreadedExecutor(num_threads=2, context=ctx)
+    ex.add_node(fleet)
+    spin = threading.Thread(target=ex.spin, daemon=True)
+    spin.start()
+    planner = Planner(["sim_a", "sim_mute"])
+    try:
+        sent = [(1, "tc(90);", False), (0, "mf(20);", False), (0, "mf(20);", False), (2, "", True),
+                (1, "tc(90);", False), (2, "", True)]
+        for i, text, final in sent:
+            planner.send("sim_a", "s-a", i, text, final=final)
+        planner.send("sim_mute", "s-m", 0, "mf(20);", final=True)
+        planner.send("sim_mute", "s-m", 0, "mf(20);", final=True)
+        planner.send("sim_a", "s-z", 1, "mf(20);")  # segment 0 never comes: refused after the timeout
+        _acked(planner, len(sent) + 3)
+        planner.wait_done(2, task="s-a")
+        planner.wait_done(1, task="s-z")
+        mute = fleet.robots["sim_mute"]
+        assert wait_until(lambda: len(mute.executed) == 1 and mute.busy_until is None, timeout=20)
+        planner.send("sim_a", "s-end", 0, "mf(20);", final=True)  # reported after anything the mute one did
+        planner.wait_done(1, task="s-end")
+    finally:
+        planner.close()
+        ex.shutdown(timeout_sec=5)
+        fleet.destroy_node()
+        rclpy.shutdown(context=ctx)
+        spin.join(timeout=5)
+    assert _done_of(planner, "s-a") == [(0, True, ""), (1, True, "")]  # once each, in order, no marker
+    starts = [(d.start.sec, d.start.nanosec) for d in planner.done if d.task_id == "s-a"]
+    assert starts == sorted(starts)
+    assert [e[:3] for e in fleet.robots["sim_a"].executed] == [
+        ["s-a", 0, "mf(20);"], ["s-a", 1, "tc(90);"], ["s-end", 0, "mf(20);"]]
+    assert _done_of(planner, "s-z") == [(1, False, "segment 0 of task s-z never arrived within 0.5 s")]
+    assert not [d for d in planner.done if d.robot_id == "sim_mute"]  # silent: never reports
+    acks = sorted((a.robot_id, a.task_id, a.segment_index) for a in planner.acks)
+    assert acks == sorted([("sim_a", "s-a", i) for i, _, _ in sent] + [("sim_mute", "s-m", 0)] * 2
+                          + [("sim_a", "s-z", 1), ("sim_a", "s-end", 0)])
+    assert [e[:2] for e in mute.executed] == [["s-m", 0]]  # the duplicate ran once

@@ -2,8 +2,15 @@
 
 One node per robot, in the robot's namespace (``/<robot_id>/...``):
 
-* subscribes ``/<robot_id>/plan_segments`` (planner_node.segment_topic, RELIABLE) and runs the
+* subscribes ``/<robot_id>/plan_segments`` (topics.segment_topic, RELIABLE) and runs the
   segments of one task in order in a worker thread (never in a callback);
+* delivery contract: acknowledges every received copy on ``/segment_acks`` (SegmentAck, QoS
+  REPORTS) -- duplicates, end markers and refused segments too, since the planner re-sends until
+  acknowledged. A :class:`~timelyllm_ros.executors.inbox.SegmentInbox` drops duplicates by
+  (task_id, segment_index), releases a task's segments strictly by index, holds early ones, and
+  refuses held ones whose gap did not fill within the ``reorder_timeout_s`` parameter (default
+  5 s; checked by a timer). An end marker (is_final, empty text) closes the task once every
+  earlier segment has run; it is neither run nor reported;
 * publishes ``/segment_done`` with the real start and finish wall times; a refused or failed
   segment is reported with ``success=False`` and the reason, and the task's later segments are
   reported failed too (the planner ends the task at the first failure);
@@ -28,9 +35,10 @@ from rclpy.node import Node
 from std_srvs.srv import Trigger
 
 from timelyllm_ros.executors.base import ExecutionError, Interrupted, RefusedError, StopSignal
-from timelyllm_ros.msg import PlanSegment, SegmentDone
+from timelyllm_ros.executors.inbox import DEFAULT_REORDER_TIMEOUT_S, Segment, SegmentInbox
+from timelyllm_ros.msg import PlanSegment, SegmentAck, SegmentDone
 from timelyllm_ros.ros.convert import time_msg
-from timelyllm_ros.ros.planner_node import RELIABLE, segment_topic
+from timelyllm_ros.ros.topics import RELIABLE, REPORTS, SEGMENT_ACKS, SEGMENT_DONE, is_end_marker, segment_topic
 
 EMERGENCY = "emergency stop"
 
@@ -53,22 +61,31 @@ class RobotExecutorNode(Node):
     def __init__(self, robot_id: str, node_name: str, **kw) -> None:
         super().__init__(node_name, namespace=f"/{robot_id}", **kw)
         self.robot_id = robot_id
+        self.reorder_timeout_s = float(self.declare_parameter("reorder_timeout_s", DEFAULT_REORDER_TIMEOUT_S).value)
+        if not self.reorder_timeout_s > 0:
+            raise ValueError(f"parameter reorder_timeout_s: must be > 0, got {self.reorder_timeout_s}")
         self.runner: SegmentRunner | None = None
         self._cv = threading.Condition()
-        self._queue: deque[PlanSegment] = deque()
+        # dedup, order and hold (bounded); also remembers why tasks ended, so a late or duplicate
+        # segment of an old task never preempts or restarts anything
+        self.inbox = SegmentInbox(self.reorder_timeout_s)
+        self._queue: deque[PlanSegment] = deque()  # released segments (and end markers) of self._task, in order
         self._task: str | None = None  # task whose segments are accepted now
-        self._task_open = False  # its final segment has not been executed yet
-        self._ended: dict[str, str] = {}  # task id -> why its later segments are refused
+        self._task_open = False  # its final segment (or end marker) has not been reached yet
         self._running: PlanSegment | None = None
         self._estopped = False
         self._closing = False
-        self.history: list[tuple[str, int, bool, str]] = []  # (task, index, ok, error), for tests and logs
-        self._done_pub = self.create_publisher(SegmentDone, "/segment_done", RELIABLE)
+        self.history: deque[tuple[str, int, bool, str]] = deque(maxlen=10000)  # (task, index, ok, error)
+        self.acks: deque[tuple[str, int]] = deque(maxlen=10000)  # (task, index) acknowledged, for tests and logs
+        self._done_pub = self.create_publisher(SegmentDone, SEGMENT_DONE, RELIABLE)
+        self._ack_pub = self.create_publisher(SegmentAck, SEGMENT_ACKS, REPORTS)
 
     def start_executor(self) -> None:
         group = ReentrantCallbackGroup()  # the emergency service must run while segments arrive
+        segments = MutuallyExclusiveCallbackGroup()  # arrivals and hold expiry, one at a time
         self.create_subscription(PlanSegment, segment_topic(self.robot_id), self._received, RELIABLE,
-                                 callback_group=MutuallyExclusiveCallbackGroup())
+                                 callback_group=segments)
+        self.create_timer(min(0.1, self.reorder_timeout_s / 4), self._expire, callback_group=segments)
         self.create_service(Trigger, f"/{self.robot_id}/emergency_stop", self._emergency_srv, callback_group=group)
         self.create_service(Trigger, f"/{self.robot_id}/reset_emergency", self._reset_srv, callback_group=group)
         self._worker = threading.Thread(target=self._work, name=f"exec-{self.robot_id}", daemon=True)
@@ -76,43 +93,83 @@ class RobotExecutorNode(Node):
 
     # -- incoming segments (callback thread) ---------------------------------------
     def _received(self, msg: PlanSegment) -> None:
+        received = time.time()
+        try:
+            with self._cv:
+                self._receive(msg, received)
+                self._cv.notify_all()
+        finally:  # every received copy is acknowledged: duplicates, end markers and refused ones too
+            self._ack(msg, received)
+
+    def _receive(self, msg: PlanSegment, now: float) -> None:
+        task, index = msg.task_id, msg.segment_index
+        if self.inbox.is_duplicate(task, index):
+            self.get_logger().debug(f"{self.robot_id}: duplicate {task}[{index}] dropped")
+            return
+        if msg.robot_id and msg.robot_id != self.robot_id:
+            reason = f"segment for {msg.robot_id!r} sent to {self.robot_id!r}"
+            self._refuse(msg, reason)
+            self._refuse_all(self.inbox.refuse(task, index, reason))
+            return
+        if self._estopped:
+            reason = f"{EMERGENCY} active on {self.robot_id} (call /{self.robot_id}/reset_emergency)"
+            self._refuse(msg, reason)
+            self._refuse_all(self.inbox.refuse(task, index, reason))
+            return
+        for seg in self.inbox.offer(task, index, msg.text, msg.is_final, now, payload=msg):
+            self._accept(seg)
+
+    def _accept(self, seg: Segment) -> None:
+        """A segment released by the inbox, in order (caller holds the lock)."""
+        msg: PlanSegment = seg.payload
+        if seg.refused:
+            self._refuse(msg, seg.refused)
+        elif seg.task_id == self._task:
+            self._queue.append(msg)
+        elif seg.index == 0:
+            if seg.is_end_marker:  # an empty plan: nothing to run, nothing to preempt
+                return
+            if self._task is not None and self._task_open:
+                self._preempt(seg.task_id)
+            self._task, self._task_open = seg.task_id, True
+            self._queue.append(msg)
+        else:  # the inbox releases k > 0 only after 0, so the task was replaced meanwhile
+            reason = f"segment {seg.index} of task {seg.task_id}, which this robot no longer runs"
+            self._refuse(msg, reason)
+            self._refuse_all(self.inbox.end_task(seg.task_id, reason))
+
+    def _expire(self) -> None:
         with self._cv:
-            if msg.robot_id and msg.robot_id != self.robot_id:
-                self._report(msg, time.time(), time.time(), False, f"segment for {msg.robot_id!r} sent to "
-                             f"{self.robot_id!r}")
-                return
-            if self._estopped:
-                self._refuse(msg, f"{EMERGENCY} active on {self.robot_id} (call /{self.robot_id}/reset_emergency)")
-                return
-            if msg.task_id in self._ended:
-                self._refuse(msg, self._ended[msg.task_id])
-                return
-            if msg.task_id == self._task:
-                self._queue.append(msg)
-            elif msg.segment_index == 0:
-                if self._task is not None and self._task_open:
-                    self._preempt(msg.task_id)
-                self._task, self._task_open = msg.task_id, True
-                self._queue.append(msg)
-            else:
-                self._refuse(msg, f"segment {msg.segment_index} of task {msg.task_id!r}, whose segment 0 this "
-                             "robot never started")
-                return
-            self._cv.notify_all()
+            expired = self.inbox.expired(time.time())
+            for seg in expired:
+                self._refuse(seg.payload, seg.refused)
 
     def _preempt(self, new_task: str) -> None:
         old = self._task
         reason = f"preempted by task {new_task}"
         self.get_logger().warning(f"{self.robot_id}: task {old} {reason}: stopping")
-        self._ended[old] = reason
-        for m in self._queue:
-            self._report(m, time.time(), time.time(), False, reason)
-        self._queue.clear()
+        self._refuse_all(self.inbox.end_task(old, reason))
+        self._drop_queue(reason)
         if self._running is not None and self.runner is not None:
             self.runner.stop.set(reason)
             self.runner.halt()
 
+    def _drop_queue(self, reason: str) -> None:
+        """Report the queued segments failed (end markers are not reported) and empty the queue."""
+        now = time.time()
+        for m in self._queue:
+            if not is_end_marker(m.text, m.is_final):
+                self._report(m, now, now, False, reason)
+        self._queue.clear()
+
+    def _refuse_all(self, segs: list[Segment]) -> None:
+        for seg in segs:
+            self._refuse(seg.payload, seg.refused)
+
     def _refuse(self, msg: PlanSegment, reason: str) -> None:
+        if is_end_marker(msg.text, msg.is_final):
+            self.get_logger().info(f"{self.robot_id}: end marker {msg.task_id}[{msg.segment_index}] ignored: {reason}")
+            return
         self.get_logger().warning(f"{self.robot_id}: refused {msg.task_id}[{msg.segment_index}]: {reason}")
         now = time.time()
         self._report(msg, now, now, False, reason)
@@ -127,6 +184,11 @@ class RobotExecutorNode(Node):
                 if self._closing:
                     return
                 msg = self._queue.popleft()
+                if is_end_marker(msg.text, msg.is_final):  # every earlier segment has run: the plan is over
+                    if self._task == msg.task_id:
+                        self._task_open = False
+                    self._cv.notify_all()
+                    continue
                 self._running = msg
                 if self.runner is not None:
                     self.runner.stop.clear()
@@ -155,12 +217,11 @@ class RobotExecutorNode(Node):
                 if not ok:
                     if self.runner.stop.is_set() and self.runner.stop.reason:
                         err = self.runner.stop.reason  # the stop, not its side effect, is the reason
-                    self._ended.setdefault(msg.task_id, f"task ended at segment {msg.segment_index}: {err}")
+                    self._refuse_all(self.inbox.end_task(msg.task_id, f"task ended at segment {msg.segment_index}: "
+                                                                      f"{err}"))
                     if self._task == msg.task_id:
                         self._task_open = False
-                        for m in self._queue:
-                            self._report(m, finish, finish, False, self._ended[msg.task_id])
-                        self._queue.clear()
+                        self._drop_queue(self.inbox.ended_reason(msg.task_id))
                 elif msg.is_final and self._task == msg.task_id:
                     self._task_open = False
                 self._report(msg, start, finish, ok, err)
@@ -174,17 +235,20 @@ class RobotExecutorNode(Node):
                                            segment_index=msg.segment_index, start=time_msg(start),
                                            finish=time_msg(finish), success=ok, error=error))
 
+    def _ack(self, msg: PlanSegment, received: float) -> None:
+        self.acks.append((msg.task_id, msg.segment_index))
+        self._ack_pub.publish(SegmentAck(task_id=msg.task_id, robot_id=self.robot_id,
+                                         segment_index=msg.segment_index, stamp=time_msg(received)))
+
     # -- safety services ------------------------------------------------------------------
     def emergency_stop(self) -> str:
         with self._cv:
             self._estopped = True
             reason = f"{EMERGENCY} (/{self.robot_id}/emergency_stop)"
             if self._task is not None and self._task_open:
-                self._ended[self._task] = reason
+                self._refuse_all(self.inbox.end_task(self._task, reason))
                 self._task_open = False
-            for m in self._queue:
-                self._report(m, time.time(), time.time(), False, reason)
-            self._queue.clear()
+            self._drop_queue(reason)
             self.runner.stop.set(reason)
         done = self.runner.emergency()  # outside the lock: it waits for the motion to end
         self.get_logger().error(f"{self.robot_id}: {EMERGENCY}: {done}")

@@ -3,6 +3,15 @@ duration sampled from the execution-time model, and reports SegmentDone.
 
 Every segment is validated against the robot's skill set first (LLM output is
 untrusted); one that does not parse is reported as failed, never executed.
+
+Delivery contract, as the real executors (``executor_base.py``): every received
+copy of a segment is acknowledged on ``/segment_acks`` (silent robots too: acks
+are the transport layer; "silent" only means no SegmentDone), and one
+:class:`~timelyllm_ros.executors.inbox.SegmentInbox` per robot drops duplicates,
+releases a task's segments by index and refuses the held segments of a task
+whose gap (segment 0, typically) did not fill within ``reorder_timeout_s``. An
+end marker (is_final, empty text) is acknowledged, never run nor reported. No
+preemption here: segments run in the order they are released.
 """
 
 from __future__ import annotations
@@ -18,20 +27,23 @@ from rclpy.node import Node
 
 from timelyllm_ros.core.exec_model import ExecTimeModel
 from timelyllm_ros.core.skills import load_skill_set
-from timelyllm_ros.msg import PlanSegment, SegmentDone
+from timelyllm_ros.executors.inbox import DEFAULT_REORDER_TIMEOUT_S, SegmentInbox
+from timelyllm_ros.msg import PlanSegment, SegmentAck, SegmentDone
 from timelyllm_ros.ros.convert import time_msg
-from timelyllm_ros.ros.planner_node import RELIABLE, segment_topic
 from timelyllm_ros.ros.spin import run_nodes
+from timelyllm_ros.ros.topics import RELIABLE, REPORTS, SEGMENT_ACKS, SEGMENT_DONE, is_end_marker, segment_topic
 
 
 @dataclass
 class SimRobot:
     robot_id: str
     robot_type: str
-    silent: bool = False  # never reports SegmentDone (tests the planner's fallback)
-    queue: deque = field(default_factory=deque)
+    silent: bool = False  # never reports SegmentDone (tests the planner's fallback); still acknowledges
+    inbox: SegmentInbox = field(default_factory=SegmentInbox)  # dedup / order / hold
+    queue: deque = field(default_factory=deque)  # released segments, in order
     busy_until: float | None = None
-    executed: list = field(default_factory=list)  # (task_id, index, text, start, finish, ok)
+    executed: deque = field(default_factory=lambda: deque(maxlen=10000))  # [task_id, index, text, start, finish, ok]
+    acks: deque = field(default_factory=lambda: deque(maxlen=10000))  # (task_id, index) acknowledged
 
 
 class SimFleetNode(Node):
@@ -42,18 +54,24 @@ class SimFleetNode(Node):
         silent = set(self.declare_parameter("silent_robots", [""]).value) - {""}
         self.time_scale = float(self.declare_parameter("time_scale", 1.0).value)
         seed = int(self.declare_parameter("seed", 0).value)
+        self.reorder_timeout_s = float(self.declare_parameter("reorder_timeout_s", DEFAULT_REORDER_TIMEOUT_S).value)
         if not robots:
             raise ValueError("parameter robots: at least one robot id is needed")
         if self.time_scale <= 0:
             raise ValueError(f"parameter time_scale: must be > 0, got {self.time_scale}")
+        if not self.reorder_timeout_s > 0:
+            raise ValueError(f"parameter reorder_timeout_s: must be > 0, got {self.reorder_timeout_s}")
         self.skillset = load_skill_set(robot_type)
         self.model = ExecTimeModel(self.skillset, learn=False)
         self.rng = random.Random(seed)
-        self.robots = {r: SimRobot(r, robot_type, silent=r in silent) for r in robots}
-        self._done_pub = self.create_publisher(SegmentDone, "/segment_done", RELIABLE)
+        self.robots = {r: SimRobot(r, robot_type, silent=r in silent, inbox=SegmentInbox(self.reorder_timeout_s))
+                       for r in robots}
+        self._done_pub = self.create_publisher(SegmentDone, SEGMENT_DONE, RELIABLE)
+        self._ack_pub = self.create_publisher(SegmentAck, SEGMENT_ACKS, REPORTS)
+        self._lock = threading.Condition()
         for r in robots:
             self.create_subscription(PlanSegment, segment_topic(r), lambda m, r=r: self._received(r, m), RELIABLE)
-        self._lock = threading.Condition()
+        self.create_timer(min(0.1, self.reorder_timeout_s / 4), self._expire)  # held segments past the timeout
         self._events: list[tuple[float, str]] = []  # (finish wall time, robot id)
         self._stop = False
         self._worker = threading.Thread(target=self._run, name="sim-fleet", daemon=True)
@@ -61,12 +79,35 @@ class SimFleetNode(Node):
         self.get_logger().info(f"{len(robots)} simulated {robot_type} robots: {', '.join(robots)}")
 
     def _received(self, robot_id: str, msg: PlanSegment) -> None:
+        now = time.time()
+        rob = self.robots[robot_id]
+        try:
+            with self._lock:
+                for seg in rob.inbox.offer(msg.task_id, msg.segment_index, msg.text, msg.is_final, now, payload=msg):
+                    if seg.refused:
+                        self._refuse(rob, msg=seg.payload, reason=seg.refused, now=now)
+                    elif not seg.is_end_marker:  # a marker only ends the plan: nothing to run or report
+                        rob.queue.append(seg.payload)
+                if rob.busy_until is None:
+                    self._start_next(rob, now)
+                self._lock.notify()
+        finally:  # every received copy, duplicates and end markers included (silent robots too)
+            rob.acks.append((msg.task_id, msg.segment_index))
+            self._ack_pub.publish(SegmentAck(task_id=msg.task_id, robot_id=robot_id,
+                                             segment_index=msg.segment_index, stamp=time_msg(now)))
+
+    def _expire(self) -> None:
+        now = time.time()
         with self._lock:
-            rob = self.robots[robot_id]
-            rob.queue.append(msg)
-            if rob.busy_until is None:
-                self._start_next(rob, time.time())
-            self._lock.notify()
+            for rob in self.robots.values():
+                for seg in rob.inbox.expired(now):
+                    self._refuse(rob, seg.payload, seg.refused, now)
+
+    def _refuse(self, rob: SimRobot, msg: PlanSegment, reason: str, now: float) -> None:
+        if is_end_marker(msg.text, msg.is_final):
+            return
+        self.get_logger().warning(f"{rob.robot_id}: refused segment {msg.task_id}[{msg.segment_index}]: {reason}")
+        self._report(rob, msg, now, now, False, reason)
 
     def _start_next(self, rob: SimRobot, now: float) -> None:
         while rob.queue:

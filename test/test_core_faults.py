@@ -1,0 +1,157 @@
+"""PlannerCore under faults, without ROS: engine death, silent or late-failing robots, bounded results,
+restoring a journaled task, learning per robot type (SimClock + SimEngine: deterministic)."""
+
+import pytest
+from test_scheduler import drain, make_core, spec
+
+from timelyllm_ros.core.clock import SimClock
+from timelyllm_ros.core.scheduler import Segment, TaskSpec, TaskStatus
+from timelyllm_ros.core.tuf import LEVELS
+from timelyllm_ros.ros.delivery import SegmentDelivery
+
+
+def _step_until(core, clock, pred, limit=1000):
+    for _ in range(limit):
+        if pred():
+            return
+        rep = core.start_step()
+        if rep is None:
+            w = core.next_wakeup()
+            assert w is not None, "idle before the condition held"
+            clock.set(max(w, clock.now()))
+            continue
+        clock.advance(rep.duration_s)
+        core.complete_step(rep)
+    raise AssertionError("condition never held")
+
+
+def test_fail_all_ends_every_open_task_at_once_and_a_new_engine_serves():
+    clock = SimClock()
+    core, segs, results = make_core(clock=clock)
+    for i in range(4):
+        core.submit(spec(i, plan="tc(30);mf(50);tc(10);"))
+    _step_until(core, clock, lambda: len(segs) >= 2)
+    assert core.fail_all("planner engine failure: boom") == 4
+    assert sorted(r.task_id for r in results) == ["t0", "t1", "t2", "t3"]
+    assert all(r.status is TaskStatus.FAILED and "boom" in r.reason for r in results)
+    assert core.pending() == 0
+    from timelyllm_ros.core.sim_engine import SimEngine
+
+    core.replace_engine(SimEngine())
+    core.submit(spec(9))
+    drain(core, clock)
+    assert results[-1].task_id == "t9" and results[-1].status is TaskStatus.DONE
+
+
+def test_replace_engine_refuses_while_tasks_are_open():
+    core, _, _ = make_core()
+    core.submit(spec(0))
+    with pytest.raises(RuntimeError, match="open tasks"):
+        core.replace_engine(core.engine)
+
+
+def test_a_failure_reported_after_the_generation_ended_revises_the_result():
+    clock = SimClock()
+    core, segs, results = make_core(clock=clock)
+    core.submit(spec(0))
+    drain(core, clock)
+    assert results[-1].status is TaskStatus.DONE
+    core.report_segment_done("t0", 1, clock.now(), success=False, error="motor stalled")
+    assert len(results) == 2 and results[-1].status is TaskStatus.ROBOT_FAILED
+    assert "motor stalled" in results[-1].reason and core.result("t0").status is TaskStatus.ROBOT_FAILED
+
+
+def test_a_silent_robot_fails_its_task_and_only_its_task():
+    clock = SimClock()
+    core, segs, results = make_core(clock=clock, robot_timeout_s=5.0)
+    core.submit(spec(0))  # r0 never reports
+    core.submit(spec(1))
+    drain(core, clock)
+    for r in results:  # r1 reports every segment
+        if r.task_id == "t1":
+            for s in r.segments:
+                core.report_segment_done("t1", s.index, s.pred_end)
+    assert core.expire_silent(clock.now()) == []  # not yet late
+    clock.advance(60.0)
+    assert core.expire_silent(clock.now()) == ["t0"]
+    assert core.result("t0").status is TaskStatus.ROBOT_FAILED and "silent" in core.result("t0").reason
+    assert core.result("t1").status is TaskStatus.DONE
+    assert core.expire_silent(clock.now()) == []  # once
+
+
+def test_finished_results_are_bounded_and_their_ids_reusable():
+    clock = SimClock()
+    core, _, results = make_core(clock=clock, keep_results_max=3)
+    for i in range(6):
+        core.submit(spec(i))
+        drain(core, clock)
+    assert [core.result(f"t{i}") is not None for i in range(6)] == [False] * 3 + [True] * 3
+    core.submit(spec(0))  # t0 was forgotten: the id may be used again
+    drain(core, clock)
+    assert core.result("t0").status is TaskStatus.DONE
+
+
+def test_learning_uses_the_tasks_own_robot_type_after_the_generation_ended():
+    clock = SimClock()
+    core, _, results = make_core(clock=clock)
+    arm = TaskSpec(robot_id="a0", prompt="stack", tuf=LEVELS["normal"], robot_type="arm", task_id="a",
+                   arrival=0.0, extra={"plan_text": "pick('red_box');place('blue_box');"})
+    core.submit(arm)
+    drain(core, clock)
+    res = core.result("a")
+    assert res.status is TaskStatus.DONE and res.robot_type == "arm", res.reason
+    model = core.hooks.exec_model("arm")
+    before = model.estimate(res.segments[-1].calls).min_s
+    s = res.segments[-1]
+    core.report_segment_done("a", s.index, s.pred_start + 50.0, start_time=s.pred_start)
+    assert model.estimate(s.calls).min_s != before  # the arm model learned, not the drone's
+
+
+def test_restore_resumes_a_journaled_generation_from_its_token_ids():
+    clock = SimClock()
+    ref, _, ref_results = make_core(clock=clock)
+    ref.submit(spec(0, plan="tc(30);mf(50);tc(10);"))
+    drain(ref, clock)
+    full = ref_results[-1]
+    assert full.status is TaskStatus.DONE
+    # a new core (the restarted planner) gets the first segment as journaled, and finishes the plan
+    clock2 = SimClock(start=clock.now())
+    core, segs, results = make_core(clock=clock2)
+    s0 = full.segments[0]
+    restored = Segment(index=0, text=s0.text, token_ids=list(s0.token_ids), calls=s0.calls, gen_start=s0.gen_start,
+                       ready=s0.ready, dispatch=s0.dispatch, est_exec_s=s0.est_exec_s, pred_start=s0.pred_start,
+                       pred_end=s0.pred_end)
+    core.restore(spec(0, plan="tc(30);mf(50);tc(10);"), [restored])
+    drain(core, clock2)
+    assert [s[1] for s in segs] == [1, 2]  # nothing sent twice
+    assert results[-1].status is TaskStatus.DONE and results[-1].plan == full.plan
+
+
+def test_restore_of_a_finished_plan_ends_done_without_generating():
+    core, segs, results = make_core()
+    seg = Segment(index=0, text="tc(30);", token_ids=[1], calls=[], gen_start=0.0, ready=0.0, dispatch=0.0,
+                  final=True)
+    core.restore(spec(0), [seg])
+    assert segs == [] and results[-1].status is TaskStatus.DONE
+
+
+def test_delivery_resends_until_acknowledged_and_gives_up_explicitly():
+    sent = []
+    d = SegmentDelivery(lambda robot, msg: sent.append((robot, msg.task_id, msg.segment_index)), period_s=0.1,
+                        max_period_s=0.4, give_up_s=5.0)
+
+    class M:
+        def __init__(self, t, i):
+            self.task_id, self.segment_index = t, i
+
+    d.send("r0", M("a", 0), now=0.0)
+    d.send("r1", M("b", 0), now=0.0)
+    assert d.due(0.05) == [] and len(sent) == 2
+    d.due(0.1)
+    assert sent[2:] == [("r0", "a", 0), ("r1", "b", 0)]
+    assert d.ack("a", 0) and not d.ack("a", 0)  # a duplicate ack is harmless
+    times = [0.3, 0.7, 1.1, 1.5]
+    for t in times:
+        d.due(t)
+    assert all(x[1] == "b" for x in sent[4:]) and d.pending() == 1
+    assert d.due(5.5) == [("b", 0, "r1")] and d.pending() == 0

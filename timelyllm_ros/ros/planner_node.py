@@ -341,8 +341,8 @@ class PlannerNode(Node):
                                                      [handle] if handle is not None else [],
                                                      [waiter] if waiter is not None else [])
                 if self.journal is not None:
-                    self._jot("task_accepted", spec.task_id, robot_id, robot_type, _spec_record(spec, tuf_msg),
-                                               self._bridge.to_wall(arrival))
+                    self._jot("task_accepted", spec.task_id, robot_id, robot_type,
+                              _spec_record(spec, tuf_msg, self._bridge), self._bridge.to_wall(arrival))
             try:
                 tid = self.core.submit(spec)
             except ValueError as e:
@@ -729,10 +729,11 @@ def _nan_if_none(x: float | None) -> float:
     return float(x) if x is not None else math.nan
 
 
-def _spec_record(spec: TaskSpec, tuf_msg) -> dict:
-    return {"task": spec.prompt, "tuf": {"level": tuf_msg.level, "alpha": spec.tuf.alpha, "beta": spec.tuf.beta,
-                                         "ert": spec.tuf.ert},
-            "sent_wall": (spec.sent + ClockBridge().offset) if spec.sent is not None else None}
+def _spec_record(spec: TaskSpec, tuf_msg, bridge: ClockBridge) -> dict:
+    """The request as the robot sent it (the TUF fields as given, so a retry after a restart matches)."""
+    return {"task": spec.prompt, "tuf": {"level": tuf_msg.level, "alpha": tuf_msg.alpha, "beta": tuf_msg.beta,
+                                         "ert": tuf_msg.ert},
+            "sent_wall": bridge.to_wall(spec.sent)}
 
 
 def _result_record(res: TaskResult) -> dict:

@@ -599,7 +599,13 @@ class PlannerNode(Node):
                     engine = self._engine_factory()
                     self.core.fail_all("planner engine failure (task accepted during the restart)")
                     self.core.replace_engine(engine)
-                    self.engine = self._prompts.engine = engine
+                    old, self.engine = self.engine, engine
+                    self._prompts.engine = engine
+                    if old is not engine:
+                        try:
+                            old.close()
+                        except Exception as e:  # noqa: BLE001 - a broken engine may not close cleanly
+                            self.get_logger().warning(f"closing the failed engine: {e!r}")
                 except Exception as e:  # noqa: BLE001
                     backoff = min(backoff * 2, 30.0)
                     self.get_logger().error(f"engine restart failed: {e!r}; next try in {backoff:g} s")

@@ -5,6 +5,7 @@
     timelyllm-bench figures            # paper Figs. 5, 7, 8, 9 under bench/results/
     timelyllm-bench overhead           # decision time at queue lengths 1 .. 10000
     timelyllm-bench diagnose --workload wid2   # PUD vs EDF: ordering vs admission; urgent-only bound
+    timelyllm-bench fleet-load         # planner + 50 simulated robots (processes), 1200 goals: nothing lost
 """
 
 from __future__ import annotations
@@ -290,6 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workload", default="wid2")
     common(p)
     p.set_defaults(fn=_cmd_diagnose)
+
+    from .fleet_load import add_parser as add_fleet_load
+
+    add_fleet_load(sub)  # fleet-load: real planner + simulated fleet processes under 1000+ goals
 
     p = sub.add_parser("overhead", help="scheduler decision time vs queue length")
     p.add_argument("--sizes", default="1,8,64,1000,10000")

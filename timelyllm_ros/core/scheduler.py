@@ -105,6 +105,7 @@ class Segment:
     success: bool | None = None
     final: bool = False
     error: str = ""
+    probed: bool = False  # its report was asked for again (see PlannerCore.unreported)
 
     @property
     def end(self) -> float | None:
@@ -263,6 +264,9 @@ class PlannerCore:
         self._done: dict[str, TaskResult] = {}  # finished, oldest first (bounded: keep_results_*)
         self._done_at: dict[str, float] = {}
         self._watch: dict[str, list[Segment]] = {}  # task -> dispatched segments the robot has not reported
+        self._report_lag = 0.0  # how far behind the caller reads robot reports (s): not the robot's silence
+        self._report_lag_at = 0.0
+        self.lag_window_s = 10.0
         self._cands: dict[str, Generation] = {}  # eligible, not running
         self._waiting: list[tuple[float, int, int, Generation]] = []  # (eligible_at, seq, version, gen)
         self._running: dict[str, Generation] = {}
@@ -367,6 +371,16 @@ class PlannerCore:
             if not pending:
                 del self._watch[task_id]
 
+    def note_report_lag(self, lag_s: float) -> None:
+        """How old the robot report just read was (now - its stamp). A planner that is behind on reading
+        reports must not call a robot silent whose report is merely waiting in its own queue."""
+        now = self.clock.now()
+        lag = max(0.0, float(lag_s))
+        # The largest lag of the last lag_window_s: reports and acks arrive on queues of their own, and one
+        # quick queue must not hide that another is seconds behind.
+        if lag >= self._report_lag or now - self._report_lag_at > self.lag_window_s:
+            self._report_lag, self._report_lag_at = lag, now
+
     def expire_silent(self, now: float | None = None) -> list[str]:
         """End every task whose robot has not reported a dispatched segment by its predicted end +
         ``robot_timeout_s`` (ROBOT_FAILED, naming the segment). Returns the task ids it ended."""
@@ -376,7 +390,8 @@ class PlannerCore:
         with self._lock:
             now = self.clock.now() if now is None else now
             for tid, pending in list(self._watch.items()):
-                late = [s for s in pending if s.pred_end is not None and now > s.pred_end + self.cfg.robot_timeout_s]
+                limit = self.cfg.robot_timeout_s + self._report_lag
+                late = [s for s in pending if s.pred_end is not None and now > s.pred_end + limit]
                 if late:
                     s = late[0]
                     self._watch.pop(tid, None)
@@ -385,6 +400,27 @@ class PlannerCore:
                     ended.append(tid)
         self._flush()
         return ended
+
+    def unreported(self, now: float | None = None) -> list[tuple[str, str, str, Segment]]:
+        """(task id, robot id, robot type, segment) of dispatched segments still unreported half a ``robot_timeout_s``
+        past their predicted end, each once: the caller re-sends them, and a robot that finished a segment
+        answers a re-sent copy with its report again, so a report lost in transit (e.g. while the planner
+        restarted) does not fail a healthy task as silent."""
+        if self.cfg.robot_timeout_s is None:
+            return []
+        out = []
+        with self._lock:
+            now = self.clock.now() if now is None else now
+            for tid, pending in self._watch.items():
+                owner = self._tasks.get(tid) or self._done.get(tid)
+                if owner is None:
+                    continue
+                half = self.cfg.robot_timeout_s / 2 + self._report_lag
+                for seg in pending:
+                    if not seg.probed and seg.pred_end is not None and now > seg.pred_end + half:
+                        seg.probed = True
+                        out.append((tid, owner.robot_id, owner.robot_type, seg))
+        return out
 
     def fail_all(self, reason: str, status: TaskStatus = TaskStatus.FAILED) -> int:
         """End every open task at once (the engine died: nothing may wait for the engine thread).

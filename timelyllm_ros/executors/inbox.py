@@ -221,3 +221,23 @@ class SegmentInbox:
         st.held.clear()
         st.hold_since = None
         return held
+
+
+class ReportCache:
+    """The last SegmentDone report of each finished segment (bounded), so a re-sent copy of a segment the
+    robot already finished is answered with its report again: a report published while no planner was
+    listening (a planner restart) is not lost, because the restarted planner re-sends what it has no
+    report for."""
+
+    def __init__(self, max_entries: int = 4096) -> None:
+        self.max_entries = max_entries
+        self._reports: OrderedDict[tuple[str, int], Any] = OrderedDict()
+
+    def put(self, task_id: str, index: int, report: Any) -> None:
+        self._reports[(task_id, int(index))] = report
+        self._reports.move_to_end((task_id, int(index)))
+        while len(self._reports) > self.max_entries:
+            self._reports.popitem(last=False)
+
+    def get(self, task_id: str, index: int) -> Any | None:
+        return self._reports.get((task_id, int(index)))

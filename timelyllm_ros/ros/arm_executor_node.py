@@ -30,8 +30,8 @@ from timelyllm_ros.executors.perception import ScriptedScene
 from timelyllm_ros.ros.convert import time_msg
 from timelyllm_ros.ros.drone_executor_node import SCENE_QOS, scene_topic
 from timelyllm_ros.ros.executor_base import RobotExecutorNode
-from timelyllm_ros.ros.topics import RELIABLE
 from timelyllm_ros.ros.spin import run_nodes
+from timelyllm_ros.ros.topics import RELIABLE
 
 
 def trajectory_topic(robot_id: str) -> str:

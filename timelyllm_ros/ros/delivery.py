@@ -34,21 +34,37 @@ class SegmentDelivery:
     """Unacknowledged segments by (task_id, segment_index); bounded by what is in flight."""
 
     def __init__(self, send: Callable[[str, Any], None], *, period_s: float = 0.2, max_period_s: float = 1.0,
-                 give_up_s: float = 30.0) -> None:
-        if not (0 < period_s <= max_period_s) or give_up_s <= 0:
-            raise ValueError("SegmentDelivery: need 0 < period_s <= max_period_s and give_up_s > 0")
+                 give_up_s: float = 30.0, matched_period_s: float = 3.0) -> None:
+        if not (0 < period_s <= max_period_s) or give_up_s <= 0 or matched_period_s < period_s:
+            raise ValueError("SegmentDelivery: need 0 < period_s <= max_period_s, period_s <= matched_period_s "
+                             "and give_up_s > 0")
         self._send = send
         self.period_s, self.max_period_s, self.give_up_s = period_s, max_period_s, give_up_s
+        self.matched_period_s = matched_period_s
         self._pending: dict[tuple[str, int], _Pending] = {}
+        self._heard: dict[str, float] = {}  # robot -> when it last acknowledged or reported anything
         self._lock = threading.Lock()
         self.resends = 0  # total re-sends (telemetry)
 
-    def send(self, robot_id: str, msg: Any, now: float) -> None:
-        """Send now and keep re-sending until :meth:`ack`."""
+    def send(self, robot_id: str, msg: Any, now: float, *, matched: bool = False) -> None:
+        """Send now and keep re-sending until :meth:`ack`.
+
+        ``matched``: the robot's subscription had already matched, so RELIABLE transport delivers this copy
+        unless the robot dies; re-sends are then a slow safety net (``matched_period_s``), not a storm that a
+        planner busy reading thousands of acks would feed with yet more acks."""
+        period = self.matched_period_s if matched else self.period_s
         with self._lock:
-            self._pending[(msg.task_id, int(msg.segment_index))] = _Pending(
-                robot_id, msg, now, now + self.period_s, self.period_s)
+            self._pending[(msg.task_id, int(msg.segment_index))] = _Pending(robot_id, msg, now, now + period, period)
         self._send(robot_id, msg)
+
+    def heard(self, robot_id: str, now: float) -> None:
+        """The robot is alive (an ack or report of anything): a busy planner that is slow to read acks must
+        not give up on a robot that keeps answering."""
+        with self._lock:
+            self._heard[robot_id] = now
+            if len(self._heard) > 100_000:  # bounded: forget robots not heard from for the longest
+                for rid in sorted(self._heard, key=self._heard.__getitem__)[:50_000]:
+                    del self._heard[rid]
 
     def ack(self, task_id: str, index: int) -> bool:
         """The robot has it; False if it was not pending (a duplicate ack)."""
@@ -61,11 +77,14 @@ class SegmentDelivery:
         resend, lost = [], []
         with self._lock:
             for key, p in list(self._pending.items()):
-                if now - p.first_sent > self.give_up_s:
+                age = now - p.first_sent
+                silent = self._heard.get(p.robot_id, -1.0) < now - self.give_up_s
+                # Give up once the robot has been silent for give_up_s (or after 4x that, whatever it says).
+                if age > self.give_up_s and (silent or age > 4 * self.give_up_s):
                     del self._pending[key]
                     lost.append((key[0], key[1], p.robot_id))
                 elif now >= p.next_send:
-                    p.period = min(p.period * 2, self.max_period_s)
+                    p.period = max(p.period, min(p.period * 2, self.max_period_s))
                     p.next_send = now + p.period
                     p.sends += 1
                     resend.append((p.robot_id, p.msg))

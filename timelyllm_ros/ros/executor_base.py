@@ -35,7 +35,7 @@ from rclpy.node import Node
 from std_srvs.srv import Trigger
 
 from timelyllm_ros.executors.base import ExecutionError, Interrupted, RefusedError, StopSignal
-from timelyllm_ros.executors.inbox import DEFAULT_REORDER_TIMEOUT_S, Segment, SegmentInbox
+from timelyllm_ros.executors.inbox import DEFAULT_REORDER_TIMEOUT_S, ReportCache, Segment, SegmentInbox
 from timelyllm_ros.msg import PlanSegment, SegmentAck, SegmentDone
 from timelyllm_ros.ros.convert import time_msg
 from timelyllm_ros.ros.topics import RELIABLE, REPORTS, SEGMENT_ACKS, SEGMENT_DONE, is_end_marker, segment_topic
@@ -77,7 +77,8 @@ class RobotExecutorNode(Node):
         self._closing = False
         self.history: deque[tuple[str, int, bool, str]] = deque(maxlen=10000)  # (task, index, ok, error)
         self.acks: deque[tuple[str, int]] = deque(maxlen=10000)  # (task, index) acknowledged, for tests and logs
-        self._done_pub = self.create_publisher(SegmentDone, SEGMENT_DONE, RELIABLE)
+        self._done_pub = self.create_publisher(SegmentDone, SEGMENT_DONE, REPORTS)
+        self._reports = ReportCache()
         self._ack_pub = self.create_publisher(SegmentAck, SEGMENT_ACKS, REPORTS)
 
     def start_executor(self) -> None:
@@ -105,6 +106,9 @@ class RobotExecutorNode(Node):
         task, index = msg.task_id, msg.segment_index
         if self.inbox.is_duplicate(task, index):
             self.get_logger().debug(f"{self.robot_id}: duplicate {task}[{index}] dropped")
+            report = self._reports.get(task, index)
+            if report is not None:  # the planner re-sent it: it has no report for it (e.g. it restarted)
+                self._done_pub.publish(report)
             return
         if msg.robot_id and msg.robot_id != self.robot_id:
             reason = f"segment for {msg.robot_id!r} sent to {self.robot_id!r}"
@@ -231,14 +235,18 @@ class RobotExecutorNode(Node):
 
     def _report(self, msg: PlanSegment, start: float, finish: float, ok: bool, error: str) -> None:
         self.history.append((msg.task_id, msg.segment_index, ok, error))
-        self._done_pub.publish(SegmentDone(task_id=msg.task_id, robot_id=self.robot_id,
-                                           segment_index=msg.segment_index, start=time_msg(start),
-                                           finish=time_msg(finish), success=ok, error=error))
+        report = SegmentDone(task_id=msg.task_id, robot_id=self.robot_id, segment_index=msg.segment_index,
+                             start=time_msg(start), finish=time_msg(finish), success=ok, error=error)
+        self._reports.put(msg.task_id, msg.segment_index, report)
+        self._done_pub.publish(report)
 
     def _ack(self, msg: PlanSegment, received: float) -> None:
         self.acks.append((msg.task_id, msg.segment_index))
-        self._ack_pub.publish(SegmentAck(task_id=msg.task_id, robot_id=self.robot_id,
-                                         segment_index=msg.segment_index, stamp=time_msg(received)))
+        try:  # a lost ack only means a re-send, which is acked again; it must not stop the robot
+            self._ack_pub.publish(SegmentAck(task_id=msg.task_id, robot_id=self.robot_id,
+                                             segment_index=msg.segment_index, stamp=time_msg(received)))
+        except Exception as e:  # noqa: BLE001
+            self.get_logger().warning(f"{self.robot_id}: ack of {msg.task_id}[{msg.segment_index}] not sent: {e}")
 
     # -- safety services ------------------------------------------------------------------
     def emergency_stop(self) -> str:

@@ -27,6 +27,7 @@ from typing import Any
 from rcl_interfaces.msg import ParameterDescriptor, SetParametersResult
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
+from rclpy.event_handler import PublisherEventCallbacks
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
@@ -128,6 +129,7 @@ class PlannerNode(Node):
         self._oneshot = threading.BoundedSemaphore(p["max_oneshot_calls"])
         self._engine_error: str | None = None  # set while the engine is down (goals are refused)
         self._next_prune = 0.0
+        self._journal_closed = False
         self.engine_restarts = 0
 
         from timelyllm_ros.ros.delivery import SegmentDelivery
@@ -153,11 +155,11 @@ class PlannerNode(Node):
                                     result_timeout=int(p["action_result_timeout_s"]))
         self.create_service(Plan, topics.PLAN_SERVICE, self._plan_srv, callback_group=goals)
         self.create_service(GetPlanResult, topics.GET_PLAN_RESULT_SERVICE, self._get_result_srv, callback_group=goals)
-        reports = MutuallyExclusiveCallbackGroup()
-        self.create_subscription(SegmentDone, topics.SEGMENT_DONE, self._segment_done, topics.REPORTS,
-                                 callback_group=reports)
-        self.create_subscription(SegmentAck, topics.SEGMENT_ACKS, self._segment_ack, topics.REPORTS,
-                                 callback_group=reports)
+        # Reports and acks in groups of their own: a burst of one never queues behind the other.
+        self.create_subscription(SegmentDone, topics.SEGMENT_DONE, self._segment_done, topics.REPORTS_IN,
+                                 callback_group=MutuallyExclusiveCallbackGroup())
+        self.create_subscription(SegmentAck, topics.SEGMENT_ACKS, self._segment_ack, topics.REPORTS_IN,
+                                 callback_group=MutuallyExclusiveCallbackGroup())
         self._engine_pub = self.create_publisher(EngineState, "engine_state", topics.TELEMETRY)
         self._all_segments = self.create_publisher(PlanSegment, topics.ALL_SEGMENTS, topics.REPORTS)
         self._requests = self.create_publisher(TaskRequest, topics.PLAN_REQUESTS, topics.REPORTS)
@@ -277,23 +279,26 @@ class PlannerNode(Node):
 
     def _validate(self, task_id: str, robot_id: str, robot_type: str, task: str, tuf_msg, *,
                   arrival: float | None = None, sent: float | None = None) -> TaskSpec:
-        check_text("robot_id", robot_id, max_chars=256)
+        try:
+            self._check_fields(robot_id, task_id, task)
+        except ValueError as e:  # the hygiene checks name the field, the character and its position
+            raise GoalError(str(e)) from None
         if not robot_id.strip():
             raise GoalError("robot_id: must not be empty")
-        check_text("task_id", task_id, max_chars=256)
         if robot_type not in self._robot_types:
             raise GoalError(f"robot_type: unknown {robot_type!r}; this planner serves {self._robot_types}")
         if not task.strip():
             raise GoalError("task: must not be empty")
         if len(task) > self._max_task_chars:
             raise GoalError(f"task: {len(task)} characters, more than max_task_chars={self._max_task_chars}")
-        check_text("task", task)
         try:
             tuf = tuf_from_msg(tuf_msg)
         except ValueError as e:
             raise GoalError(str(e)) from None
-        n_task = len(self.engine.tokenize(task))
-        check_token_count("task", n_task, self._max_task_tokens)
+        try:
+            check_token_count("task", len(self.engine.tokenize(task)), self._max_task_tokens)
+        except ValueError as e:
+            raise GoalError(str(e)) from None
         prompt_ids = self._prompts.token_ids(robot_type, task)
         limit = getattr(self.engine, "max_model_len", None)
         if limit and len(prompt_ids) + 16 > limit:
@@ -310,6 +315,12 @@ class PlannerNode(Node):
         return TaskSpec(robot_id=robot_id, prompt=task, tuf=tuf, robot_type=robot_type,
                         task_id=task_id or f"{robot_id}-{uuid.uuid4().hex[:8]}", prompt_token_ids=prompt_ids,
                         extra=extra, arrival=arrival, sent=sent)
+
+    @staticmethod
+    def _check_fields(robot_id: str, task_id: str, task: str) -> None:
+        check_text("robot_id", robot_id, max_chars=256)
+        check_text("task_id", task_id, max_chars=256)
+        check_text("task", task)
 
     # -- accepting work -----------------------------------------------------------------
     def _accept(self, task_id: str, robot_id: str, robot_type: str, task: str, tuf_msg, *,
@@ -372,6 +383,10 @@ class PlannerNode(Node):
                 op.waiters.append(waiter)
             return task_id, None
         res = self.core.result(task_id)
+        if res is None and self.journal is not None and not self._journal_closed:
+            rec = self.journal.result(task_id)  # finished before this planner (re)started
+            if rec is not None:
+                res = _task_result_from_record(task_id, rec)
         if res is not None:
             if res.meta.get("request_key") != key:
                 raise GoalError(f"task_id: {task_id!r} is already in use by a different request")
@@ -498,25 +513,28 @@ class PlannerNode(Node):
         if self.journal is not None:
             self._jot("segment_sent", res.task_id, seg.index, seg.text, list(seg.token_ids), msg.is_final,
                                       self._bridge.to_wall(seg.dispatch), seg.est_exec_s)
-        self.delivery.send(res.robot_id, msg, time.monotonic())
+        self._deliver(res.robot_id, msg)
         self._all_segments.publish(msg)  # fleet-wide copy for recorders and the exec-time node
         fb = PlanTask.Feedback(segment=msg, utility_estimate=math.nan)
         for h in handles:
             h.publish_feedback(fb)
 
     def _on_result(self, res: TaskResult) -> None:
+        """Journal, /plan_results, the robot's end of plan, then every waiting goal. Each step is guarded:
+        one failing (e.g. a publisher whose context is going away) must not keep the others from happening."""
         with self._open_lock:
             op = self._open.pop(res.task_id, None)
+        marker = None
         if op is not None and op.sent and not op.final_sent:
             # The robot's topic carries the end of the plan itself: a marker after the last segment sent.
             marker = PlanSegment(task_id=res.task_id, robot_id=res.robot_id, segment_index=op.sent, text="",
-                                 is_final=True, stamp_generated=self.get_clock().now().to_msg())
-            if self.journal is not None:
-                self._jot("end_marker_sent", res.task_id, op.sent)
-            self.delivery.send(res.robot_id, marker, time.monotonic())
-        if self.journal is not None:
-            self._jot("task_finished", res.task_id, res.status.value, _result_record(res), time.time())
-        self._results.publish(self._plan_result_msg(res))
+                                 is_final=True, stamp_generated=self._bridge.to_msg(self.core.clock.now()))
+            self._jot("end_marker_sent", res.task_id, op.sent)
+        self._jot("task_finished", res.task_id, res.status.value, _result_record(res), time.time())
+        self._guard("publish the result", lambda: self._results.publish(self._plan_result_msg(res)))
+        if marker is not None:
+            self._guard("send the end-of-plan marker",
+                        lambda: self._deliver(res.robot_id, marker))
         if op is None:
             return  # a revision (late robot failure) or a restored task: /plan_results carries it
         out = self._result_msg(res)
@@ -525,15 +543,27 @@ class PlannerNode(Node):
         for w in op.waiters:
             w.put(res)
 
+    def _guard(self, what: str, fn: Callable[[], Any]) -> None:
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001
+            self.get_logger().error(f"could not {what}: {e!r}")
+
     def _publish_to_robot(self, robot_id: str, msg: PlanSegment) -> None:
         self._segment_pub(robot_id).publish(msg)
+
+    def _deliver(self, robot_id: str, msg: PlanSegment) -> None:
+        matched = self._segment_pub(robot_id).get_subscription_count() > 0
+        self.delivery.send(robot_id, msg, time.monotonic(), matched=matched)
 
     def _segment_pub(self, robot_id: str):
         with self._pub_lock:
             pub = self._seg_pubs.get(robot_id)
             if pub is None:
+                # No QoS event callbacks: with hundreds of robots their waitables slow the whole executor.
                 pub = self._seg_pubs[robot_id] = self.create_publisher(
-                    PlanSegment, topics.segment_topic(robot_id), topics.RELIABLE)
+                    PlanSegment, topics.segment_topic(robot_id), topics.RELIABLE,
+                    event_callbacks=PublisherEventCallbacks(use_default_callbacks=False))
             return pub
 
     def _skillset_id(self, robot_type: str) -> str:
@@ -550,8 +580,11 @@ class PlannerNode(Node):
     def _segment_done(self, msg: SegmentDone) -> None:
         start = self._bridge.to_core(msg.start) if (msg.start.sec or msg.start.nanosec) else None
         finish = self._bridge.to_core(msg.finish) if (msg.finish.sec or msg.finish.nanosec) else None
-        # A report implies receipt (its ack may have been lost).
+        # A report implies receipt (its ack may have been lost), and that the robot is alive.
         self.delivery.ack(msg.task_id, msg.segment_index)
+        self.delivery.heard(msg.robot_id, time.monotonic())
+        if msg.finish.sec or msg.finish.nanosec:
+            self.core.note_report_lag(time.time() - time_s(msg.finish))
         self.core.report_segment_done(msg.task_id, msg.segment_index, finish, msg.success, msg.error, start)
         if self.journal is not None:
             self._jot("segment_reported", msg.task_id, msg.segment_index, msg.success,
@@ -559,12 +592,17 @@ class PlannerNode(Node):
 
     def _jot(self, what: str, *args) -> None:
         """Journal write: a failure is logged loudly but never stops a segment or result from going out."""
+        if self.journal is None or self._journal_closed:
+            return
         try:
             getattr(self.journal, what)(*args)
         except Exception as e:  # noqa: BLE001
             self.get_logger().error(f"journal {what}{args[:2]} failed: {e!r}")
 
     def _segment_ack(self, msg: SegmentAck) -> None:
+        self.delivery.heard(msg.robot_id, time.monotonic())
+        if msg.stamp.sec or msg.stamp.nanosec:
+            self.core.note_report_lag(time.time() - time_s(msg.stamp))
         if self.delivery.ack(msg.task_id, msg.segment_index) and self.journal is not None:
             self._jot("segment_acked", msg.task_id, msg.segment_index)
 
@@ -573,6 +611,8 @@ class PlannerNode(Node):
             self.get_logger().error(f"{robot_id} never acknowledged segment {index} of {tid}")
             self.core.robot_failed(tid, f"robot {robot_id} never acknowledged segment {index} within "
                                         f"{self.delivery.give_up_s:g} s")
+        for tid, robot_id, robot_type, seg in self.core.unreported():
+            self._deliver(robot_id, segment_msg(tid, robot_id, seg, self._bridge, self._skillset_id(robot_type)))
         for tid in self.core.expire_silent():
             self.get_logger().error(f"task {tid}: robot silent, ended ROBOT_FAILED")
         now = time.monotonic()
@@ -693,7 +733,12 @@ class PlannerNode(Node):
             spec.meta["request_key"] = key
             self.core.restore(spec, segs, final=marker)
             resumed += 1
-        for tid, robot_id, js in self.journal.unacked():
+        resend = {(tid, js.index): (tid, robot_id, js) for tid, robot_id, js in self.journal.unacked()}
+        for jt in self.journal.unfinished():  # also what was acknowledged but never reported: the robot
+            for js in jt.segments:            # answers a copy of a finished segment with its report again
+                if not js.marker and not js.reported:
+                    resend.setdefault((jt.task_id, js.index), (jt.task_id, jt.robot_id, js))
+        for tid, robot_id, js in resend.values():
             msg = PlanSegment(task_id=tid, robot_id=robot_id, segment_index=js.index, text=js.text,
                               is_final=bool(js.is_final or js.marker))
             if not js.marker:
@@ -728,6 +773,7 @@ class PlannerNode(Node):
             for w in op.waiters:
                 w.put(res)
         if self.journal is not None:
+            self._journal_closed = True
             self.journal.close()
 
 
@@ -743,9 +789,24 @@ def _spec_record(spec: TaskSpec, tuf_msg, bridge: ClockBridge) -> dict:
 
 
 def _result_record(res: TaskResult) -> dict:
-    return {"task_id": res.task_id, "robot_id": res.robot_id, "status": res.status.value, "message": res.reason,
-            "plan_text": res.plan, "num_segments": len(res.segments), "response_time": res.response_time,
-            "response_time_from_send": res.response_time_from_send, "utility": res.utility}
+    key = res.meta.get("request_key")
+    return {"task_id": res.task_id, "robot_id": res.robot_id, "robot_type": res.robot_type,
+            "status": res.status.value, "message": res.reason, "plan_text": res.plan,
+            "num_segments": len(res.segments), "response_time": res.response_time,
+            "response_time_from_send": res.response_time_from_send, "utility": res.utility,
+            "request_key": list(key) if key is not None else None}
+
+
+def _task_result_from_record(task_id: str, rec: dict) -> TaskResult:
+    """A journaled result (from before a restart) as a TaskResult; its segments are not journaled with it."""
+    key = rec.get("request_key")
+    return TaskResult(task_id=task_id, robot_id=rec.get("robot_id", ""),
+                      status=CORE_FROM_NAME.get(rec.get("status", ""), TaskStatus.FAILED),
+                      plan=rec.get("plan_text", ""), segments=[], response_time=rec.get("response_time"),
+                      utility=rec.get("utility"),
+                      reason=rec.get("message", ""), meta={"request_key": tuple(key) if key else None},
+                      robot_type=rec.get("robot_type", "drone"),
+                      response_time_from_send=rec.get("response_time_from_send"))
 
 
 def _plan_result_from_record(rec: dict) -> PlanResult:

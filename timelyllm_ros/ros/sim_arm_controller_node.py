@@ -19,8 +19,8 @@ from std_msgs.msg import Header
 from trajectory_msgs.msg import JointTrajectory
 
 from timelyllm_ros.ros.arm_executor_node import status_topic, trajectory_topic
-from timelyllm_ros.ros.topics import RELIABLE
 from timelyllm_ros.ros.spin import run_nodes
+from timelyllm_ros.ros.topics import RELIABLE
 
 
 @dataclass

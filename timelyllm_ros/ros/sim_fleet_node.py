@@ -23,11 +23,12 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.node import Node
 
 from timelyllm_ros.core.exec_model import ExecTimeModel
 from timelyllm_ros.core.skills import load_skill_set
-from timelyllm_ros.executors.inbox import DEFAULT_REORDER_TIMEOUT_S, SegmentInbox
+from timelyllm_ros.executors.inbox import DEFAULT_REORDER_TIMEOUT_S, ReportCache, SegmentInbox
 from timelyllm_ros.msg import PlanSegment, SegmentAck, SegmentDone
 from timelyllm_ros.ros.convert import time_msg
 from timelyllm_ros.ros.spin import run_nodes
@@ -66,11 +67,14 @@ class SimFleetNode(Node):
         self.rng = random.Random(seed)
         self.robots = {r: SimRobot(r, robot_type, silent=r in silent, inbox=SegmentInbox(self.reorder_timeout_s))
                        for r in robots}
-        self._done_pub = self.create_publisher(SegmentDone, SEGMENT_DONE, RELIABLE)
+        self._done_pub = self.create_publisher(SegmentDone, SEGMENT_DONE, REPORTS)
+        self._reports = ReportCache(max_entries=16384)
         self._ack_pub = self.create_publisher(SegmentAck, SEGMENT_ACKS, REPORTS)
         self._lock = threading.Condition()
         for r in robots:
-            self.create_subscription(PlanSegment, segment_topic(r), lambda m, r=r: self._received(r, m), RELIABLE)
+            # No QoS event callbacks: with a hundred robots their waitables slow the whole executor.
+            self.create_subscription(PlanSegment, segment_topic(r), lambda m, r=r: self._received(r, m), RELIABLE,
+                                     event_callbacks=SubscriptionEventCallbacks(use_default_callbacks=False))
         self.create_timer(min(0.1, self.reorder_timeout_s / 4), self._expire)  # held segments past the timeout
         self._events: list[tuple[float, str]] = []  # (finish wall time, robot id)
         self._stop = False
@@ -83,6 +87,11 @@ class SimFleetNode(Node):
         rob = self.robots[robot_id]
         try:
             with self._lock:
+                if rob.inbox.is_duplicate(msg.task_id, msg.segment_index):
+                    report = self._reports.get(msg.task_id, msg.segment_index)
+                    if report is not None:  # re-sent: the planner has no report for it (e.g. it restarted)
+                        self._done_pub.publish(report)
+                    return
                 for seg in rob.inbox.offer(msg.task_id, msg.segment_index, msg.text, msg.is_final, now, payload=msg):
                     if seg.refused:
                         self._refuse(rob, msg=seg.payload, reason=seg.refused, now=now)
@@ -93,8 +102,11 @@ class SimFleetNode(Node):
                 self._lock.notify()
         finally:  # every received copy, duplicates and end markers included (silent robots too)
             rob.acks.append((msg.task_id, msg.segment_index))
-            self._ack_pub.publish(SegmentAck(task_id=msg.task_id, robot_id=robot_id,
-                                             segment_index=msg.segment_index, stamp=time_msg(now)))
+            try:  # a lost ack only means a re-send, which is acked again; it must not kill the fleet
+                self._ack_pub.publish(SegmentAck(task_id=msg.task_id, robot_id=robot_id,
+                                                 segment_index=msg.segment_index, stamp=time_msg(now)))
+            except Exception as e:  # noqa: BLE001
+                self.get_logger().warning(f"{robot_id}: ack of {msg.task_id}[{msg.segment_index}] not sent: {e}")
 
     def _expire(self) -> None:
         now = time.time()
@@ -130,8 +142,10 @@ class SimFleetNode(Node):
             return
         task_id = msg_or_entry.task_id if isinstance(msg_or_entry, PlanSegment) else msg_or_entry[0]
         index = msg_or_entry.segment_index if isinstance(msg_or_entry, PlanSegment) else msg_or_entry[1]
-        self._done_pub.publish(SegmentDone(task_id=task_id, robot_id=rob.robot_id, segment_index=index,
-                                           start=time_msg(start), finish=time_msg(finish), success=ok, error=error))
+        report = SegmentDone(task_id=task_id, robot_id=rob.robot_id, segment_index=index, start=time_msg(start),
+                             finish=time_msg(finish), success=ok, error=error)
+        self._reports.put(task_id, index, report)
+        self._done_pub.publish(report)
 
     def _run(self) -> None:
         with self._lock:

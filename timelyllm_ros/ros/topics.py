@@ -16,6 +16,10 @@ from rclpy.qos import QoSDurabilityPolicy, QoSHistoryPolicy, QoSProfile, QoSReli
 RELIABLE = QoSProfile(depth=50, reliability=QoSReliabilityPolicy.RELIABLE, history=QoSHistoryPolicy.KEEP_LAST)
 # Robot reports and acknowledgements: a burst of 1000 goals must not overflow a history.
 REPORTS = QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE, history=QoSHistoryPolicy.KEEP_LAST)
+# The planner's readers of reports and acknowledgements: a deep KEEP_LAST, so a busy planner's history does not
+# drop a report before it was taken (a dropped report makes a healthy robot look silent). Not KEEP_ALL: a full
+# KEEP_ALL reader pushes back on the robots' writers until their publish() fails.
+REPORTS_IN = QoSProfile(depth=20000, reliability=QoSReliabilityPolicy.RELIABLE, history=QoSHistoryPolicy.KEEP_LAST)
 TELEMETRY = QoSProfile(depth=5, reliability=QoSReliabilityPolicy.BEST_EFFORT, history=QoSHistoryPolicy.KEEP_LAST)
 LATCHED = QoSProfile(depth=1, reliability=QoSReliabilityPolicy.RELIABLE,
                      durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)

@@ -588,13 +588,19 @@ def test_the_planner_refuses_nul_in_a_task_as_an_invalid_goal(make_stack):
         s.planner._validate("nul-1", "drone_0", "drone", "find the cat \x00now", NORMAL)
 
 
-@pytest.mark.xfail(strict=True, reason="rosidl strings end at NUL: 'find the cat \\x00now' arrives as 'find the "
-                                       "cat ' and is planned; only the client side can refuse it")
-def test_nul_in_a_task_sent_over_ros_is_rejected(make_stack):
+def test_nul_in_a_task_is_refused_by_the_client_helper_before_it_leaves(make_stack):
+    # rosidl strings end at NUL ('find the cat \x00now' would arrive as 'find the cat '), so the planner can
+    # never see one: the client helper refuses it, naming the field and the position, and sends nothing.
+    from timelyllm_ros.action import PlanTask
+    from timelyllm_ros.ros.client import PlanClient
+
     s = make_stack()
-    _, h = s.send_id("drone_0", "find the cat \x00now", task_id="nul-2")
-    r = s.full_result(h)[1]
-    assert r.status == R.STATUS_REJECTED and "position 13" in r.message, (r.status, r.message)
+    client = PlanClient(s.client)
+    goal = PlanTask.Goal(task_id="nul-2", robot_id="drone_0", robot_type="drone", task="find the cat \x00now",
+                         tuf=NORMAL)
+    with pytest.raises(ValueError, match=r"^task: .*U\+0000.* at position 13"):
+        client.send(goal)
+    assert not any(q.task_id == "nul-2" for q in s.requests)
 
 
 # -- 10. arrival clock ------------------------------------------------------------------------------------

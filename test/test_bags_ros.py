@@ -82,7 +82,13 @@ class Stack:
             self.ex.add_node(n)
         self.thread = threading.Thread(target=self.ex.spin, daemon=True)
         self.thread.start()
-        assert self.action.wait_for_server(timeout_sec=10)
+        ok = False
+        try:
+            ok = self.action.wait_for_server(timeout_sec=30)
+        finally:
+            if not ok:  # left running, this planner would answer every later test's goals
+                self.close()
+        assert ok, "the planner's action server never became visible"
 
     def _witness(self, topic, msg) -> None:
         with self._wlock:

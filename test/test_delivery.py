@@ -134,8 +134,8 @@ class DStack(Stack):
             self.ex.add_node(n)
         self.thread = threading.Thread(target=self.ex.spin, daemon=True)
         self.thread.start()
-        assert self.action.wait_for_server(timeout_sec=10)
-        assert self.gpr.wait_for_service(timeout_sec=10)
+        self._ready_or_close(lambda: self.action.wait_for_server(timeout_sec=30),
+                             lambda: self.gpr.wait_for_service(timeout_sec=30))
 
     def goal(self, robot: str, task: str = CAT, *, task_id: str = "", tuf=NORMAL, stamp: Time | None = None,
              fb: list | None = None):

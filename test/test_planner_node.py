@@ -58,7 +58,18 @@ class Stack:
             self.ex.add_node(n)
         self.thread = threading.Thread(target=self.ex.spin, daemon=True)
         self.thread.start()
-        assert self.action.wait_for_server(timeout_sec=10)
+        self._ready_or_close(lambda: self.action.wait_for_server(timeout_sec=30))
+
+    def _ready_or_close(self, *ready) -> None:
+        """A stack that never became ready is torn down before the test fails: left running, its planner
+        would answer the goals of every later test in this process's ROS domain."""
+        ok = False
+        try:
+            ok = all(r() for r in ready)
+        finally:
+            if not ok:
+                self.close()
+        assert ok, "the planner's action server (or service) never became visible"
 
     def send(self, robot: str, task: str, tuf=NORMAL, task_id: str = "", robot_type: str = "drone"):
         """Returns (feedback list with arrival times, result future getter)."""

@@ -10,3 +10,21 @@ os.environ.setdefault("ROS_DOMAIN_ID", str(random.Random(os.getpid()).randint(1,
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import itertools  # noqa: E402
+
+import pytest  # noqa: E402
+
+_BASE_DOMAIN = int(os.environ["ROS_DOMAIN_ID"])
+_module_no = itertools.count()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _ros_domain_per_module():
+    """Each test module gets a ROS domain of its own (rcl reads ROS_DOMAIN_ID when a context starts). Every
+    test stack is a new DDS participant; one domain holding the participants (and any a failed test left
+    behind) of a whole suite run slows discovery until a planner is no longer found in time."""
+    old = os.environ["ROS_DOMAIN_ID"]
+    os.environ["ROS_DOMAIN_ID"] = str((_BASE_DOMAIN + 7 * next(_module_no)) % 100 + 1)
+    yield
+    os.environ["ROS_DOMAIN_ID"] = old

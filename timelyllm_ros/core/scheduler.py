@@ -266,6 +266,7 @@ class PlannerCore:
         self._watch: dict[str, list[Segment]] = {}  # task -> dispatched segments the robot has not reported
         self._report_lag = 0.0  # how far behind the caller reads robot reports (s): not the robot's silence
         self._report_lag_at = 0.0
+        self._robot_heard: dict[str, float] = {}  # robot -> when its latest report was read (clock time)
         self.lag_window_s = 10.0
         self._cands: dict[str, Generation] = {}  # eligible, not running
         self._waiting: list[tuple[float, int, int, Generation]] = []  # (eligible_at, seq, version, gen)
@@ -322,6 +323,10 @@ class PlannerCore:
                 return
             t = self.clock.now() if finish_time is None else float(finish_time)
             seg = segs[seg_index]
+            self._robot_heard[(g or res).robot_id] = self.clock.now()
+            if len(self._robot_heard) > 50_000:  # bounded: forget the robots heard from longest ago
+                for rid in sorted(self._robot_heard, key=self._robot_heard.__getitem__)[:25_000]:
+                    del self._robot_heard[rid]
             seg.real_end, seg.success, seg.error = t, success, error
             self._reported(task_id, seg)
             robot_type = g.robot_type if g is not None else res.robot_type
@@ -389,7 +394,11 @@ class PlannerCore:
         ended = []
         with self._lock:
             now = self.clock.now() if now is None else now
+            heard_since = now - self.cfg.robot_timeout_s
             for tid, pending in list(self._watch.items()):
+                owner = self._tasks.get(tid) or self._done.get(tid)
+                if owner is not None and self._robot_heard.get(owner.robot_id, -math.inf) > heard_since:
+                    continue  # it keeps reporting (other segments): busy or behind, not silent
                 limit = self.cfg.robot_timeout_s + self._report_lag
                 late = [s for s in pending if s.pred_end is not None and now > s.pred_end + limit]
                 if late:

@@ -155,3 +155,19 @@ def test_delivery_resends_until_acknowledged_and_gives_up_explicitly():
         d.due(t)
     assert all(x[1] == "b" for x in sent[4:]) and d.pending() == 1
     assert d.due(5.5) == [("b", 0, "r1")] and d.pending() == 0
+
+
+def test_an_ack_of_a_later_segment_resends_a_lost_earlier_one_at_once():
+    sent = []
+
+    class M:
+        def __init__(self, t, i):
+            self.task_id, self.segment_index = t, i
+
+    d = SegmentDelivery(lambda robot, msg: sent.append(msg.segment_index), matched_period_s=3.0)
+    d.send("r0", M("a", 0), 0.0, matched=True)  # lost: the robot's reader had not matched yet
+    d.send("r0", M("a", 1), 0.1, matched=True)
+    assert d.due(0.2) == [] and sent == [0, 1]  # matched: no re-send before 3 s ...
+    d.ack("a", 1, now=0.3)  # ... but the robot has 1 and not 0: 0 was lost
+    d.due(0.3)
+    assert sent == [0, 1, 0] and d.pending() == 1

@@ -66,10 +66,21 @@ class SegmentDelivery:
                 for rid in sorted(self._heard, key=self._heard.__getitem__)[:50_000]:
                     del self._heard[rid]
 
-    def ack(self, task_id: str, index: int) -> bool:
-        """The robot has it; False if it was not pending (a duplicate ack)."""
+    def ack(self, task_id: str, index: int, now: float | None = None) -> bool:
+        """The robot has it; False if it was not pending (a duplicate ack).
+
+        An ack of segment k while an earlier segment of the same task is still unacknowledged means that
+        earlier copy was lost (e.g. it went out while the robot's reader had not yet matched our writer):
+        it is re-sent at the next :meth:`due`, not after a full re-send period."""
+        index = int(index)
         with self._lock:
-            return self._pending.pop((task_id, int(index)), None) is not None
+            found = self._pending.pop((task_id, index), None) is not None
+            if now is not None:
+                for j in range(index):  # a task has a handful of segments: cheap, whatever is in flight
+                    p = self._pending.get((task_id, j))
+                    if p is not None and p.next_send > now:
+                        p.next_send = now
+            return found
 
     def due(self, now: float) -> list[tuple[str, int, str]]:
         """Re-send what is due; returns (task_id, index, robot_id) of segments given up on (never acknowledged

@@ -603,7 +603,7 @@ class PlannerNode(Node):
         self.delivery.heard(msg.robot_id, time.monotonic())
         if msg.stamp.sec or msg.stamp.nanosec:
             self.core.note_report_lag(time.time() - time_s(msg.stamp))
-        if self.delivery.ack(msg.task_id, msg.segment_index) and self.journal is not None:
+        if self.delivery.ack(msg.task_id, msg.segment_index, time.monotonic()) and self.journal is not None:
             self._jot("segment_acked", msg.task_id, msg.segment_index)
 
     def _housekeeping(self) -> None:

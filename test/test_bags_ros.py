@@ -8,6 +8,7 @@ metrics collector, all under one MultiThreadedExecutor.
 from __future__ import annotations
 
 import math
+import signal
 import subprocess
 import sys
 import threading
@@ -313,7 +314,9 @@ def test_recorder_node_starts_and_stops_by_service_and_parameter(stack, tmp_path
 def test_cli_record_in_its_own_process(stack, tmp_path):
     """`python -m timelyllm_ros.bags record` records over DDS from another process and prints the bag path."""
     out = tmp_path / "cli_bag"
-    proc = subprocess.Popen([sys.executable, "-m", "timelyllm_ros.bags", "record", "-o", str(out), "--duration", "6"],
+    # Stopped with Ctrl-C once the task has ended, not after a fixed duration: on a busy machine a recorder
+    # stopped by the clock could close its bag before the result arrived.
+    proc = subprocess.Popen([sys.executable, "-m", "timelyllm_ros.bags", "record", "-o", str(out), "--duration", "300"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert _wait(lambda: stack.planner._requests.get_subscription_count() >= 3, 15), "recorder never matched"
@@ -324,6 +327,7 @@ def test_cli_record_in_its_own_process(stack, tmp_path):
         res = fut.result().get_result_async()
         assert _wait(res.done, 30)
         stack.settle()
+        proc.send_signal(signal.SIGINT)
         text, _ = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:

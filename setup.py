@@ -42,7 +42,6 @@ setup(
     entry_points={
         "console_scripts": [
             "timelyllm=timelyllm_ros.cli:main",
-            "timelyllm-bench=timelyllm_ros.bench.cli:main",
         ],
     },
     cmdclass={"build_py": BuildWithData},

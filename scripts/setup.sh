@@ -141,7 +141,7 @@ export MPLBACKEND=Agg
 EOF
 # Commands on PATH once env.sh is sourced (the same entry points setup.py declares).
 mkdir -p "$ROOT/install/bin"
-for cmd in "timelyllm:timelyllm_ros.cli" "timelyllm-bench:timelyllm_ros.bench"; do
+for cmd in "timelyllm:timelyllm_ros.cli" "timelyllm-bench:bench"; do
     printf '#!/bin/sh\nexec "%s" -m %s "$@"\n' "$VPY" "${cmd#*:}" > "$ROOT/install/bin/${cmd%%:*}"
     chmod +x "$ROOT/install/bin/${cmd%%:*}"
 done

@@ -2,8 +2,8 @@
 
 import argparse
 
-from timelyllm_ros.bench import diagnose
-from timelyllm_ros.core.workloads import generate
+from bench import diagnose
+from timelyllm_ros.sim.workloads import generate
 
 
 def test_diagnose_on_a_short_workload():

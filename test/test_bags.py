@@ -26,8 +26,8 @@ from timelyllm_ros.bags.typestore import (
     msg_dir,
     typestore,
 )
-from timelyllm_ros.core.metrics import summarize
-from timelyllm_ros.core.workloads import generate, load_trace
+from timelyllm_ros.sim.metrics import summarize
+from timelyllm_ros.sim.workloads import generate, load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 WID2 = ROOT / "data" / "lrtrace" / "drone-wid2"

@@ -342,7 +342,7 @@ def test_cli_replays_an_lrtrace_workload_and_records_it(stack, tmp_path):
     """`python -m timelyllm_ros.bags replay <jobs.json> --record <bag>`: goals from another process, on time."""
     import json
 
-    from timelyllm_ros.core.workloads import load_trace
+    from timelyllm_ros.sim.workloads import load_trace
 
     wid2 = load_trace("drone-wid2")
     picked = [j for j in wid2.jobs if j.trace_id in (0, 5)][:3]

@@ -4,10 +4,10 @@ restoring a journaled task, learning per robot type (SimClock + SimEngine: deter
 import pytest
 from test_scheduler import drain, make_core, spec
 
-from timelyllm_ros.core.clock import SimClock
-from timelyllm_ros.core.scheduler import Segment, TaskSpec, TaskStatus
-from timelyllm_ros.core.tuf import LEVELS
+from timelyllm_ros.model.clock import SimClock
+from timelyllm_ros.model.tuf import LEVELS
 from timelyllm_ros.ros.delivery import SegmentDelivery
+from timelyllm_ros.sched.scheduler import Segment, TaskSpec, TaskStatus
 
 
 def _step_until(core, clock, pred, limit=1000):
@@ -35,7 +35,7 @@ def test_fail_all_ends_every_open_task_at_once_and_a_new_engine_serves():
     assert sorted(r.task_id for r in results) == ["t0", "t1", "t2", "t3"]
     assert all(r.status is TaskStatus.FAILED and "boom" in r.reason for r in results)
     assert core.pending() == 0
-    from timelyllm_ros.core.sim_engine import SimEngine
+    from timelyllm_ros.engines.sim_engine import SimEngine
 
     core.replace_engine(SimEngine())
     core.submit(spec(9))

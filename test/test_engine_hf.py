@@ -7,13 +7,14 @@ import re
 
 import pytest
 
-from timelyllm_ros.core.engine import EngineRequest, FinishReason, concat_segments
-from timelyllm_ros.core.segmenter import make_stop_checker
-from timelyllm_ros.core.skills import load_skill_set
-from timelyllm_ros.engines import driver, grammar
+from timelyllm_ros.engines import driver
+from timelyllm_ros.engines.base import EngineRequest, FinishReason, concat_segments
 from timelyllm_ros.engines.detok import IncrementalDetokenizer
 from timelyllm_ros.engines.factory import EngineConfigError, make_engine, resolve_model_path
 from timelyllm_ros.engines.prompts import PromptBuilder
+from timelyllm_ros.skills import grammar
+from timelyllm_ros.skills.schema import load_skill_set
+from timelyllm_ros.skills.segmenter import make_stop_checker
 
 CAT = "Scene: [] Task: [A] Could you find the cat? If so, go to it."
 BOY = ("Scene: [boy x:0.48 y:0.51 width:0.2 height:0.4] Task: [E] You provided me with plan mf,100, but I "

@@ -15,12 +15,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from timelyllm_ros.core.engine import Engine, EngineRequest, FinishReason, concat_segments
-from timelyllm_ros.core.segmenter import make_stop_checker
 from timelyllm_ros.engines import driver, vllm_engine
+from timelyllm_ros.engines.base import Engine, EngineRequest, FinishReason, concat_segments
 from timelyllm_ros.engines.factory import _REPO, make_engine
 from timelyllm_ros.engines.prompts import PromptBuilder
 from timelyllm_ros.engines.vllm_engine import SubmissionLog, VllmEngine, finish_reason_from_vllm
+from timelyllm_ros.skills.segmenter import make_stop_checker
 
 engine = pytest.mark.engine
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from timelyllm_ros.core.exec_model import ExecEstimate, ExecTimeModel
-from timelyllm_ros.core.skills import SkillParseError, load_skill_set
+from timelyllm_ros.skills.exec_model import ExecEstimate, ExecTimeModel
+from timelyllm_ros.skills.schema import SkillParseError, load_skill_set
 
 DRONE = load_skill_set("drone")
 

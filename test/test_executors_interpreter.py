@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from timelyllm_ros.core.skills import load_skill_set
-from timelyllm_ros.executors.arm_backend import JOINTS, ArmExecutor
-from timelyllm_ros.executors.base import ExecutionError, Interrupted, RefusedError, StopSignal
-from timelyllm_ros.executors.minispec_interpreter import MiniSpecInterpreter
-from timelyllm_ros.executors.perception import ScriptedScene, parse_scene
+from timelyllm_ros.robots.arm_backend import JOINTS, ArmExecutor
+from timelyllm_ros.robots.base import ExecutionError, Interrupted, RefusedError, StopSignal
+from timelyllm_ros.robots.interpreter import MiniSpecInterpreter
+from timelyllm_ros.robots.perception import ScriptedScene, parse_scene
+from timelyllm_ros.skills.schema import load_skill_set
 
 
 class RecordingDrone:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from timelyllm_ros.executors.netns import netns_unavailable_reason
+from devtools.netns import netns_unavailable_reason
 
 rclpy = pytest.importorskip("rclpy")
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
@@ -79,7 +79,7 @@ class Planner:
 
 @needs_netns
 def test_a_fleet_of_emulated_drones_is_served_at_once_and_invalid_skills_never_reach_a_drone(tmp_path):
-    from timelyllm_ros.ros.emulated_fleet import start_emulated_fleet
+    from devtools.emulated_fleet import start_emulated_fleet
 
     robots = ["drone_a", "drone_b", "drone_c"]
     with start_emulated_fleet(robots, speed=0.1, scenes={"drone_b": "Scene: [cat x:0.5 y:0.5]"},
@@ -121,7 +121,7 @@ def test_a_fleet_of_emulated_drones_is_served_at_once_and_invalid_skills_never_r
 
 @needs_netns
 def test_emergency_stop_lands_the_drone_at_once_and_ends_the_task(tmp_path):
-    from timelyllm_ros.ros.emulated_fleet import start_emulated_fleet
+    from devtools.emulated_fleet import start_emulated_fleet
 
     with start_emulated_fleet(["drone_e"], speed=0.5, log_dir=tmp_path) as fleet:
         planner = Planner(["drone_e"])
@@ -162,7 +162,7 @@ def _moving(drone) -> bool:
 
 @needs_netns
 def test_segment_zero_of_another_task_preempts_the_running_one(tmp_path):
-    from timelyllm_ros.ros.emulated_fleet import start_emulated_fleet
+    from devtools.emulated_fleet import start_emulated_fleet
 
     with start_emulated_fleet(["drone_p"], speed=0.5, log_dir=tmp_path) as fleet:
         planner = Planner(["drone_p"])
@@ -247,7 +247,7 @@ class _Runner:
     """A robot that records what it ran; ``slow`` blocks until ``gate`` is set or the robot is stopped."""
 
     def __init__(self) -> None:
-        from timelyllm_ros.executors.base import StopSignal
+        from timelyllm_ros.robots.base import StopSignal
 
         self.stop = StopSignal()
         self.ran: list[str] = []

@@ -6,12 +6,12 @@ import time
 
 import pytest
 
-from timelyllm_ros.core.skills import load_skill_set
-from timelyllm_ros.executors.base import RefusedError, RobotConnectionError
-from timelyllm_ros.executors.minispec_interpreter import MiniSpecInterpreter
-from timelyllm_ros.executors.netns import emulated_drones, netns_unavailable_reason
-from timelyllm_ros.executors.perception import ScriptedScene
-from timelyllm_ros.executors.tello_backend import TelloBackend
+from devtools.netns import emulated_drones, netns_unavailable_reason
+from timelyllm_ros.robots.base import RefusedError, RobotConnectionError
+from timelyllm_ros.robots.interpreter import MiniSpecInterpreter
+from timelyllm_ros.robots.perception import ScriptedScene
+from timelyllm_ros.robots.tello_backend import TelloBackend
+from timelyllm_ros.skills.schema import load_skill_set
 
 _WHY = netns_unavailable_reason()
 pytestmark = pytest.mark.skipif(_WHY is not None, reason=f"emulated Tellos need network namespaces: {_WHY}")

@@ -39,10 +39,10 @@ from rclpy.action import ActionClient  # noqa: E402
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 
 from timelyllm_ros.action import PlanTask  # noqa: E402
-from timelyllm_ros.core.paths import config_dir  # noqa: E402
-from timelyllm_ros.core.workloads import plan_templates  # noqa: E402
 from timelyllm_ros.msg import PlanResult, PlanSegment, SegmentAck, SegmentDone, TimeUtility  # noqa: E402
+from timelyllm_ros.paths import config_dir  # noqa: E402
 from timelyllm_ros.ros import topics  # noqa: E402
+from timelyllm_ros.sim.workloads import plan_templates  # noqa: E402
 from timelyllm_ros.srv import GetPlanResult  # noqa: E402
 
 pytestmark = pytest.mark.ros
@@ -321,7 +321,7 @@ def journal_texts(state_dir: Path) -> dict[tuple[str, int], str]:
     restarted planner produced before this process's subscriptions matched it were seen by nobody here."""
     import sqlite3
 
-    from timelyllm_ros.core.journal import DB_NAME
+    from timelyllm_ros.sched.journal import DB_NAME
 
     conn = sqlite3.connect(f"file:{state_dir / DB_NAME}?mode=ro", uri=True, timeout=10)
     try:
@@ -489,7 +489,7 @@ def test_late_executors_get_every_segment_exactly_once(tmp_path, procs, clients)
 
 # -- 4. packet loss between the planner and a fleet in its own network namespace -------------------------
 def _netns_reason() -> str | None:
-    from timelyllm_ros.executors.netns import netns_unavailable_reason
+    from devtools.netns import netns_unavailable_reason
 
     if os.geteuid() != 0:
         return "network namespaces and nftables need root"
@@ -525,7 +525,7 @@ def _counters(netns: str) -> list[int]:
 @pytest.mark.netns
 @pytest.mark.skipif(_NETNS_WHY is not None, reason=f"packet loss test: {_NETNS_WHY}")
 def test_five_percent_packet_loss_to_a_fleet_in_a_network_namespace(tmp_path, procs, clients):
-    from timelyllm_ros.executors.netns import DroneNetwork, sweep_stale
+    from devtools.netns import DroneNetwork, sweep_stale
 
     sweep_stale()
     robots = [f"drone_{i}" for i in range(10)]

@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("rclpy")
 
-from timelyllm_ros.bench.cli import main as bench_main  # noqa: E402
-from timelyllm_ros.bench.fleet_load import make_schedule, pct  # noqa: E402
+from bench.cli import main as bench_main  # noqa: E402
+from bench.fleet_load import make_schedule, pct  # noqa: E402
 
 pytestmark = pytest.mark.ros
 

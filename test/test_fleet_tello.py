@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from timelyllm_ros.executors.netns import netns_unavailable_reason
+from devtools.netns import netns_unavailable_reason
 
 pytest.importorskip("rclpy")
 from test_planner_node import CAT, NORMAL, URGENT, Stack, _wait  # noqa: E402
@@ -24,7 +24,7 @@ BOY = ("Scene: [boy x:0.48 y:0.51 width:0.2 height:0.4] Task: [E] You provided m
 
 @pytest.mark.skipif(_WHY is not None, reason=f"emulated Tellos need network namespaces: {_WHY}")
 def test_one_planner_serves_several_emulated_tellos_at_once(tmp_path):
-    from timelyllm_ros.ros.emulated_fleet import start_emulated_fleet
+    from devtools.emulated_fleet import start_emulated_fleet
 
     robots = ["drone_0", "drone_1", "drone_2"]
     scenes = {"drone_0": "Scene: [cat x:0.5 y:0.5 width:0.2 height:0.2]",

@@ -1,7 +1,7 @@
 import math
 
-from timelyllm_ros.core.metrics import percentile, summarize, to_markdown
-from timelyllm_ros.core.simulator import SegRecord, TaskRecord
+from timelyllm_ros.sim.metrics import percentile, summarize, to_markdown
+from timelyllm_ros.sim.simulator import SegRecord, TaskRecord
 
 
 def rec(job, level, arrival, starts, execs, beta=1.0, alpha=-2.0, ert=1.0):

@@ -18,11 +18,11 @@ from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 
 from timelyllm_ros.action import PlanTask  # noqa: E402
-from timelyllm_ros.core.skills import load_skill_set  # noqa: E402
 from timelyllm_ros.engines.sim_realtime import RealtimeSimEngine  # noqa: E402
 from timelyllm_ros.msg import TimeUtility  # noqa: E402
 from timelyllm_ros.ros.planner_node import build_planner  # noqa: E402
 from timelyllm_ros.ros.sim_fleet_node import SimFleetNode  # noqa: E402
+from timelyllm_ros.skills.schema import load_skill_set  # noqa: E402
 
 pytestmark = pytest.mark.ros
 

@@ -10,7 +10,7 @@ pytest.importorskip("vllm")
 from test_planner_node import CAT, DOG, NORMAL, URGENT, Stack, _wait  # noqa: E402
 
 from timelyllm_ros.action import PlanTask  # noqa: E402
-from timelyllm_ros.core.skills import load_skill_set  # noqa: E402
+from timelyllm_ros.skills.schema import load_skill_set  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.engine]
 

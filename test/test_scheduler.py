@@ -1,11 +1,11 @@
 import threading
 
-from timelyllm_ros.core.admission import FixedCap, LatencyEstimator, make_admission
-from timelyllm_ros.core.clock import RealClock, SimClock
-from timelyllm_ros.core.policies import make_policy
-from timelyllm_ros.core.scheduler import CoreConfig, PlannerCore, TaskSpec, TaskStatus
-from timelyllm_ros.core.sim_engine import SimEngine
-from timelyllm_ros.core.tuf import LEVELS
+from timelyllm_ros.engines.sim_engine import SimEngine
+from timelyllm_ros.model.clock import RealClock, SimClock
+from timelyllm_ros.model.tuf import LEVELS
+from timelyllm_ros.sched.admission import FixedCap, LatencyEstimator, make_admission
+from timelyllm_ros.sched.policies import make_policy
+from timelyllm_ros.sched.scheduler import CoreConfig, PlannerCore, TaskSpec, TaskStatus
 
 
 def make_core(policy="pud", clock=None, **cfg):

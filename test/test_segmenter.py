@@ -9,15 +9,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from timelyllm_ros.core.engine import Engine, EngineRequest, EngineStats, FinishReason, RawTokens
-from timelyllm_ros.core.segmenter import (
+from timelyllm_ros.engines.base import Engine, EngineRequest, EngineStats, FinishReason, RawTokens
+from timelyllm_ros.skills.schema import load_skill_set
+from timelyllm_ros.skills.segmenter import (
     MiniSpecStopChecker,
     SemicolonStopChecker,
     SentenceStopChecker,
     make_stop_checker,
     split_segments,
 )
-from timelyllm_ros.core.skills import load_skill_set
 
 DRONE = load_skill_set("drone")
 ARM = load_skill_set("arm")

@@ -1,8 +1,8 @@
-from timelyllm_ros.core.engine import EngineRequest, FinishReason
-from timelyllm_ros.core.segmenter import make_stop_checker, split_segments
-from timelyllm_ros.core.sim_engine import SimEngine, SimEngineConfig, bpe_pieces
-from timelyllm_ros.core.skills import load_skill_set
-from timelyllm_ros.core.workloads import plan_templates
+from timelyllm_ros.engines.base import EngineRequest, FinishReason
+from timelyllm_ros.engines.sim_engine import SimEngine, SimEngineConfig, bpe_pieces
+from timelyllm_ros.sim.workloads import plan_templates
+from timelyllm_ros.skills.schema import load_skill_set
+from timelyllm_ros.skills.segmenter import make_stop_checker, split_segments
 
 
 def run_gen(eng, req):

@@ -1,5 +1,5 @@
-from timelyllm_ros.core.simulator import simulate
-from timelyllm_ros.core.workloads import Workload, generate, load_workload
+from timelyllm_ros.sim.simulator import simulate
+from timelyllm_ros.sim.workloads import Workload, generate, load_workload
 
 
 def small(n=40):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from timelyllm_ros.core.skills import (
+from timelyllm_ros.skills.schema import (
     SkillParseError,
     SkillSet,
     SkillSetError,

@@ -1,7 +1,7 @@
 import json
 
-from timelyllm_ros.core.skills import load_skill_set
-from timelyllm_ros.core.workloads import generate, load_trace, load_workload, plan_templates
+from timelyllm_ros.sim.workloads import generate, load_trace, load_workload, plan_templates
+from timelyllm_ros.skills.schema import load_skill_set
 
 
 def test_wid2_trace_loads():

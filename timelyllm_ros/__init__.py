@@ -1,6 +1,6 @@
 """timelyllm_ros: a time-sensitive, segmented LLM task planner for robot fleets.
 
-``timelyllm_ros.core`` is pure Python (no rclpy); ``timelyllm_ros.engines``
+Everything but ``timelyllm_ros.ros`` is pure Python (no rclpy); ``timelyllm_ros.engines``
 holds the real LLM backends; ``timelyllm_ros.ros`` the thin ROS 2 nodes.
 """
 

@@ -19,8 +19,8 @@ import math
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,9 +29,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from timelyllm_ros.core import metrics
-from timelyllm_ros.core.simulator import SegRecord, TaskRecord
-from timelyllm_ros.core.workloads import Job, Workload, load_workload
+from timelyllm_ros.sim import metrics
+from timelyllm_ros.sim.simulator import SegRecord, TaskRecord
+from timelyllm_ros.sim.workloads import Job, Workload, load_workload
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 130)
 CPU_TUF_SCALE = 5.0  # bench/results/realtime_cpu/results.md: first-segment latency of vLLM-CPU vs the paper's GPU
@@ -94,6 +94,11 @@ def _spinning(nodes: list[Any], ctx: Any) -> Iterator[Any]:
         t.join(timeout=5)
 
 
+# Starts the robots of one run instead of the simulated fleet node: called with (robot ids, scene text per
+# robot, parsed args), returns a context manager. Set by developer tooling (devtools/tello_demo.py).
+FLEET_HOOK: Callable[[list[str], dict[str, str], argparse.Namespace], AbstractContextManager[Any]] | None = None
+
+
 def run_policy(engine: Any, constrained: bool, policy: str, jobs: list[Job], args: argparse.Namespace,
                record: bool = True) -> RunResult:
     import rclpy
@@ -110,12 +115,8 @@ def run_policy(engine: Any, constrained: bool, policy: str, jobs: list[Job], arg
     planner, sched = build_planner([Parameter("policy", value=policy), Parameter("admission", value=args.admission)],
                                    engine=engine, constrained=constrained, context=ctx)
     stack = ExitStack()
-    if args.tello:  # emulated Tello drones in network namespaces, driven through djitellopy
-        from timelyllm_ros.ros.emulated_fleet import start_emulated_fleet
-
-        scenes = {robot_id_of(j): j.task_input for j in jobs}
-        tello = stack.enter_context(start_emulated_fleet(robots, speed=args.fleet_time_scale, scenes=scenes))
-        console.print(f"emulated Tello drones: {', '.join(f'{r}@{h}' for r, h in tello.hosts().items())}")
+    if FLEET_HOOK is not None:  # robots served outside this process (devtools/tello_demo.py: emulated Tellos)
+        stack.enter_context(FLEET_HOOK(robots, {robot_id_of(j): j.task_input for j in jobs}, args))
         fleet_nodes = []
     else:
         fleet_nodes = [SimFleetNode(context=ctx, parameter_overrides=[
@@ -261,9 +262,6 @@ def main(argv: list[str] | None = None) -> int:
                          f"Default: {CPU_TUF_SCALE:g} for a real engine on a CPU (measured: its first segment "
                          "takes ~5x the paper's GPU), 1 for the simulated engine or a GPU")
     ap.add_argument("--fleet-time-scale", type=float, default=1.0, help="robot execution time factor")
-    ap.add_argument("--tello", action="store_true",
-                    help="emulated Tello drones (network namespaces, real djitellopy; needs root) instead of "
-                         "simulated robots")
     ap.add_argument("--admission", default="latency", help="'latency' or a fixed batch cap")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=600.0)
@@ -276,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv
 
     policies = [args.policy] + [p for p in args.compare.split(",") if p]
-    from timelyllm_ros.core.policies import POLICIES
+    from timelyllm_ros.sched.policies import POLICIES
 
     bad = [p for p in policies if p not in POLICIES]
     if bad:

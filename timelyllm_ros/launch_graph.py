@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from timelyllm_ros.core.paths import config_dir
+from timelyllm_ros.paths import config_dir
 from timelyllm_ros.ros import NODE_EXECUTABLES
 
 # ROS node name in the parameters file -> executable that hosts it.

@@ -84,7 +84,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from timelyllm_ros.core.workloads import load_trace
+    from timelyllm_ros.sim.workloads import load_trace
 
     from .convert import bag_to_workload, is_bag, workload_to_bag
 
@@ -113,7 +113,7 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _metrics(args: argparse.Namespace) -> int:
-    from timelyllm_ros.core.metrics import summary_dicts, to_markdown, write_csv
+    from timelyllm_ros.sim.metrics import summary_dicts, to_markdown, write_csv
 
     from .records import bag_metrics
 

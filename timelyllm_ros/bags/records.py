@@ -2,8 +2,8 @@
 
 One :class:`RecordBuilder` turns the planner's messages (TaskRequest,
 PlanSegment, SegmentDone; rclpy messages or rosbags dataclasses alike) into
-the core's :class:`~timelyllm_ros.core.simulator.TaskRecord`, and
-:func:`timelyllm_ros.core.metrics.summarize` computes the report. The live
+the core's :class:`~timelyllm_ros.sim.simulator.TaskRecord`, and
+:func:`timelyllm_ros.sim.metrics.summarize` computes the report. The live
 collector (``timelyllm_ros.ros.live_metrics``) and the bag reader feed the
 same builder, so a bag's numbers equal the live numbers of the same run.
 
@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from timelyllm_ros.core.metrics import Summary, summarize
-from timelyllm_ros.core.simulator import SegRecord, TaskRecord
-from timelyllm_ros.core.skills import load_skill_set
-from timelyllm_ros.core.tuf import LEVELS
-from timelyllm_ros.core.workloads import plan_templates
+from timelyllm_ros.model.tuf import LEVELS
+from timelyllm_ros.sim.metrics import Summary, summarize
+from timelyllm_ros.sim.simulator import SegRecord, TaskRecord
+from timelyllm_ros.sim.workloads import plan_templates
+from timelyllm_ros.skills.schema import load_skill_set
 
 from .io import read_bag, stamp_ns
 from .typestore import REQUESTS, RESULTS, SEGMENT_DONE, SEGMENTS

@@ -1,1 +1,3 @@
-"""Real LLM backends behind :class:`timelyllm_ros.core.engine.Engine`."""
+"""LLM engines behind :class:`timelyllm_ros.engines.base.Engine`: vLLM, transformers and the
+calibrated simulated engine, plus prompt rendering and the one engine factory.
+"""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from timelyllm_ros.core.engine import Engine, EngineRequest, SegmentEvent
+from timelyllm_ros.engines.base import Engine, EngineRequest, SegmentEvent
 
 
 def run(engine: Engine, reqs: Iterable[EngineRequest], *, resume_after: int = 0,

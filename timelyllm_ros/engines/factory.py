@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from timelyllm_ros.core.engine import Engine
+from timelyllm_ros.engines.base import Engine
 
 BACKENDS = ("vllm", "transformers", "sim")
 _REPO = Path(__file__).resolve().parents[2]
@@ -96,7 +96,7 @@ def make_engine(config: dict | str | Path, **overrides: Any) -> Engine:
             resolve_model_path(str(cfg["model"])), dtype=str(cfg.get("dtype", "float32")),
             threads=int(cfg.get("threads", 0)), max_batch=int(cfg.get("max_batch", 4)),
             max_suspended=int(cfg.get("max_suspended", 64)))
-    from timelyllm_ros.core.sim_engine import SimEngine, SimEngineConfig
+    from timelyllm_ros.engines.sim_engine import SimEngine, SimEngineConfig
 
     sim = cfg.get("sim_engine")
     if sim is None:

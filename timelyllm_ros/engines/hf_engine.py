@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from timelyllm_ros.core.engine import Engine, EngineRequest, EngineStats, FinishReason, RawTokens
+from timelyllm_ros.engines.base import Engine, EngineRequest, EngineStats, FinishReason, RawTokens
 from timelyllm_ros.engines.detok import IncrementalDetokenizer
 
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import yaml
 
-from timelyllm_ros.core import paths
-from timelyllm_ros.core.skills import SkillSet, load_skill_set
-from timelyllm_ros.engines import grammar
+from timelyllm_ros import paths
+from timelyllm_ros.skills import grammar
+from timelyllm_ros.skills.schema import SkillSet, load_skill_set
 
 _SCENE_TASK = re.compile(r"^\s*Scene:\s*(?P<scene>\[.*?\])\s*,?\s*Task:\s*(?P<task>.*)$", re.S)
 

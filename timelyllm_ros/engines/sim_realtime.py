@@ -12,9 +12,9 @@ import time
 import zlib
 from collections.abc import Sequence
 
-from timelyllm_ros.core.engine import RawTokens
-from timelyllm_ros.core.sim_engine import SimEngine, SimEngineConfig
-from timelyllm_ros.core.workloads import plan_templates
+from timelyllm_ros.engines.base import RawTokens
+from timelyllm_ros.engines.sim_engine import SimEngine, SimEngineConfig
+from timelyllm_ros.sim.workloads import plan_templates
 
 
 def sim_plan_for(robot_type: str, task: str) -> str:

@@ -34,7 +34,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from timelyllm_ros.core.engine import Engine, EngineRequest, EngineStats, FinishReason, RawTokens
+from timelyllm_ros.engines.base import Engine, EngineRequest, EngineStats, FinishReason, RawTokens
 from timelyllm_ros.engines.detok import IncrementalDetokenizer
 
 log = logging.getLogger(__name__)

@@ -23,15 +23,15 @@ from rclpy.node import Node
 from std_msgs.msg import Header, String
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
-from timelyllm_ros.core.skills import load_skill_set
-from timelyllm_ros.executors.arm_backend import ArmExecutor, TrajectoryPlan
-from timelyllm_ros.executors.base import ExecutionError, StopSignal
-from timelyllm_ros.executors.perception import ScriptedScene
+from timelyllm_ros.robots.arm_backend import ArmExecutor, TrajectoryPlan
+from timelyllm_ros.robots.base import ExecutionError, StopSignal
+from timelyllm_ros.robots.perception import ScriptedScene
 from timelyllm_ros.ros.convert import time_msg
 from timelyllm_ros.ros.drone_executor_node import SCENE_QOS, scene_topic
 from timelyllm_ros.ros.executor_base import RobotExecutorNode
 from timelyllm_ros.ros.spin import run_nodes
 from timelyllm_ros.ros.topics import RELIABLE
+from timelyllm_ros.skills.schema import load_skill_set
 
 
 def trajectory_topic(robot_id: str) -> str:

@@ -61,10 +61,10 @@ from rclpy.qos import QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
 from rclpy.utilities import remove_ros_args
 
 from timelyllm_ros.action import PlanTask
-from timelyllm_ros.core.hygiene import check_text
 from timelyllm_ros.msg import PlanResult, PlanSegment, TimeUtility
 from timelyllm_ros.ros import topics
 from timelyllm_ros.ros.convert import duration_s, time_msg, time_s
+from timelyllm_ros.sched.hygiene import check_text
 from timelyllm_ros.srv import GetPlanResult
 
 STATUS_NAMES = {v: k.removeprefix("STATUS_").lower() for k, v in vars(PlanTask.Result).items()

@@ -7,7 +7,7 @@ import time
 
 from builtin_interfaces.msg import Duration, Time
 
-from timelyllm_ros.core.tuf import LEVELS, TimeUtility
+from timelyllm_ros.model.tuf import LEVELS, TimeUtility
 from timelyllm_ros.msg import PlanSegment, SkillCall
 from timelyllm_ros.msg import TimeUtility as TimeUtilityMsg
 

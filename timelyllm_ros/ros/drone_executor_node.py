@@ -5,7 +5,7 @@ one process serves the whole fleet: the ``drone_executor`` parameter node reads
 ``robots`` and ``hosts`` (same length) and starts a :class:`DroneExecutorNode`
 per drone. Perception reads ``/<robot_id>/scene`` (std_msgs/String with a
 ``Scene: [...]`` text, transient-local) through the declared stand-in
-:class:`~timelyllm_ros.executors.perception.ScriptedScene`; a real detector
+:class:`~timelyllm_ros.robots.perception.ScriptedScene`; a real detector
 publishes on the same topic.
 
     ros2 run timelyllm_ros drone_executor_node --ros-args \
@@ -18,13 +18,13 @@ from rclpy.node import Node
 from rclpy.qos import QoSDurabilityPolicy, QoSProfile, QoSReliabilityPolicy
 from std_msgs.msg import String
 
-from timelyllm_ros.core.skills import load_skill_set
-from timelyllm_ros.executors.base import Interrupted, StopSignal
-from timelyllm_ros.executors.minispec_interpreter import MiniSpecInterpreter
-from timelyllm_ros.executors.perception import ScriptedScene
-from timelyllm_ros.executors.tello_backend import TelloBackend
+from timelyllm_ros.robots.base import Interrupted, StopSignal
+from timelyllm_ros.robots.interpreter import MiniSpecInterpreter
+from timelyllm_ros.robots.perception import ScriptedScene
+from timelyllm_ros.robots.tello_backend import TelloBackend
 from timelyllm_ros.ros.executor_base import RobotExecutorNode
 from timelyllm_ros.ros.spin import run_nodes
+from timelyllm_ros.skills.schema import load_skill_set
 
 SCENE_QOS = QoSProfile(depth=1, reliability=QoSReliabilityPolicy.RELIABLE,
                        durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)

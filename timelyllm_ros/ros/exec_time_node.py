@@ -21,12 +21,12 @@ from typing import Any
 
 from rclpy.node import Node
 
-from timelyllm_ros.core.exec_model import ExecTimeModel
-from timelyllm_ros.core.skills import load_skill_set
 from timelyllm_ros.msg import PlanSegment, SegmentDone
 from timelyllm_ros.ros.convert import time_s
 from timelyllm_ros.ros.spin import run_nodes
 from timelyllm_ros.ros.topics import RELIABLE
+from timelyllm_ros.skills.exec_model import ExecTimeModel
+from timelyllm_ros.skills.schema import load_skill_set
 from timelyllm_ros.srv import EstimateExecTime
 
 ALL_SEGMENTS_TOPIC = "/plan_segments"

@@ -6,7 +6,7 @@ One node per robot, in the robot's namespace (``/<robot_id>/...``):
   segments of one task in order in a worker thread (never in a callback);
 * delivery contract: acknowledges every received copy on ``/segment_acks`` (SegmentAck, QoS
   REPORTS) -- duplicates, end markers and refused segments too, since the planner re-sends until
-  acknowledged. A :class:`~timelyllm_ros.executors.inbox.SegmentInbox` drops duplicates by
+  acknowledged. A :class:`~timelyllm_ros.robots.inbox.SegmentInbox` drops duplicates by
   (task_id, segment_index), releases a task's segments strictly by index, holds early ones, and
   refuses held ones whose gap did not fill within the ``reorder_timeout_s`` parameter (default
   5 s; checked by a timer). An end marker (is_final, empty text) closes the task once every
@@ -34,9 +34,9 @@ from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallb
 from rclpy.node import Node
 from std_srvs.srv import Trigger
 
-from timelyllm_ros.executors.base import ExecutionError, Interrupted, RefusedError, StopSignal
-from timelyllm_ros.executors.inbox import DEFAULT_REORDER_TIMEOUT_S, ReportCache, Segment, SegmentInbox
 from timelyllm_ros.msg import PlanSegment, SegmentAck, SegmentDone
+from timelyllm_ros.robots.base import ExecutionError, Interrupted, RefusedError, StopSignal
+from timelyllm_ros.robots.inbox import DEFAULT_REORDER_TIMEOUT_S, ReportCache, Segment, SegmentInbox
 from timelyllm_ros.ros.convert import time_msg
 from timelyllm_ros.ros.topics import RELIABLE, REPORTS, SEGMENT_ACKS, SEGMENT_DONE, is_end_marker, segment_topic
 

@@ -33,10 +33,7 @@ from rclpy.parameter import Parameter
 from rclpy.qos import QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
 
 from timelyllm_ros.action import PlanTask
-from timelyllm_ros.core.clock import RealClock
-from timelyllm_ros.core.hygiene import check_text, check_token_count
-from timelyllm_ros.core.policies import POLICIES, make_policy
-from timelyllm_ros.core.scheduler import CoreConfig, PlannerCore, Segment, TaskResult, TaskSpec, TaskStatus
+from timelyllm_ros.model.clock import RealClock
 from timelyllm_ros.msg import (
     EngineState,
     PlanResult,
@@ -51,6 +48,9 @@ from timelyllm_ros.ros import topics
 from timelyllm_ros.ros.convert import ClockBridge, duration_msg, segment_msg, time_s, tuf_from_msg
 from timelyllm_ros.ros.spin import run_nodes
 from timelyllm_ros.ros.topics import LATCHED, RELIABLE, TELEMETRY, segment_topic  # noqa: F401 - re-exported
+from timelyllm_ros.sched.hygiene import check_text, check_token_count
+from timelyllm_ros.sched.policies import POLICIES, make_policy
+from timelyllm_ros.sched.scheduler import CoreConfig, PlannerCore, Segment, TaskResult, TaskSpec, TaskStatus
 from timelyllm_ros.srv import GetPlanResult, Plan
 
 STATUS_FROM_CORE = {
@@ -111,7 +111,7 @@ class PlannerNode(Node):
             engine_factory = engine_factory or (lambda: engine_from_config(p["engine_config"])[0])
         self.engine = engine
         self._engine_factory = engine_factory or self._reuse_engine
-        from timelyllm_ros.core.admission import make_admission
+        from timelyllm_ros.sched.admission import make_admission
 
         robot_timeout = p["robot_timeout_s"] if p["robot_timeout_s"] > 0 else None
         cfg = core_config or CoreConfig(comm_s=p["comm_s"], overdue=p["overdue"], slack_floor_s=p["slack_floor_s"],
@@ -139,7 +139,7 @@ class PlannerNode(Node):
                                         give_up_s=p["delivery_timeout_s"])
         self.journal = None
         if p["state_dir"]:
-            from timelyllm_ros.core.journal import Journal
+            from timelyllm_ros.sched.journal import Journal
 
             self.journal = Journal(p["state_dir"])
 
@@ -184,7 +184,7 @@ class PlannerNode(Node):
         and a fresh engine's slow first forward passes are out of the way."""
         if getattr(self.engine, "needs_plan_text", False):
             return  # the simulated engine has no prompt to warm
-        from timelyllm_ros.core.engine import EngineRequest
+        from timelyllm_ros.engines.base import EngineRequest
 
         t0 = time.monotonic()
         for rt in self._robot_types:
@@ -920,13 +920,13 @@ class _PromptRenderer:
 
 def engine_from_config(name: str) -> tuple[Any, bool]:
     """Engine from a YAML (name in config/ or a path); the simulated one is paced in wall-clock time here."""
-    from timelyllm_ros.core.paths import config_dir
     from timelyllm_ros.engines.factory import load_engine_config, make_engine
+    from timelyllm_ros.paths import config_dir
 
     path = name if Path(name).is_file() else config_dir() / name
     cfg = load_engine_config(path)
     if cfg.get("backend") == "sim":
-        from timelyllm_ros.core.sim_engine import SimEngineConfig
+        from timelyllm_ros.engines.sim_engine import SimEngineConfig
         from timelyllm_ros.engines.sim_realtime import RealtimeSimEngine
 
         return RealtimeSimEngine(SimEngineConfig(**(cfg.get("sim_engine") or {})),

@@ -7,7 +7,7 @@ untrusted); one that does not parse is reported as failed, never executed.
 Delivery contract, as the real executors (``executor_base.py``): every received
 copy of a segment is acknowledged on ``/segment_acks`` (silent robots too: acks
 are the transport layer; "silent" only means no SegmentDone), and one
-:class:`~timelyllm_ros.executors.inbox.SegmentInbox` per robot drops duplicates,
+:class:`~timelyllm_ros.robots.inbox.SegmentInbox` per robot drops duplicates,
 releases a task's segments by index and refuses the held segments of a task
 whose gap (segment 0, typically) did not fill within ``reorder_timeout_s``. An
 end marker (is_final, empty text) is acknowledged, never run nor reported. No
@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.node import Node
 
-from timelyllm_ros.core.exec_model import ExecTimeModel
-from timelyllm_ros.core.skills import load_skill_set
-from timelyllm_ros.executors.inbox import DEFAULT_REORDER_TIMEOUT_S, ReportCache, SegmentInbox
 from timelyllm_ros.msg import PlanSegment, SegmentAck, SegmentDone
+from timelyllm_ros.robots.inbox import DEFAULT_REORDER_TIMEOUT_S, ReportCache, SegmentInbox
 from timelyllm_ros.ros.convert import time_msg
 from timelyllm_ros.ros.spin import run_nodes
 from timelyllm_ros.ros.topics import RELIABLE, REPORTS, SEGMENT_ACKS, SEGMENT_DONE, is_end_marker, segment_topic
+from timelyllm_ros.skills.exec_model import ExecTimeModel
+from timelyllm_ros.skills.schema import load_skill_set
 
 
 @dataclass

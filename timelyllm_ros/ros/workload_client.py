@@ -16,11 +16,11 @@ from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.node import Node
 
 from timelyllm_ros.action import PlanTask
-from timelyllm_ros.core.simulator import SegRecord, TaskRecord
-from timelyllm_ros.core.workloads import Job, plan_templates
 from timelyllm_ros.msg import SegmentDone
 from timelyllm_ros.ros.convert import ClockBridge, tuf_to_msg
 from timelyllm_ros.ros.topics import RELIABLE
+from timelyllm_ros.sim.simulator import SegRecord, TaskRecord
+from timelyllm_ros.sim.workloads import Job, plan_templates
 
 STATUS = {PlanTask.Result.STATUS_SUCCEEDED: "done", PlanTask.Result.STATUS_REJECTED: "rejected",
           PlanTask.Result.STATUS_FAILED: "failed", PlanTask.Result.STATUS_CANCELED: "cancelled",

@@ -1,1 +1,0 @@
-"""Pure-Python core: math, policies, grammar, models, simulator. Never imports rclpy."""

@@ -1,0 +1,183 @@
+"""A Tello drone through the real djitellopy library.
+
+djitellopy facts this relies on (djitellopy 2.5.0, read from its source):
+
+* one process-wide UDP socket bound to port 8889 on all interfaces; replies
+  are filed per drone by their source IP, so one process serves a fleet (one
+  :class:`TelloBackend` per drone host) and a second process on the same host
+  cannot bind; emulated drones therefore live in network namespaces;
+* state packets arrive on port 8890; ``connect()`` waits for the first one;
+* ``send_control_command`` sends, waits up to ``timeout`` (an int) for a
+  reply and retries ``retry_count`` times until a reply contains ``ok``,
+  then raises ``TelloException``; a timed-out attempt returns a text
+  ("Aborting command ..."), never raises by itself;
+* replies are popped first-in-first-out from a list that is never cleared, so
+  a late reply (after a timeout, or to ``stop``/``emergency``, which are sent
+  without waiting) would be taken as the answer to the next command. We clear
+  the drone's reply list before each command for that reason.
+
+Motions go through ``send_control_command`` with the same SDK strings that
+``move_forward``/``rotate_clockwise`` send, but with a timeout sized to the
+motion (the library's fixed 7 s is too short for a 500 cm move at some speeds
+and far too long to notice a lost drone quickly).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+
+from djitellopy import Tello, TelloException
+
+from timelyllm_ros.robots.base import ExecutionError, RobotConnectionError, StopSignal
+from timelyllm_ros.skills.exec_model import ExecTimeModel
+from timelyllm_ros.skills.schema import load_skill_set
+
+log = logging.getLogger(__name__)
+Tello.LOGGER.setLevel(logging.WARNING)  # djitellopy logs every command at INFO
+
+_MOVE_SKILL = {"forward": "mf", "back": "mb", "left": "ml", "right": "mr", "up": "mu", "down": "md"}
+_NO_REPLY = "did not receive a response"  # djitellopy's timeout text, lower-cased
+
+
+class TelloBackend:
+    """One drone. Thread-safety: robot commands come from one executor thread; :meth:`halt` and
+    :meth:`emergency_land` may be called from another (they send without waiting)."""
+
+    def __init__(self, host: str, *, retry_count: int = Tello.RETRY_COUNT, time_scale: float = 1.0,
+                 timeout_margin_s: float = 2.0, min_timeout_s: int = 1, takeoff_timeout_s: int = Tello.TAKEOFF_TIMEOUT
+                 ) -> None:
+        """``time_scale``: expected durations are multiplied by it (an emulator run faster than real time);
+        a command's reply timeout is ``expected * time_scale + timeout_margin_s`` seconds (at least
+        ``min_timeout_s``)."""
+        if retry_count < 1:
+            raise ValueError(f"retry_count must be >= 1, got {retry_count}")
+        if time_scale <= 0:
+            raise ValueError(f"time_scale must be > 0, got {time_scale}")
+        self.host = host
+        self.time_scale = time_scale
+        self.timeout_margin_s = timeout_margin_s
+        self.min_timeout_s = min_timeout_s
+        self.takeoff_timeout_s = takeoff_timeout_s
+        self.tello = Tello(host=host, retry_count=retry_count)
+        self.model = ExecTimeModel(load_skill_set("drone"), learn=False)
+        self._flying = False
+        self._lock = threading.Lock()  # one SDK command in flight from the executor thread
+        self.connected = False
+
+    # -- DroneBackend -----------------------------------------------------------
+    @property
+    def flying(self) -> bool:
+        return self._flying
+
+    def connect(self) -> int:
+        """Enter SDK mode and wait for state packets; returns the battery level (%)."""
+        try:
+            self._clear_replies()
+            self.tello.connect()
+        except TelloException as e:
+            raise RobotConnectionError(f"tello {self.host}: connect failed: {_reason(e)}") from None
+        self.connected = True
+        return self.battery()
+
+    def battery(self) -> int:
+        self._clear_replies()
+        try:
+            return self.tello.query_battery()
+        except (TelloException, ValueError) as e:
+            raise RobotConnectionError(f"tello {self.host}: battery? failed: {_reason(e)}") from None
+
+    def takeoff(self) -> None:
+        self._command("takeoff", self.takeoff_timeout_s)
+        self._flying = True
+        self.tello.is_flying = True
+
+    def land(self) -> None:
+        self._command("land", self._timeout(3.0))
+        self._flying = False
+        self.tello.is_flying = False
+
+    def move(self, direction: str, cm: int) -> None:
+        skill = _MOVE_SKILL.get(direction)
+        if skill is None:
+            raise ExecutionError(f"unknown direction {direction!r}")
+        self._command(f"{direction} {int(cm)}", self._timeout(self._expected(f"{skill}({int(cm)})")))
+
+    def rotate(self, degrees: int, clockwise: bool) -> None:
+        skill = "tc" if clockwise else "tu"
+        cmd = f"{'cw' if clockwise else 'ccw'} {int(degrees)}"
+        self._command(cmd, self._timeout(self._expected(f"{skill}({int(degrees)})")))
+
+    def hover(self, seconds: float, stop: StopSignal) -> None:
+        """Stay in place. The Tello lands by itself after 15 s without a command: keep it alive."""
+        end = time.monotonic() + seconds * self.time_scale
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            if stop.wait(min(left, 10.0)):
+                stop.check()
+            if self._flying and end - time.monotonic() > 0:
+                self._command("keepalive", self._timeout(0.0))
+
+    # -- safety (called from other threads) ----------------------------------------
+    def halt(self) -> None:
+        """Hover now: SDK ``stop`` interrupts the motion in progress (sent without waiting)."""
+        self.tello.send_command_without_return("stop")
+
+    def emergency_land(self) -> None:
+        """Stop the motion at once, then land (waits for the landing). Used by the emergency stop."""
+        self.halt()
+        with self._lock:  # the executor thread's motion ends at once after 'stop'
+            pass
+        if self._flying or self.tello.is_flying:
+            self.land()
+
+    def close(self, land: bool = True) -> None:
+        """Land if flying (best effort, bounded by the SDK timeouts) and forget this drone in djitellopy.
+
+        Idempotent. Clears ``is_flying`` so that djitellopy's ``__del__`` does not try to land a drone
+        that is gone (3 x 7 s of timeouts at interpreter exit)."""
+        from djitellopy import tello as tello_mod
+
+        if land and self._flying:
+            try:
+                self.land()
+            except Exception as e:  # noqa: BLE001 - best effort at teardown: never mask the caller's error
+                log.warning("landing %s at close failed: %r", self.host, e)
+        self._flying = False
+        self.tello.is_flying = False
+        tello_mod.drones.pop(self.host, None)
+
+    # -- helpers --------------------------------------------------------------------
+    def _expected(self, skill_text: str) -> float:
+        return self.model.estimate(self.model.skillset.parse(skill_text)).typical_s
+
+    def _timeout(self, expected_s: float) -> int:
+        return max(self.min_timeout_s, int(math.ceil(expected_s * self.time_scale + self.timeout_margin_s)))
+
+    def _clear_replies(self) -> None:
+        try:
+            self.tello.get_own_udp_object()["responses"].clear()
+        except KeyError:
+            pass
+
+    def _command(self, cmd: str, timeout: int) -> None:
+        with self._lock:
+            self._clear_replies()
+            try:
+                self.tello.send_control_command(cmd, timeout=int(timeout))
+            except TelloException as e:
+                reason = _reason(e)
+                if _NO_REPLY in reason.lower():
+                    raise RobotConnectionError(f"tello {self.host}: connection lost: no reply to {cmd!r} "
+                                               f"({self.tello.retry_count} tries, {timeout} s each)") from None
+                raise ExecutionError(f"tello {self.host}: command {cmd!r} failed: {reason}") from None
+            except OSError as e:  # e.g. network unreachable: the link is gone
+                raise RobotConnectionError(f"tello {self.host}: connection lost sending {cmd!r}: {e}") from None
+
+
+def _reason(e: BaseException) -> str:
+    return " ".join(str(e).split())

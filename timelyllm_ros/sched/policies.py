@@ -1,0 +1,177 @@
+"""Scheduling policies behind one interface (design §4).
+
+A policy ranks the queued generations (new tasks and resumable suspended
+ones) at every decision; it also says whether generations are suspended at
+segment boundaries and whether segments are streamed to the robot as soon as
+they are detected. Priorities are recomputed from scratch at each decision
+(they depend on the current time), so the hot loops below are written flat:
+the decision-time target is <= 0.1 ms with 8 queued generations.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from timelyllm_ros.sched.scheduler import Generation
+
+
+@dataclass(slots=True)
+class RankContext:
+    """What a policy needs besides the generations themselves."""
+
+    comm_s: float  # one network hop planner -> robot
+    per_token_s: float  # estimated decode time per token at the batch size the generation would join
+    slack_floor_s: float = 0.001  # L(s_k) is clamped to this (design §4)
+
+
+class GenView(Protocol):  # documentation of the fields policies read
+    arrival: float
+    alpha: float
+    beta: float
+    ert: float
+    k: int  # index of the segment to generate next
+    prev_end: float  # predicted (or reported) exec end of s_{k-1}; unused for k == 0
+    enqueued_at: float  # when this segment request entered the queue
+    tok_est: float  # estimated tokens of the next segment
+    prefill_est_s: float  # estimated prefill of the prompt (k == 0 only)
+
+
+class Policy:
+    name: str = "base"
+    segmented: bool = True  # suspend at segment boundaries
+    streams: bool = True  # send each segment as soon as it is detected
+
+    def gen_time(self, g: Generation, ctx: RankContext) -> float:
+        """G(s_k): estimated generation time of the next segment."""
+        G = g.tok_est * ctx.per_token_s
+        return G + g.prefill_est_s if g.k == 0 else G
+
+    def priority(self, g: Generation, now: float, ctx: RankContext) -> float:
+        raise NotImplementedError
+
+    def priorities(self, gens: Sequence[Generation], now: float, ctx: RankContext) -> list[float]:
+        """Higher first. Subclasses may override with a flat loop for speed."""
+        p = self.priority
+        return [p(g, now, ctx) for g in gens]
+
+    def describe(self) -> str:
+        return f"{self.name} (segmented={self.segmented}, streams={self.streams})"
+
+
+class PUD(Policy):
+    """Potential utility density, paper Eq. 4."""
+
+    name = "pud"
+
+    def priority(self, g: Generation, now: float, ctx: RankContext) -> float:
+        return self.priorities((g,), now, ctx)[0]
+
+    def priorities(self, gens: Sequence[Generation], now: float, ctx: RankContext) -> list[float]:
+        tpt, comm, floor = ctx.per_token_s, ctx.comm_s, ctx.slack_floor_s
+        out = []
+        append = out.append
+        for g in gens:
+            G = g.tok_est * tpt
+            beta = g.beta
+            if g.k == 0:
+                G += g.prefill_est_s
+                # W(s_0; t) = (t - arrival) + G + comm ;  L = arrival + ERT - t - G
+                u = g.alpha * (now - g.arrival + G + comm - g.ert) + beta
+                L = g.arrival + g.ert - now - G
+            else:
+                # W(s_k; t) = max(0, t + G + comm - exec_end(s_{k-1})) ; L = exec_end - t - G
+                w = now + G + comm - g.prev_end
+                u = g.alpha * w + beta if w > 0.0 else beta
+                L = g.prev_end - now - G
+            if u > beta:
+                u = beta
+            if L < floor:
+                L = floor
+            append(u / (G * L))
+        return out
+
+
+class PortExp(Policy):
+    """The public port's formula: (alpha*max(0,D) + beta) * exp(min(0,D)),
+    D = now + G + comm - exec_end_pred (for s_0 the 'exec end' is arrival + ERT)."""
+
+    name = "port-exp"
+
+    def priority(self, g: Generation, now: float, ctx: RankContext) -> float:
+        G = self.gen_time(g, ctx)
+        end = g.arrival + g.ert if g.k == 0 else g.prev_end
+        D = now + G + ctx.comm_s - end
+        return (g.alpha * max(0.0, D) + g.beta) * math.exp(min(0.0, D))
+
+
+class FCFS(Policy):
+    """vLLM default: whole plan generated, then sent at once."""
+
+    name = "fcfs"
+    segmented = False
+    streams = False
+
+    def priority(self, g: Generation, now: float, ctx: RankContext) -> float:
+        return -g.enqueued_at
+
+
+class FCFSStream(FCFS):
+    name = "fcfs-stream"
+    streams = True
+
+
+class FCFSSeg(FCFS):
+    """Segmented FCFS: segment requests served in the order they entered the
+    queue (a resumed generation enters when it becomes eligible)."""
+
+    name = "fcfs-seg"
+    segmented = True
+    streams = True
+
+
+class EDFSeg(Policy):
+    """Segmented EDF: deadline arrival + ERT for s_0, exec_end(s_{k-1}) for s_k."""
+
+    name = "edf-seg"
+
+    def priority(self, g: Generation, now: float, ctx: RankContext) -> float:
+        return -(g.arrival + g.ert if g.k == 0 else g.prev_end)
+
+
+class StaticPriority(Policy):
+    """vLLM's native priority scheduling: a fixed priority per urgency level
+    (tighter ERT first), FCFS within a level; whole plan, no suspension.
+    Unlike vLLM it does not preempt running requests (admission order only)."""
+
+    name = "static-priority"
+    segmented = False
+    streams = False
+
+    def __init__(self, streams: bool = False) -> None:
+        self.streams = streams
+
+    def priority(self, g: Generation, now: float, ctx: RankContext) -> float:
+        # ERT differences (>= 0.1 s) x 1e8 dominate any arrival time.
+        return -(g.ert * 1e8) - g.arrival
+
+
+POLICIES: dict[str, Callable[[], Policy]] = {
+    "pud": PUD,
+    "port-exp": PortExp,
+    "fcfs": FCFS,
+    "fcfs-stream": FCFSStream,
+    "fcfs-seg": FCFSSeg,
+    "edf-seg": EDFSeg,
+    "static-priority": StaticPriority,
+}
+
+
+def make_policy(name: str) -> Policy:
+    try:
+        return POLICIES[name]()
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None

@@ -1,0 +1,872 @@
+"""Task / generation state, the queue, and the PlannerCore runtime.
+
+PlannerCore drives one :class:`~timelyllm_ros.engines.base.Engine` under a
+:class:`~timelyllm_ros.sched.policies.Policy`, an admission rule and a
+:class:`~timelyllm_ros.model.clock.Clock`, and talks to robots only through
+callbacks, so the same object runs in the ROS planner node (RealClock, real
+engine, a dedicated engine thread) and in the discrete-event simulator
+(SimClock, SimEngine).
+
+Threading model
+---------------
+* One *engine thread* calls :meth:`PlannerCore.run_once` (or the split
+  :meth:`start_step` / :meth:`complete_step` pair the simulator uses, or
+  :meth:`serve_forever`). Only that thread touches the engine.
+* Any thread may call :meth:`submit`, :meth:`cancel` and
+  :meth:`report_segment_done`; they only change queued state under a lock and
+  set :attr:`wake` so a waiting engine thread re-plans at once. A cancel of a
+  generation that sits in the engine is applied (engine.abort) by the engine
+  thread at its next decision.
+* ``on_segment`` / ``on_result`` callbacks run on the engine thread, outside
+  the lock (they may call back into the core).
+
+Resume timing
+-------------
+A suspended generation becomes *eligible* again at
+``exec_end(s_{k-1}) - G(s_k) - comm - lead``: the latest moment at which
+starting it would still let s_k reach the robot as it finishes s_{k-1},
+minus a lead margin (``resume_lead_s``) that absorbs queueing behind other
+generations and the error of G. exec_end is predicted from the execution-time
+model's *minimum* (the earliest the robot can finish) and replaced by the real
+finish time once the robot reports it. Before it is eligible a suspended
+generation is not a candidate at all: it would only take batch slots (and
+slow every other generation) to produce a segment nobody needs yet.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import itertools
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from timelyllm_ros.engines.base import Engine, EngineRequest, FinishReason, SegmentEvent, StepReport, StopChecker
+from timelyllm_ros.model.clock import Clock
+from timelyllm_ros.model.tuf import TimeUtility
+from timelyllm_ros.sched.admission import Admission, AdmissionView, LatencyEstimator, LatencyGuided
+from timelyllm_ros.sched.policies import Policy, RankContext
+
+log = logging.getLogger(__name__)
+
+
+class TaskStatus(enum.StrEnum):
+    QUEUED = "queued"  # waiting for its first segment
+    RUNNING = "running"  # in the engine's batch
+    SUSPENDED = "suspended"  # between segments
+    DONE = "done"
+    FAILED = "failed"  # generation or validation failed, or the engine broke
+    ROBOT_FAILED = "robot_failed"  # the robot reported a failed segment, or went silent
+    REJECTED = "rejected"  # overdue: refused by the overdue policy
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.ROBOT_FAILED, TaskStatus.REJECTED,
+                        TaskStatus.CANCELLED)
+
+
+@dataclass
+class TaskSpec:
+    """A planning request as submitted by a robot (or the simulator)."""
+
+    robot_id: str
+    prompt: str
+    tuf: TimeUtility
+    robot_type: str = "drone"
+    task_id: str | None = None
+    arrival: float | None = None  # clock time of the goal's arrival at the planner; default: now
+    sent: float | None = None  # clock time of the robot's own send stamp, when the goal carried one
+    prompt_token_ids: list[int] | None = None  # default: engine.tokenize(prompt)
+    max_new_tokens: int = 256
+    max_segment_tokens: int = 64
+    extra: dict = field(default_factory=dict)  # engine extras (e.g. the simulated plan)
+    meta: dict = field(default_factory=dict)  # caller's bookkeeping (trace ids, ...), echoed back
+
+
+@dataclass
+class Segment:
+    index: int
+    text: str
+    token_ids: list[int]
+    calls: list[Any]  # parsed skill calls (empty for pure syntax such as '};')
+    gen_start: float  # when the generation of this segment was (re)started
+    ready: float  # when the engine produced it
+    dispatch: float | None = None  # when it was sent to the robot
+    est_exec_s: float = 0.0  # model minimum
+    pred_start: float | None = None
+    pred_end: float | None = None
+    real_end: float | None = None  # reported by the robot
+    success: bool | None = None
+    final: bool = False
+    error: str = ""
+    probed: bool = False  # its report was asked for again (see PlannerCore.unreported)
+
+    @property
+    def end(self) -> float | None:
+        return self.real_end if self.real_end is not None else self.pred_end
+
+
+@dataclass
+class TaskResult:
+    task_id: str
+    robot_id: str
+    status: TaskStatus
+    plan: str
+    segments: list[Segment]
+    response_time: float | None  # W(s_0) as the planner predicts it (dispatch + comm - arrival)
+    utility: float | None  # TUF_0(response_time); None when nothing was sent
+    reason: str = ""  # why it failed / was rejected / cancelled
+    meta: dict = field(default_factory=dict)
+    robot_type: str = "drone"
+    response_time_from_send: float | None = None  # W(s_0) measured from the robot's send stamp
+
+
+class Generation:
+    """Scheduler-side state of one task's generation (hot fields are plain slots)."""
+
+    __slots__ = (
+        "task_id", "robot_id", "robot_type", "spec", "tuf", "alpha", "beta", "ert", "arrival",
+        "k", "prev_end", "enqueued_at", "eligible_at", "tok_est", "prefill_est_s", "seq", "status",
+        "req", "segments", "seg_start_len", "gen_start", "wait_version", "reason", "pending_abort",
+        "held", "checker", "abort_status",
+    )
+
+    def __init__(self, spec: TaskSpec, task_id: str, arrival: float, seq: int) -> None:
+        self.task_id, self.robot_id, self.robot_type = task_id, spec.robot_id, spec.robot_type
+        self.spec = spec
+        self.tuf = spec.tuf
+        self.alpha, self.beta, self.ert = spec.tuf.alpha, spec.tuf.beta, spec.tuf.ert
+        self.arrival = arrival
+        self.k = 0
+        self.prev_end = math.nan
+        self.enqueued_at = arrival
+        self.eligible_at = arrival
+        self.tok_est = 8.0
+        self.prefill_est_s = 0.0
+        self.seq = seq
+        self.status = TaskStatus.QUEUED
+        self.req: EngineRequest | None = None
+        self.segments: list[Segment] = []
+        self.seg_start_len = 0  # len(output_token_ids) at the start of the current segment
+        self.gen_start = arrival
+        self.wait_version = 0
+        self.reason = ""
+        self.pending_abort = False
+        self.abort_status = TaskStatus.CANCELLED  # how a pending abort ends the task
+        self.held: list[Segment] = []  # produced but not yet sent (non-streaming policies)
+        self.checker: StopChecker | None = None
+
+    def seg_tokens(self) -> int:
+        return len(self.req.output_token_ids) - self.seg_start_len if self.req is not None else 0
+
+    def deadline(self) -> float:
+        return self.arrival + self.ert if self.k == 0 else self.prev_end
+
+
+@dataclass
+class CoreConfig:
+    comm_s: float = 0.008  # one network hop (paper's LAN)
+    slack_floor_s: float = 0.001
+    resume_lead_s: float = 0.05
+    overdue: str = "serve"  # "serve": keep serving (PUD puts it last) | "reject": answer with a rejection
+    segment_tokens_prior: dict[str, float] = field(
+        default_factory=lambda: {"drone": 6.0, "arm": 12.0, "chatbot": 15.0})
+    prefill_tokens_default: int = 64  # prefill estimate when a prompt is not tokenized yet
+    learn_exec_times: bool = True  # feed robot reports into the exec-time model
+    record_decisions: bool = True
+    # Finished results are kept this long / at most this many (then the task id can be used again).
+    keep_results_s: float = 600.0
+    keep_results_max: int = 10_000
+    # A robot that has not reported a dispatched segment by its predicted end + this margin has failed
+    # (None: trust predictions forever, as the simulator does).
+    robot_timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.overdue not in ("serve", "reject"):
+            raise ValueError(f"CoreConfig.overdue must be 'serve' or 'reject', got {self.overdue!r}")
+        for name in ("comm_s", "resume_lead_s"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
+                raise ValueError(f"CoreConfig.{name} must be a finite number >= 0")
+        if not (self.slack_floor_s > 0 and math.isfinite(self.slack_floor_s)):
+            raise ValueError("CoreConfig.slack_floor_s must be > 0")
+
+
+SegmentCallback = Callable[[TaskResult, Segment], None]
+ResultCallback = Callable[[TaskResult], None]
+
+
+class _SkillHooks:
+    """Stop checkers, parsers and exec-time models per robot type (lazy, cached)."""
+
+    def __init__(self, learn: bool = True) -> None:
+        self.learn = learn
+        self._sets: dict[str, Any] = {}
+        self._models: dict[str, Any] = {}
+
+    def skillset(self, robot_type: str) -> Any:
+        s = self._sets.get(robot_type)
+        if s is None:
+            from timelyllm_ros.skills.schema import load_skill_set
+
+            s = self._sets[robot_type] = load_skill_set(robot_type)
+        return s
+
+    def stop_checker(self, robot_type: str) -> StopChecker:
+        from timelyllm_ros.skills.segmenter import make_stop_checker
+
+        return make_stop_checker(self.skillset(robot_type))
+
+    def validate(self, robot_type: str, text: str) -> str | None:
+        """None if ``text`` is a valid segment of the robot's skill set, else the reason."""
+        return self.skillset(robot_type).validate(text)
+
+    def parse(self, robot_type: str, text: str) -> list[Any]:
+        if not text.strip():
+            return []
+        try:
+            return list(self.skillset(robot_type).parse(text))
+        except Exception as e:  # still dispatched: the robot's executor reports the error
+            log.warning("segment %r does not parse for %s: %s", text, robot_type, e)
+            return []
+
+    def exec_model(self, robot_type: str) -> Any:
+        m = self._models.get(robot_type)
+        if m is None:
+            from timelyllm_ros.skills.exec_model import ExecTimeModel
+
+            m = self._models[robot_type] = ExecTimeModel(self.skillset(robot_type), learn=self.learn)
+        return m
+
+
+class PlannerCore:
+    """Scheduler + engine + clock. See the module docstring for the threading model."""
+
+    def __init__(self, engine: Engine, policy: Policy, clock: Clock, *,
+                 admission: Admission | None = None, config: CoreConfig | None = None,
+                 on_segment: SegmentCallback | None = None, on_result: ResultCallback | None = None,
+                 estimator: LatencyEstimator | None = None, hooks: Any = None) -> None:
+        self.engine, self.policy, self.clock = engine, policy, clock
+        self.admission = admission or LatencyGuided()
+        self.cfg = config or CoreConfig()
+        self.on_segment, self.on_result = on_segment, on_result
+        self.estimator = estimator or LatencyEstimator()
+        self.hooks = hooks or _SkillHooks(learn=self.cfg.learn_exec_times)
+        self.wake = threading.Event()
+        self._lock = threading.RLock()
+        self._seq = itertools.count()
+        self._tasks: dict[str, Generation] = {}  # every non-terminal task
+        self._done: dict[str, TaskResult] = {}  # finished, oldest first (bounded: keep_results_*)
+        self._done_at: dict[str, float] = {}
+        self._watch: dict[str, list[Segment]] = {}  # task -> dispatched segments the robot has not reported
+        self._report_lag = 0.0  # how far behind the caller reads robot reports (s): not the robot's silence
+        self._report_lag_at = 0.0
+        self._robot_heard: dict[str, float] = {}  # robot -> when its latest report was read (clock time)
+        self.lag_window_s = 10.0
+        self._cands: dict[str, Generation] = {}  # eligible, not running
+        self._waiting: list[tuple[float, int, int, Generation]] = []  # (eligible_at, seq, version, gen)
+        self._running: dict[str, Generation] = {}
+        self._aborts: list[str] = []
+        self._tok_est = dict(self.cfg.segment_tokens_prior)
+        self._cache_hit: dict[str, float] = {}  # robot type -> prefix-cache hit tokens of new prompts (EWMA)
+        self._outbox: list[tuple[str, Any, Any]] = []  # callbacks to fire outside the lock
+        self.decision_times: list[float] = []  # seconds, one per decision with candidates
+        self.step_count = 0
+
+    # -- thread-safe API ------------------------------------------------------
+    def submit(self, spec: TaskSpec) -> str:
+        """Queue a task; returns its id. The result always arrives via on_result."""
+        with self._lock:
+            seq = next(self._seq)
+            tid = spec.task_id or f"t{seq}"
+            if tid in self._tasks or tid in self._done:
+                raise ValueError(f"task id {tid!r} already used")
+            arrival = self.clock.now() if spec.arrival is None else float(spec.arrival)
+            g = Generation(spec, tid, arrival, seq)
+            g.tok_est = self._tok_est.get(spec.robot_type, 8.0)
+            g.prefill_est_s = self._prefill_estimate(spec)
+            self._tasks[tid] = g
+            self._cands[tid] = g
+        self.wake.set()
+        return tid
+
+    def cancel(self, task_id: str, reason: str = "cancelled by client") -> bool:
+        """Abort a task wherever it is; the robot gets a CANCELLED result. False if unknown/finished."""
+        with self._lock:
+            g = self._tasks.get(task_id)
+            if g is None:
+                return False
+            if task_id in self._running:
+                g.pending_abort = True
+                g.reason = reason
+                self._aborts.append(task_id)
+            else:
+                self._finish(g, TaskStatus.CANCELLED, reason)
+        self.wake.set()
+        self._flush()
+        return True
+
+    def report_segment_done(self, task_id: str, seg_index: int, finish_time: float | None = None,
+                            success: bool = True, error: str = "", start_time: float | None = None) -> None:
+        """A robot finished executing a segment (closed loop: real times replace predictions)."""
+        with self._lock:
+            g = self._tasks.get(task_id)
+            res = self._done.get(task_id)
+            segs = g.segments if g is not None else (res.segments if res is not None else None)
+            if segs is None or not 0 <= seg_index < len(segs):
+                log.warning("report for unknown task/segment %s[%s]", task_id, seg_index)
+                return
+            t = self.clock.now() if finish_time is None else float(finish_time)
+            seg = segs[seg_index]
+            self._robot_heard[(g or res).robot_id] = self.clock.now()
+            if len(self._robot_heard) > 50_000:  # bounded: forget the robots heard from longest ago
+                for rid in sorted(self._robot_heard, key=self._robot_heard.__getitem__)[:25_000]:
+                    del self._robot_heard[rid]
+            seg.real_end, seg.success, seg.error = t, success, error
+            self._reported(task_id, seg)
+            robot_type = g.robot_type if g is not None else res.robot_type
+            if success and self.cfg.learn_exec_times and seg.calls:
+                start = start_time if start_time is not None else seg.pred_start
+                if start is not None and t > start:
+                    try:
+                        self.hooks.exec_model(robot_type).observe(seg.calls, t - start)
+                    except Exception as e:  # learning must never break scheduling; but say so
+                        log.warning("exec model (%s) did not learn from %s[%s]: %s", robot_type, task_id,
+                                    seg_index, e)
+            if not success:
+                self._robot_failed(task_id, f"robot failed segment {seg_index}: {error or 'no reason given'}")
+            elif g is not None:
+                self._repredict(g, seg_index)
+        self.wake.set()
+        self._flush()
+
+    def robot_failed(self, task_id: str, reason: str) -> None:
+        """The transport or a watchdog says the robot failed this task (see :meth:`_robot_failed`)."""
+        with self._lock:
+            self._robot_failed(task_id, reason)
+        self.wake.set()
+        self._flush()
+
+    def _robot_failed(self, task_id: str, reason: str) -> None:
+        """The robot failed (or went silent): end the task ROBOT_FAILED; a task whose generation had
+        already ended gets its published result revised (never silently left at DONE)."""
+        g = self._tasks.get(task_id)
+        if g is not None:
+            if task_id in self._running:
+                g.pending_abort, g.reason, g.abort_status = True, reason, TaskStatus.ROBOT_FAILED
+                self._aborts.append(task_id)
+            else:
+                self._finish(g, TaskStatus.ROBOT_FAILED, reason)
+            return
+        res = self._done.get(task_id)
+        if res is not None and res.status is TaskStatus.DONE:
+            res.status, res.reason = TaskStatus.ROBOT_FAILED, reason
+            self._watch.pop(task_id, None)
+            self._outbox.append(("result", res, None))
+
+    def _reported(self, task_id: str, seg: Segment) -> None:
+        pending = self._watch.get(task_id)
+        if pending is not None:
+            pending[:] = [s for s in pending if s is not seg]  # identity: segments compare by value
+            if not pending:
+                del self._watch[task_id]
+
+    def note_report_lag(self, lag_s: float) -> None:
+        """How old the robot report just read was (now - its stamp). A planner that is behind on reading
+        reports must not call a robot silent whose report is merely waiting in its own queue."""
+        now = self.clock.now()
+        lag = max(0.0, float(lag_s))
+        # The largest lag of the last lag_window_s: reports and acks arrive on queues of their own, and one
+        # quick queue must not hide that another is seconds behind.
+        if lag >= self._report_lag or now - self._report_lag_at > self.lag_window_s:
+            self._report_lag, self._report_lag_at = lag, now
+
+    def expire_silent(self, now: float | None = None) -> list[str]:
+        """End every task whose robot has not reported a dispatched segment by its predicted end +
+        ``robot_timeout_s`` (ROBOT_FAILED, naming the segment). Returns the task ids it ended."""
+        if self.cfg.robot_timeout_s is None:
+            return []
+        ended = []
+        with self._lock:
+            now = self.clock.now() if now is None else now
+            heard_since = now - self.cfg.robot_timeout_s
+            for tid, pending in list(self._watch.items()):
+                owner = self._tasks.get(tid) or self._done.get(tid)
+                if owner is not None and self._robot_heard.get(owner.robot_id, -math.inf) > heard_since:
+                    continue  # it keeps reporting (other segments): busy or behind, not silent
+                limit = self.cfg.robot_timeout_s + self._report_lag
+                late = [s for s in pending if s.pred_end is not None and now > s.pred_end + limit]
+                if late:
+                    s = late[0]
+                    self._watch.pop(tid, None)
+                    self._robot_failed(tid, f"robot silent: no report for segment {s.index} within its predicted "
+                                            f"execution ({s.est_exec_s:.2f} s) + {self.cfg.robot_timeout_s:g} s")
+                    ended.append(tid)
+        self._flush()
+        return ended
+
+    def unreported(self, now: float | None = None) -> list[tuple[str, str, str, Segment]]:
+        """(task id, robot id, robot type, segment) of dispatched segments still unreported half a ``robot_timeout_s``
+        past their predicted end, each once: the caller re-sends them, and a robot that finished a segment
+        answers a re-sent copy with its report again, so a report lost in transit (e.g. while the planner
+        restarted) does not fail a healthy task as silent."""
+        if self.cfg.robot_timeout_s is None:
+            return []
+        out = []
+        with self._lock:
+            now = self.clock.now() if now is None else now
+            for tid, pending in self._watch.items():
+                owner = self._tasks.get(tid) or self._done.get(tid)
+                if owner is None:
+                    continue
+                half = self.cfg.robot_timeout_s / 2 + self._report_lag
+                for seg in pending:
+                    if not seg.probed and seg.pred_end is not None and now > seg.pred_end + half:
+                        seg.probed = True
+                        out.append((tid, owner.robot_id, owner.robot_type, seg))
+        return out
+
+    def fail_all(self, reason: str, status: TaskStatus = TaskStatus.FAILED) -> int:
+        """End every open task at once (the engine died: nothing may wait for the engine thread).
+        The engine's own state is left alone; replace it with :meth:`replace_engine`."""
+        with self._lock:
+            gens = list(self._tasks.values())
+            self._aborts.clear()
+            self._running.clear()
+            for g in gens:
+                self._finish(g, status, reason)
+        self._flush()
+        return len(gens)
+
+    def replace_engine(self, engine: Engine) -> None:
+        """Serve from a new engine (after a crash); only when no task is open."""
+        with self._lock:
+            if self._tasks:
+                raise RuntimeError(f"replace_engine with {len(self._tasks)} open tasks")
+            self.engine = engine
+        self.wake.set()
+
+    def restore(self, spec: TaskSpec, segments: list[Segment], *, final: bool = False) -> str:
+        """Re-open a task journaled by a planner that died: its segments were already sent (their
+        dispatch/prediction times in this clock), so its generation resumes after the last one from
+        the exact token ids, with the stop checker fed the text written so far.
+        ``final``: the plan had ended (its last segment or end marker was sent): it ends DONE."""
+        with self._lock:
+            tid = spec.task_id
+            if not tid or tid in self._tasks or tid in self._done:
+                raise ValueError(f"task id {tid!r}: missing or already known")
+            arrival = self.clock.now() if spec.arrival is None else float(spec.arrival)
+            g = Generation(spec, tid, arrival, next(self._seq))
+            g.tok_est = self._tok_est.get(spec.robot_type, 8.0)
+            g.prefill_est_s = self._prefill_estimate(spec)
+            g.segments = list(segments)
+            self._tasks[tid] = g
+            unreported = [s for s in g.segments if s.dispatch is not None and s.real_end is None]
+            if unreported:
+                self._watch[tid] = unreported
+            if final or (g.segments and g.segments[-1].final):
+                if g.segments:
+                    g.segments[-1].final = True
+                self._finish(g, TaskStatus.DONE, "")
+            elif not g.segments:
+                self._cands[tid] = g
+            else:
+                ids = spec.prompt_token_ids if spec.prompt_token_ids is not None else self.engine.tokenize(spec.prompt)
+                g.checker = self.hooks.stop_checker(g.robot_type)
+                for s in g.segments:  # the grammar state (open braces, ...) of what was written
+                    g.checker.feed(s.text)
+                    g.checker.cut()
+                g.req = EngineRequest(
+                    gen_id=tid, prompt_token_ids=list(ids), stop_checker=g.checker,
+                    output_token_ids=[t for s in g.segments for t in s.token_ids],
+                    max_new_tokens=spec.max_new_tokens, max_segment_tokens=spec.max_segment_tokens,
+                    suspend_at_boundary=self.policy.segmented, extra={"robot_type": g.robot_type, **spec.extra})
+                g.status = TaskStatus.SUSPENDED
+                g.k = len(g.segments)
+                self._requeue(g, self.clock.now())
+        self.wake.set()
+        self._flush()
+        return tid
+
+    def task_status(self, task_id: str) -> TaskStatus | None:
+        with self._lock:
+            g = self._tasks.get(task_id)
+            if g is not None:
+                return g.status
+            r = self._done.get(task_id)
+            return r.status if r else None
+
+    def result(self, task_id: str) -> TaskResult | None:
+        with self._lock:
+            return self._done.get(task_id)
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._tasks)
+
+    def snapshot(self) -> dict:
+        """Scheduler state for telemetry."""
+        with self._lock:
+            return {"queued": len(self._cands), "suspended": len(self._waiting), "running": len(self._running),
+                    "tasks": len(self._tasks), "done": len(self._done), "policy": self.policy.name,
+                    "admission": self.admission.name,
+                    "per_token_s": self.estimator.step_time(max(1, len(self._running)))}
+
+    def set_policy(self, policy: Policy) -> None:
+        """Switch the policy at run time; it applies from the next decision."""
+        with self._lock:
+            self.policy = policy
+        self.wake.set()
+
+    def running_ids(self) -> list[str]:
+        with self._lock:
+            return list(self._running)
+
+    def queue_view(self, now: float | None = None) -> list[dict]:
+        """Queued generations, best first, with their current priority, slack and projected wait (telemetry)."""
+        with self._lock:
+            now = self.clock.now() if now is None else now
+            cands, pri = self._priorities(now)
+            ctx = self._rank_ctx()
+            out = []
+            for p, g in sorted(zip(pri, cands, strict=True), key=lambda x: -x[0]):
+                G = g.tok_est * ctx.per_token_s + (g.prefill_est_s if g.k == 0 else 0.0)
+                if g.k == 0:
+                    wait = now - g.arrival + G + self.cfg.comm_s
+                else:
+                    wait = max(0.0, now + G + self.cfg.comm_s - g.prev_end)
+                out.append({"task_id": g.task_id, "robot_id": g.robot_id, "k": g.k, "priority": p,
+                            "slack_s": g.deadline() - now - G, "waiting_s": wait})
+            return out
+
+    # -- engine thread ----------------------------------------------------------
+    def run_once(self) -> float | None:
+        """One decision + one engine step (blocking). Returns the next wake-up time (None: idle)."""
+        rep = self.start_step()
+        if rep is not None:
+            self.complete_step(rep)
+        return self.next_wakeup()
+
+    def serve_forever(self, stop: threading.Event) -> None:
+        """Engine-thread loop for real time; returns when ``stop`` is set."""
+        while not stop.is_set():
+            w = self.run_once()
+            if stop.is_set():
+                break
+            if w is None or w > self.clock.now():
+                self.clock.wait_until(w if w is not None else self.clock.now() + 0.5, self.wake)
+
+    def next_wakeup(self) -> float | None:
+        """When run_once has something to do: now if busy, else the next resume time, else None."""
+        with self._lock:
+            now = self.clock.now()
+            if self.engine.has_work() or self._cands or self._aborts:
+                return now
+            while self._waiting and self._waiting[0][2] != self._waiting[0][3].wait_version:
+                heapq.heappop(self._waiting)  # stale entry
+            return self._waiting[0][0] if self._waiting else None
+
+    def start_step(self) -> StepReport | None:
+        """Decide and launch one engine step; None if the engine has nothing to do.
+
+        For a real engine the step runs (blocks) here; the simulator instead
+        advances its clock by ``report.duration_s`` and then calls complete_step.
+        """
+        with self._lock:
+            now = self.clock.now()
+            for tid in self._aborts:
+                g = self._tasks.get(tid)
+                self.engine.abort(tid)
+                self._running.pop(tid, None)
+                if g is not None and g.pending_abort:
+                    self._finish(g, g.abort_status, g.reason)
+            self._aborts.clear()
+            self._schedule(now)
+        self._flush()
+        if not self.engine.has_work():
+            return None
+        return self.engine.step()
+
+    def complete_step(self, report: StepReport) -> None:
+        """Handle the step's segment events at the current clock time."""
+        with self._lock:
+            now = self.clock.now()
+            self.step_count += 1
+            self.estimator.observe(report.batch_size, report.duration_s, report.prefill_tokens)
+            for ev in report.events:
+                g = self._tasks.get(ev.gen_id)
+                if g is None or g.pending_abort:
+                    continue
+                self._on_event(g, ev, now)
+        self._flush()
+
+    # -- decisions ------------------------------------------------------------
+    def _promote(self, now: float) -> None:
+        w = self._waiting
+        while w and w[0][0] <= now:
+            _, _, ver, g = heapq.heappop(w)
+            if ver == g.wait_version and g.status is TaskStatus.SUSPENDED:
+                g.enqueued_at = max(g.eligible_at, g.enqueued_at)
+                self._cands[g.task_id] = g
+
+    def _rank_ctx(self) -> RankContext:
+        # G is estimated at the batch size the candidate would join
+        return RankContext(self.cfg.comm_s, self.estimator.step_time(len(self._running) + 1), self.cfg.slack_floor_s)
+
+    def _priorities(self, now: float) -> tuple[list[Generation], list[float]]:
+        cands = list(self._cands.values())
+        return cands, (self.policy.priorities(cands, now, self._rank_ctx()) if cands else [])
+
+    def rank(self, now: float) -> list[Generation]:
+        """Candidates ordered by the policy (best first), priorities recomputed now."""
+        cands, pri = self._priorities(now)
+        order = sorted(range(len(cands)), key=pri.__getitem__, reverse=True)  # stable: ties by queue order
+        return [cands[i] for i in order]
+
+    def best(self, now: float, n: int) -> list[Generation]:
+        """The ``n`` best candidates (what a decision needs; cheaper than a full sort)."""
+        cands, pri = self._priorities(now)
+        if not cands:
+            return []
+        if n == 1:
+            i = max(range(len(pri)), key=pri.__getitem__)
+            return [cands[i]]
+        return [cands[i] for i in heapq.nlargest(n, range(len(pri)), key=pri.__getitem__)]
+
+    def _schedule(self, now: float) -> None:
+        self._promote(now)
+        if not self._cands:
+            return
+        t0 = time.perf_counter()
+        if self.cfg.overdue == "reject":
+            self._reject_hopeless(now)
+        room = self.admission.max_batch() - len(self._running)
+        picked: list[Generation] = []
+        if room > 0 and self._cands:
+            stats = self.engine.stats()
+            view = AdmissionView(list(self._running.values()), now, self.cfg.comm_s, stats.kv_cache_usage,
+                                 self.estimator)
+            # Rank only as many as could join (cheaper than a full sort); re-rank if all were taken.
+            refused = False
+            while room > 0 and self._cands and not refused:
+                for g in self.best(now, min(room, 64)):
+                    if not self.admission.admit(view, g):
+                        refused = True
+                        break
+                    picked.append(g)
+                    view.running.append(g)
+                    self._running[g.task_id] = g
+                    del self._cands[g.task_id]
+                    room -= 1
+        if self.cfg.record_decisions:
+            self.decision_times.append(time.perf_counter() - t0)
+        for g in picked:
+            self._start(g, now)
+
+    def _prefill_estimate(self, spec: TaskSpec, n: int | None = None) -> float:
+        """Prefill time of a new prompt: its length minus the prefix-cache hits that
+        this robot type's prompts have been getting (learned from the engine)."""
+        if n is None:
+            n = len(spec.prompt_token_ids) if spec.prompt_token_ids else self.cfg.prefill_tokens_default
+        hit = self._cache_hit.get(spec.robot_type)
+        uncached = n if hit is None else max(1.0, n - hit)
+        return self.estimator.prefill_time(int(uncached))
+
+    def _reject_hopeless(self, now: float) -> None:
+        tpt = self.estimator.step_time(len(self._running) + 1)
+        for g in [g for g in self._cands.values() if g.k == 0]:
+            G = g.tok_est * tpt + g.prefill_est_s
+            if g.tuf.tuf0(now - g.arrival + G + self.cfg.comm_s) < 0:
+                self._finish(g, TaskStatus.REJECTED,
+                             f"rejected: the first segment cannot arrive before the utility cutoff "
+                             f"({g.tuf.cutoff:.3f} s after arrival); waited {now - g.arrival:.3f} s")
+
+    def _start(self, g: Generation, now: float) -> None:
+        g.status = TaskStatus.RUNNING
+        g.gen_start = now
+        if g.req is None:
+            spec = g.spec
+            ids = spec.prompt_token_ids if spec.prompt_token_ids is not None else self.engine.tokenize(spec.prompt)
+            g.prefill_est_s = self._prefill_estimate(spec, len(ids))
+            g.checker = self.hooks.stop_checker(g.robot_type)
+            g.req = EngineRequest(
+                gen_id=g.task_id, prompt_token_ids=list(ids), stop_checker=g.checker,
+                max_new_tokens=spec.max_new_tokens, max_segment_tokens=spec.max_segment_tokens,
+                suspend_at_boundary=self.policy.segmented, extra={"robot_type": g.robot_type, **spec.extra})
+        g.seg_start_len = len(g.req.output_token_ids)
+        try:
+            self.engine.add(g.req)
+        except Exception as e:  # an engine refusal must reach the robot, not vanish
+            self.engine.abort(g.task_id)
+            self._running.pop(g.task_id, None)
+            self._finish(g, TaskStatus.FAILED, f"engine refused the generation: {e}")
+
+    # -- engine events ----------------------------------------------------------
+    def _on_event(self, g: Generation, ev: SegmentEvent, now: float) -> None:
+        text = ev.text
+        # LLM output is untrusted: a segment reaches the robot only if it parses
+        # against the robot's skill set with every argument inside its bounds.
+        deliverable = ev.reason in (FinishReason.SEGMENT, FinishReason.STOP)
+        if not deliverable:
+            text = ""  # a cut-off fragment (length cap, runaway segment, abort) is never sent
+        err = self.hooks.validate(g.robot_type, text) if text.strip() else None
+        if err is not None:
+            self._running.pop(g.task_id, None)
+            if g.task_id in self.engine.running_ids():
+                self.engine.abort(g.task_id)
+            self._finish(g, TaskStatus.FAILED, f"invalid plan output in segment {len(g.segments)} "
+                                               f"({text.strip()[:60]!r}): {err}")
+            return
+        if text or ev.reason is FinishReason.SEGMENT:
+            self._add_segment(g, ev, now)
+        if ev.reason is FinishReason.SEGMENT:
+            if ev.suspended:
+                self._running.pop(g.task_id, None)
+                g.status = TaskStatus.SUSPENDED
+                g.k = len(g.segments)
+                self._requeue(g, now)
+            else:
+                g.seg_start_len = len(g.req.output_token_ids)
+            return
+        # final event
+        self._running.pop(g.task_id, None)
+        if g.segments:
+            g.segments[-1].final = True
+        if ev.reason is FinishReason.STOP:
+            self._release_held(g, now)
+            self._finish(g, TaskStatus.DONE, "")
+        else:
+            what = {FinishReason.LENGTH: f"plan exceeded max_new_tokens={g.spec.max_new_tokens}",
+                    FinishReason.ABORTED: "generation aborted by the engine"}.get(ev.reason, ev.reason.value)
+            self._finish(g, TaskStatus.FAILED, ev.error or what)
+
+    def _add_segment(self, g: Generation, ev: SegmentEvent, now: float) -> None:
+        if not g.segments:  # first segment: learn how much of a new prompt the prefix cache covers
+            rt, hit = g.robot_type, float(ev.cached_prompt_tokens)
+            old = self._cache_hit.get(rt)
+            self._cache_hit[rt] = hit if old is None else 0.8 * old + 0.2 * hit
+            for q in self._cands.values():
+                if q.k == 0 and q.robot_type == rt:
+                    q.prefill_est_s = self._prefill_estimate(q.spec)
+        calls = self.hooks.parse(g.robot_type, ev.text)
+        est = 0.0
+        if calls:
+            try:
+                est = float(self.hooks.exec_model(g.robot_type).estimate(calls).min_s)
+            except Exception as e:
+                log.warning("exec-time estimate failed for %r: %s", ev.text, e)
+        seg = Segment(index=len(g.segments), text=ev.text, token_ids=list(ev.token_ids), calls=calls,
+                      gen_start=g.gen_start, ready=now, est_exec_s=est)
+        g.segments.append(seg)
+        n = len(ev.token_ids)
+        if n and calls:  # learn the segment length G is estimated from
+            rt = g.robot_type
+            self._tok_est[rt] = 0.9 * self._tok_est.get(rt, n) + 0.1 * n
+            g.tok_est = self._tok_est[rt]
+        g.gen_start = now
+        if self.policy.streams:
+            self._dispatch(g, seg, now)
+        else:
+            g.held.append(seg)
+
+    def _release_held(self, g: Generation, now: float) -> None:
+        for seg in g.held:
+            self._dispatch(g, seg, now)
+        g.held.clear()
+
+    def _dispatch(self, g: Generation, seg: Segment, now: float) -> None:
+        seg.dispatch = now
+        prev = g.segments[seg.index - 1].end if seg.index > 0 else None
+        arrive = now + self.cfg.comm_s
+        seg.pred_start = arrive if prev is None else max(arrive, prev)
+        seg.pred_end = seg.pred_start + seg.est_exec_s
+        self._watch.setdefault(g.task_id, []).append(seg)
+        self._outbox.append(("segment", g, seg))
+
+    def _repredict(self, g: Generation, from_index: int) -> None:
+        """A real finish time arrived: shift later predictions and the resume time."""
+        segs = g.segments
+        for seg in segs[from_index + 1:]:
+            if seg.dispatch is None or seg.real_end is not None:
+                continue
+            seg.pred_start = max(seg.dispatch + self.cfg.comm_s, segs[seg.index - 1].end)
+            seg.pred_end = seg.pred_start + seg.est_exec_s
+        if g.status is TaskStatus.SUSPENDED and segs and g.k == len(segs):
+            self._requeue(g, self.clock.now())
+
+    def _requeue(self, g: Generation, now: float) -> None:
+        last = g.segments[-1] if g.segments else None
+        if last is not None and last.end is not None:
+            g.prev_end = last.end
+        elif last is not None:  # held (not streamed): resume at once
+            g.prev_end = now
+        tpt = self.estimator.step_time(len(self._running) + 1)
+        G = g.tok_est * tpt
+        g.eligible_at = g.prev_end - G - self.cfg.comm_s - self.cfg.resume_lead_s
+        g.wait_version += 1
+        if g.eligible_at <= now:
+            if g.task_id not in self._cands:
+                g.enqueued_at = now
+                self._cands[g.task_id] = g
+        else:
+            self._cands.pop(g.task_id, None)
+            heapq.heappush(self._waiting, (g.eligible_at, g.seq, g.wait_version, g))
+
+    # -- results ------------------------------------------------------------------
+    def _finish(self, g: Generation, status: TaskStatus, reason: str) -> None:
+        if g.status.terminal:
+            return
+        g.status = status
+        g.reason = reason
+        g.wait_version += 1
+        self._tasks.pop(g.task_id, None)
+        self._cands.pop(g.task_id, None)
+        self._running.pop(g.task_id, None)
+        s0 = g.segments[0] if g.segments else None
+        rt = (s0.dispatch + self.cfg.comm_s - g.arrival) if s0 is not None and s0.dispatch is not None else None
+        sent = g.spec.sent
+        res = TaskResult(task_id=g.task_id, robot_id=g.robot_id, status=status,
+                         plan="".join(s.text for s in g.segments), segments=g.segments,
+                         response_time=rt, utility=g.tuf.tuf0(rt) if rt is not None else None,
+                         reason=reason, meta=g.spec.meta, robot_type=g.robot_type,
+                         response_time_from_send=(rt + g.arrival - sent) if rt is not None and sent is not None
+                         else None)
+        if status is not TaskStatus.DONE:
+            self._watch.pop(g.task_id, None)  # nothing more is expected of the robot
+        now = self.clock.now()
+        self._done[g.task_id] = res
+        self._done_at[g.task_id] = now
+        self._evict_results(now)
+        self._outbox.append(("result", res, None))
+
+    def _evict_results(self, now: float) -> None:
+        """Bounded memory: forget the oldest results (their task ids become usable again)."""
+        horizon = now - self.cfg.keep_results_s
+        for tid in list(self._done_at):  # insertion order = finish order
+            if len(self._done_at) <= self.cfg.keep_results_max and self._done_at[tid] > horizon:
+                break
+            del self._done_at[tid]
+            self._done.pop(tid, None)
+            self._watch.pop(tid, None)
+
+    def _flush(self) -> None:
+        with self._lock:
+            out, self._outbox = self._outbox, []
+        for kind, a, b in out:
+            try:
+                if kind == "segment":
+                    if self.on_segment is not None:
+                        self.on_segment(self._view(a), b)
+                elif self.on_result is not None:
+                    self.on_result(a)
+            except Exception:  # a broken callback must not kill the engine thread
+                log.exception("%s callback failed", kind)
+
+    def _view(self, g: Generation) -> TaskResult:
+        return TaskResult(task_id=g.task_id, robot_id=g.robot_id, status=g.status, plan="",
+                          segments=g.segments, response_time=None, utility=None, meta=g.spec.meta)

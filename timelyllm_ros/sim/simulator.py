@@ -1,0 +1,304 @@
+"""Deterministic discrete-event simulator: PlannerCore + SimEngine + robots.
+
+Events (arrivals, segments reaching robots, robots finishing, reports
+reaching the planner) live in one heap ordered by (time, sequence number);
+the engine is modelled as non-preemptive steps: the core decides at t, the
+step's modelled duration d passes (other events between t and t + d are
+handled at their own times and queue up for the next decision), then its
+segments come out at t + d. With the same workload, configuration and seed
+the run is bit-for-bit repeatable.
+
+Robots execute the segments they receive in order. A segment takes the
+trace's measured time of its skills (``exe_time_detail``, matched to the
+segment's skill calls in order); skills the trace lacks are sampled from the
+execution-time model with the seeded RNG. Every network hop costs ``hop_s``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from timelyllm_ros.engines.sim_engine import SimEngine, SimEngineConfig
+from timelyllm_ros.model.clock import SimClock
+from timelyllm_ros.sched.admission import Admission, LatencyEstimator, make_admission
+from timelyllm_ros.sched.policies import Policy, make_policy
+from timelyllm_ros.sched.scheduler import CoreConfig, PlannerCore, Segment, TaskResult, TaskSpec, TaskStatus
+from timelyllm_ros.sim.workloads import Job, Workload, plan_templates
+
+
+@dataclass
+class SegRecord:
+    index: int
+    text: str
+    skills: int  # number of skill calls (0: pure syntax such as '};')
+    dispatch: float
+    recv: float
+    start: float = float("nan")
+    end: float = float("nan")
+    exec_s: float = 0.0
+
+
+@dataclass
+class TaskRecord:
+    job_id: int
+    trace_id: int
+    task_type: str
+    robot_type: str
+    level: str
+    agent_id: int
+    arrival: float
+    alpha: float
+    beta: float
+    ert: float
+    status: str = "pending"
+    reason: str = ""
+    finished: float = float("nan")  # planner's terminal result time
+    segments: list[SegRecord] = field(default_factory=list)
+    plan: str = ""
+
+    # -- derived metrics (robot-side times) ---------------------------------
+    @property
+    def response_time(self) -> float | None:
+        """W(s_0): from arrival to the start of execution of the first segment."""
+        return self.segments[0].start - self.arrival if self.segments else None
+
+    def utility(self) -> float | None:
+        rt = self.response_time
+        if rt is None:
+            return None
+        return min(self.beta, self.alpha * (rt - self.ert) + self.beta)
+
+    def waits(self) -> list[float]:
+        """W(s_k) of each segment that holds a skill (pure-syntax closers do not make a robot wait)."""
+        out, prev_end = [], self.arrival
+        for s in self.segments:
+            if s.skills:
+                out.append(max(0.0, s.start - prev_end))
+                prev_end = s.end
+        return out
+
+    def total_utility(self) -> float | None:
+        """Paper Eq. 3 objective: TUF_0(W(s_0)) + sum_k TUF_1(W(s_k))."""
+        w = self.waits()
+        if not w:
+            return None
+        u0 = min(self.beta, self.alpha * (self.segments[0].start - self.arrival - self.ert) + self.beta)
+        return u0 + sum(min(self.beta, self.alpha * x + self.beta) for x in w[1:])
+
+    @property
+    def robot_waiting(self) -> float | None:
+        return sum(self.waits()) if self.segments else None
+
+    @property
+    def completion_time(self) -> float | None:
+        return self.segments[-1].end - self.arrival if self.segments else None
+
+    @property
+    def exec_time(self) -> float:
+        return sum(s.exec_s for s in self.segments)
+
+
+@dataclass
+class SimConfig:
+    policy: str = "pud"
+    admission: str | int = "adaptive"
+    hop_s: float = 0.008
+    seed: int = 0
+    core: CoreConfig = field(default_factory=CoreConfig)
+    engine: SimEngineConfig = field(default_factory=SimEngineConfig)
+    report_done: bool = True  # robots report completions (closed loop); off = predictions only
+    # Prompt make-up, 2884 tokens in all (paper Table 1). The shared part (rules, skill
+    # catalogue, examples) hits the prefix cache; the task's own context (scene, history)
+    # and instruction are prefilled for every task. The split is not published: 150
+    # context tokens is our assumption (Table 1's 133 ms "re-prefill" of a robot prompt
+    # would mean ~1170; see bench/results/README.md for the sensitivity).
+    prompt_shared_tokens: int = 2734
+    prompt_context_tokens: int = 150
+
+
+@dataclass
+class SimResult:
+    workload: str
+    policy: str
+    admission: str
+    records: list[TaskRecord]
+    sim_time_s: float
+    wall_time_s: float
+    decision_times_s: list[float]
+    engine_steps: int
+    prefill_tokens: int
+    decode_tokens: int
+
+    @property
+    def speedup(self) -> float:
+        return self.sim_time_s / self.wall_time_s if self.wall_time_s > 0 else float("inf")
+
+
+class _Robot:
+    """One task's executor on one agent: runs received segments in order."""
+
+    __slots__ = ("rec", "job", "detail_pos", "busy_until", "queue")
+
+    def __init__(self, rec: TaskRecord, job: Job) -> None:
+        self.rec, self.job = rec, job
+        self.detail_pos = 0
+        self.busy_until = rec.arrival
+
+
+class Simulator:
+    def __init__(self, workload: Workload, config: SimConfig | None = None, *,
+                 policy: Policy | None = None, admission: Admission | None = None) -> None:
+        self.wl = workload
+        self.cfg = config or SimConfig()
+        self.clock = SimClock(0.0)
+        self.rng = random.Random(self.cfg.seed)
+        self.engine = SimEngine(self.cfg.engine)
+        self.policy = policy or make_policy(self.cfg.policy)
+        self.admission = admission or make_admission(self.cfg.admission)
+        est = LatencyEstimator(decode_s=self.cfg.engine.decode_s,
+                               slope_s=self.cfg.engine.decode_s * self.cfg.engine.batch_slowdown,
+                               prefill_s_per_token=self.cfg.engine.prefill_s_per_token)
+        core_cfg = self.cfg.core
+        core_cfg.comm_s = self.cfg.hop_s
+        self.core = PlannerCore(self.engine, self.policy, self.clock, admission=self.admission, config=core_cfg,
+                                on_segment=self._on_segment, on_result=self._on_result, estimator=est)
+        self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
+        self._seq = itertools.count()
+        self._robots: dict[str, _Robot] = {}
+        self._shared_prompt: dict[str, list[int]] = {}
+        self.records: list[TaskRecord] = []
+
+    def _at(self, t: float, fn: Callable[..., None], *args: Any) -> None:
+        heapq.heappush(self._heap, (t, next(self._seq), fn, args))
+
+    # -- events -----------------------------------------------------------------
+    def _arrive(self, job: Job, rec: TaskRecord) -> None:
+        tpl = plan_templates().get(job.trace_id)
+        if tpl is None:
+            raise ValueError(f"job {job.job_id}: no plan template for trace id {job.trace_id}")
+        spec = TaskSpec(robot_id=f"agent{job.agent_id}", prompt=job.task_input, tuf=job.time_utility,
+                        robot_type=tpl.robot_type, task_id=f"j{job.job_id}", arrival=job.trigger_time,
+                        prompt_token_ids=self._prompt_ids(job, tpl.robot_type),
+                        extra={"plan_text": tpl.plan}, meta={"job_id": job.job_id})
+        tid = self.core.submit(spec)
+        self._robots[tid] = _Robot(rec, job)
+
+    def _prompt_ids(self, job: Job, robot_type: str) -> list[int]:
+        """System prompt (shared by a robot type, so prefix-cacheable) + this task's own
+        context (scene, history, examples: never shared) + the instruction."""
+        shared = self._shared_prompt.get(robot_type)
+        if shared is None:
+            base = 200000 + 10000 * len(self._shared_prompt)
+            shared = self._shared_prompt[robot_type] = list(range(base, base + self.cfg.prompt_shared_tokens))
+        r = random.Random(f"ctx-{self.cfg.seed}-{job.job_id}")
+        ctx = [r.randrange(1000, 128000) for _ in range(self.cfg.prompt_context_tokens)]
+        return shared + ctx + self.engine.tokenize(job.task_input)
+
+    def _on_segment(self, task: TaskResult, seg: Segment) -> None:
+        now = self.clock.now()
+        robot = self._robots[task.task_id]
+        sr = SegRecord(seg.index, seg.text, len(seg.calls), dispatch=now, recv=now + self.cfg.hop_s)
+        robot.rec.segments.append(sr)
+        self._at(sr.recv, self._robot_recv, task.task_id, sr, seg.calls)
+
+    def _exec_time(self, robot: _Robot, calls: list[Any]) -> float:
+        total = 0.0
+        detail = robot.job.exe_time_detail
+        for c in calls:
+            pos = robot.detail_pos
+            if pos < len(detail) and detail[pos][0].rstrip("(") == c.name:
+                total += detail[pos][1]
+                robot.detail_pos += 1
+            else:  # the plan has a skill the trace did not time: sample it
+                total += self.core.hooks.exec_model(robot.rec.robot_type).sample([c], self.rng)
+        return total
+
+    def _robot_recv(self, task_id: str, sr: SegRecord, calls: list[Any]) -> None:
+        robot = self._robots[task_id]
+        sr.start = max(sr.recv, robot.busy_until)
+        sr.exec_s = self._exec_time(robot, calls)
+        sr.end = sr.start + sr.exec_s
+        robot.busy_until = sr.end
+        if self.cfg.report_done:
+            self._at(sr.end + self.cfg.hop_s, self._report, task_id, sr)
+
+    def _report(self, task_id: str, sr: SegRecord) -> None:
+        self.core.report_segment_done(task_id, sr.index, finish_time=sr.end, start_time=sr.start)
+
+    def _on_result(self, res: TaskResult) -> None:
+        rec = self._robots[res.task_id].rec
+        rec.status, rec.reason, rec.finished, rec.plan = res.status.value, res.reason, self.clock.now(), res.plan
+
+    # -- main loop --------------------------------------------------------------
+    def run(self, progress: Callable[[float], None] | None = None) -> SimResult:
+        tpls = plan_templates()
+        for job in self.wl.jobs:
+            tpl = tpls.get(job.trace_id)
+            tuf = job.time_utility
+            rec = TaskRecord(job.job_id, job.trace_id, tpl.name if tpl else str(job.trace_id),
+                             tpl.robot_type if tpl else "?", tuf.level, job.agent_id, job.trigger_time,
+                             tuf.alpha, tuf.beta, tuf.ert)
+            self.records.append(rec)
+            self._at(job.trigger_time, self._arrive, job, rec)
+        wall0 = time.perf_counter()
+        heap, clock, core = self._heap, self.clock, self.core
+        inf = float("inf")
+        last_progress = 0.0
+        while True:
+            t_evt = heap[0][0] if heap else inf
+            w = core.next_wakeup()
+            if w is not None and w < t_evt:
+                clock.set(max(w, clock.now()))
+                t0 = clock.now()
+                rep = core.start_step()
+                if rep is None:
+                    if core.next_wakeup() is not None and core.next_wakeup() <= clock.now():
+                        raise RuntimeError("scheduler reports work but started no step")  # guard against livelock
+                    continue
+                if rep.duration_s <= 0:
+                    raise RuntimeError("engine step took no time; the simulation would not advance")
+                t_end = t0 + rep.duration_s
+                while heap and heap[0][0] <= t_end:  # what happens while the step runs
+                    t, _, fn, args = heapq.heappop(heap)
+                    clock.set(t)
+                    fn(*args)
+                clock.set(t_end)
+                core.complete_step(rep)
+            elif heap:
+                t, _, fn, args = heapq.heappop(heap)
+                clock.set(t)
+                fn(*args)
+            else:
+                break
+            if progress is not None and clock.now() - last_progress >= 1.0:
+                last_progress = clock.now()
+                progress(last_progress)
+        wall = time.perf_counter() - wall0
+        stuck = [r for r in self.records if r.status == "pending"]
+        if stuck:  # nothing may vanish: a task without a result is a bug
+            raise RuntimeError(f"{len(stuck)} tasks ended without a result, e.g. job {stuck[0].job_id}")
+        span = max(r.finished for r in self.records) - min(r.arrival for r in self.records) if self.records else 0
+        span = max(span, max((s.end for r in self.records for s in r.segments), default=0.0)
+                   - min((r.arrival for r in self.records), default=0.0))
+        return SimResult(self.wl.name, self.policy.name, self.admission.name, self.records, span, wall,
+                         list(core.decision_times), core.step_count, self.engine.total_prefill_tokens,
+                         self.engine.total_decode_tokens)
+
+
+def simulate(workload: Workload, policy: str = "pud", admission: str | int | None = None, seed: int = 0,
+             **kw: Any) -> SimResult:
+    """Convenience: one run. Default admission: adaptive for segmented policies, vLLM-like (256) otherwise."""
+    pol = make_policy(policy)
+    if admission is None:
+        admission = "adaptive" if pol.segmented else 256
+    cfg = SimConfig(policy=policy, admission=admission, seed=seed, **kw)
+    return Simulator(workload, cfg, policy=pol).run()
+
+
+__all__ = ["SimConfig", "SimResult", "Simulator", "TaskRecord", "SegRecord", "simulate", "TaskStatus"]

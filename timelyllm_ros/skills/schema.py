@@ -1,0 +1,859 @@
+"""Robot skill sets (skills/*.yaml): loading, validation and plan parsing.
+
+LLM output is untrusted. Nothing may reach a robot unless it parses as calls
+of that robot's skill set with every literal argument of the right type and
+inside its bounds; :meth:`SkillSet.parse` is that gate.
+
+Grammars (``grammar:`` in the YAML):
+
+* ``minispec`` — TypeFly's MiniSpec. Statements are calls ``mf(50)``,
+  assignments ``_1=ox('cat')``, returns ``->True``, conditionals
+  ``?iv('cat')==True{...}`` and loops ``8{...}``; ``;`` separates statements
+  and is optional after ``}`` and before ``}``. Conditions compare values with
+  ``== != < > <= >=`` and combine them with ``&`` and ``|``.
+* ``calls`` — ``;``-separated calls only (robot arm).
+* ``text`` — prose, no skills (chatbot).
+
+A plan is parsed whole (``complete=True``: braces must balance) or as one
+segment of it (default: ``}`` closing a block opened by an earlier segment
+and blocks left open for a later one are fine).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from threading import Lock
+from typing import Any
+
+import yaml
+
+from timelyllm_ros import paths
+
+ARG_TYPES = ("int", "float", "str", "bool")
+GRAMMARS = ("minispec", "calls", "text")
+SEGMENTERS = ("minispec", "semicolon", "sentence")
+EXEC_MODELS = {
+    "constant": ("value",),
+    "linear": ("a", "b"),
+    "polynomial": ("coeffs",),
+    "repeated": ("unit", "min_count", "max_count"),
+    "uniform": ("low", "high"),
+}
+_ARG_MODELS = ("linear", "polynomial")  # models that read a numeric argument
+
+
+class SkillSetError(ValueError):
+    """A skill-set YAML file is malformed; the message names file and field."""
+
+
+class SkillParseError(ValueError):
+    """LLM output is not a valid plan for the skill set.
+
+    ``position`` is the character offset in the parsed text.
+    """
+
+    def __init__(self, message: str, position: int) -> None:
+        super().__init__(f"{message} at {position}")
+        self.position = position
+        self.reason = message
+
+
+@dataclass(frozen=True)
+class Var:
+    """A MiniSpec variable (``_1``) used as an argument; its value is only
+    known on the robot, which must check it against the argument's bounds
+    (:meth:`SkillSpec.check_args`)."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+ArgValue = int | float | str | bool | Var
+
+
+@dataclass(frozen=True)
+class SkillArg:
+    name: str
+    type: str  # one of ARG_TYPES
+    min: float | None = None  # numbers: inclusive bounds
+    max: float | None = None
+    unit: str = ""
+    typical: float | None = None  # value assumed for estimates when unknown
+    min_length: int = 1  # strings
+    max_length: int = 100
+    pattern: str | None = None  # strings: regex the whole value must match
+    description: str = ""
+
+    def check(self, value: ArgValue, skill: str) -> ArgValue:
+        """Return the value normalised to the arg type, or raise ValueError."""
+        if isinstance(value, Var):
+            return value
+        where = f"argument {self.name!r} of {skill}"
+        if self.type in ("int", "float"):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{where} must be a number ({self.type}), got {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"{where} must be finite, got {value!r}")
+            if self.type == "int":
+                if value != int(value):
+                    raise ValueError(f"{where} must be an integer, got {value!r}")
+                value = int(value)
+            else:
+                value = float(value)
+            if (self.min is not None and value < self.min) or (self.max is not None and value > self.max):
+                raise ValueError(f"{where} = {value!r} outside [{_num(self.min)}, {_num(self.max)}]")
+            return value
+        if self.type == "bool":
+            if not isinstance(value, bool):
+                raise ValueError(f"{where} must be True or False, got {value!r}")
+            return value
+        if not isinstance(value, str):
+            raise ValueError(f"{where} must be a quoted string, got {value!r}")
+        if not self.min_length <= len(value) <= self.max_length:
+            raise ValueError(f"{where} has length {len(value)}, allowed {self.min_length}..{self.max_length}")
+        if self.pattern is not None and not re.fullmatch(self.pattern, value):
+            raise ValueError(f"{where} = {value!r} does not match {self.pattern!r}")
+        return value
+
+    def describe(self) -> str:
+        s = f"{self.name}: {self.type}"
+        if self.type in ("int", "float") and (self.min is not None or self.max is not None):
+            s += f" {_num(self.min)}..{_num(self.max)}"
+        if self.unit:
+            s += f" {self.unit}"
+        return s
+
+
+def _num(v: float | None) -> str:
+    if v is None:
+        return "?"
+    return str(int(v)) if float(v).is_integer() else str(v)
+
+
+@dataclass(frozen=True)
+class ExecTimeSpec:
+    """Execution-time model of a skill as data (evaluated by exec_model)."""
+
+    model: str  # one of EXEC_MODELS
+    params: Mapping[str, Any]
+    arg: str | None = None  # numeric argument the formula reads
+    noise: float = 0.0  # relative half-width around formula models
+
+
+@dataclass(frozen=True)
+class SkillSpec:
+    name: str  # short name the LLM writes (mf)
+    long_name: str  # move_forward
+    description: str
+    kind: str  # movement / perception / ...
+    signatures: tuple[tuple[SkillArg, ...], ...]  # overloads; usually one
+    exec_time: ExecTimeSpec
+    returns: str | None = None
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def args(self) -> tuple[SkillArg, ...]:
+        return self.signatures[0]
+
+    def check_args(self, values: Sequence[ArgValue], kwargs: Mapping[str, ArgValue] | None = None
+                   ) -> tuple[tuple[ArgValue, ...], tuple[str, ...]]:
+        """Bind and validate argument values (also used by executors once
+        variables are known). Returns (values, argument names); ValueError
+        with a message naming the skill and argument otherwise."""
+        kwargs = dict(kwargs or {})
+        errors: list[str] = []
+        n = len(values) + len(kwargs)
+        # Report only the overloads of the right arity when there are some.
+        sigs = [sig for sig in self.signatures if len(sig) == n] or list(self.signatures)
+        for sig in sigs:
+            try:
+                return self._bind(sig, values, kwargs), tuple(a.name for a in sig)
+            except ValueError as e:
+                errors.append(str(e))
+        if len(errors) == 1:
+            raise ValueError(errors[0])
+        raise ValueError(f"no form of {self.name} accepts these arguments: " + "; ".join(errors))
+
+    def _bind(self, sig: tuple[SkillArg, ...], values: Sequence[ArgValue],
+              kwargs: Mapping[str, ArgValue]) -> tuple[ArgValue, ...]:
+        names = [a.name for a in sig]
+        for k in kwargs:
+            if k not in names:
+                raise ValueError(f"{self.name} has no argument {k!r} (takes {self.signature_text(sig)})")
+        if len(values) + len(kwargs) != len(sig):
+            raise ValueError(f"{self.name} takes {len(sig)} argument(s) {self.signature_text(sig)}, "
+                             f"got {len(values) + len(kwargs)}")
+        out: list[ArgValue] = []
+        for i, a in enumerate(sig):
+            if i < len(values):
+                if a.name in kwargs:
+                    raise ValueError(f"argument {a.name!r} of {self.name} given twice")
+                v = values[i]
+            elif a.name in kwargs:
+                v = kwargs[a.name]
+            else:
+                raise ValueError(f"argument {a.name!r} of {self.name} is missing")
+            out.append(a.check(v, self.name))
+        return tuple(out)
+
+    def signature_text(self, sig: tuple[SkillArg, ...] | None = None) -> str:
+        sig = self.args if sig is None else sig
+        return "(" + ", ".join(a.describe() for a in sig) + ")"
+
+
+@dataclass(frozen=True)
+class SkillCall:
+    """One parsed, validated skill call."""
+
+    name: str  # short name, whatever alias the LLM used
+    long_name: str
+    args: tuple[ArgValue, ...]  # positional, in signature order
+    raw: str  # the call's text as written
+    skillset_id: str
+    arg_names: tuple[str, ...] = ()
+    position: int = 0  # offset in the parsed text
+    # Where the call appears: statement, condition, assign, return, argument.
+    role: str = "statement"
+
+    def arg(self, name: str) -> ArgValue | None:
+        try:
+            return self.args[self.arg_names.index(name)]
+        except ValueError:
+            return None
+
+
+@dataclass
+class SkillSet:
+    id: str
+    robot_type: str
+    description: str
+    segmenter: str
+    grammar: str
+    lmax: int
+    skills: tuple[SkillSpec, ...]
+    path: Path | None = None
+    max_loop_count: int = 20
+    min_segment_tokens: int = 10  # sentence segmenter
+    text_exec_time: Mapping[str, float] = field(default_factory=dict)
+    _by_name: dict[str, SkillSpec] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        for s in self.skills:
+            for n in (s.name, s.long_name, *s.aliases):
+                other = self._by_name.get(n)
+                if other is not None and other is not s:
+                    raise SkillSetError(f"{self.path or self.id}: skill name {n!r} is used twice")
+                self._by_name[n] = s
+
+    # -- lookup -------------------------------------------------------------
+    def get(self, name: str) -> SkillSpec | None:
+        """Skill by short name, long name or alias."""
+        return self._by_name.get(name)
+
+    def __getitem__(self, name: str) -> SkillSpec:
+        s = self._by_name.get(name)
+        if s is None:
+            raise KeyError(f"skill set {self.id!r} has no skill {name!r}")
+        return s
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.skills)
+
+    # -- parsing --------------------------------------------------------------
+    def parse(self, text: str, *, complete: bool = False) -> list[SkillCall]:
+        """All skill calls in a plan or a plan segment, in order of appearance.
+
+        Raises SkillParseError on anything that is not valid for this skill
+        set. ``complete=True`` also requires balanced braces (a whole plan).
+        """
+        if self.grammar == "text":
+            return []
+        return _Parser(self, text, complete).run()
+
+    def validate(self, text: str, *, complete: bool = False) -> str | None:
+        """None if ``text`` parses, else the error message."""
+        try:
+            self.parse(text, complete=complete)
+        except SkillParseError as e:
+            return str(e)
+        return None
+
+    # -- prompting ------------------------------------------------------------
+    def describe_for_prompt(self) -> str:
+        """Skill catalogue (and grammar) to put in the LLM prompt."""
+        if self.grammar == "text":
+            return "Answer in plain sentences."
+        lines = [f"Skills of the {self.robot_type} ({self.id}):"]
+        for s in self.skills:
+            forms = " | ".join(s.name + s.signature_text(sig) for sig in s.signatures)
+            ret = f" -> {s.returns}" if s.returns else ""
+            also = [n for n in (s.long_name, *s.aliases) if n != s.name]
+            alias = f" [{', '.join(also)}]" if also else ""
+            lines.append(f"- {forms}{ret}{alias}: {s.description}")
+        if self.grammar == "minispec":
+            lines += [
+                "MiniSpec program syntax:",
+                "- call: mf(50); strings in quotes: iv('cat');",
+                "- assignment: _1=ox('cat');",
+                "- conditional: ?cond{...}, e.g. ?iv('cat')==True{g('cat')};",
+                "  cond compares values with == != < > <= >= and combines with & |;",
+                f"- loop: N{{...}} repeats the block N times (N <= {self.max_loop_count});",
+                "- return: ->value;",
+                "Use short skill names. Statements end with ';'.",
+            ]
+        else:
+            lines.append("A plan is a sequence of calls, each ending with ';', e.g. "
+                         + _example_call(self) + ";")
+        return "\n".join(lines)
+
+
+def _example_call(ss: SkillSet) -> str:
+    s = ss.skills[0]
+    vals = []
+    for a in s.args:
+        if a.type == "str":
+            vals.append("'red_box'")
+        elif a.type == "bool":
+            vals.append("True")
+        else:
+            vals.append(_num(a.typical if a.typical is not None else a.min))
+    return f"{s.name}({', '.join(vals)})"
+
+
+# ---------------------------------------------------------------------------
+# Lexer and parser
+# ---------------------------------------------------------------------------
+
+_TOKEN_RE = re.compile(
+    r"""(?P<ws>\s+)
+      |(?P<num>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?)
+      |(?P<ident>[A-Za-z_][A-Za-z0-9_]*)
+      |(?P<op>->|==|!=|<=|>=|&&|\|\||[-?{}();,=<>&|!+])
+    """,
+    re.VERBOSE,
+)
+_VAR_RE = re.compile(r"_\d+")
+
+
+@dataclass(frozen=True)
+class _Tok:
+    kind: str  # num, str, ident, op, eof
+    text: str
+    pos: int
+    value: Any = None
+
+
+def _lex(text: str) -> list[_Tok]:
+    toks: list[_Tok] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c in "'\"":
+            j = i + 1
+            buf = []
+            while j < n and text[j] != c:
+                if text[j] == "\\" and j + 1 < n:
+                    j += 1
+                buf.append(text[j])
+                j += 1
+            if j >= n:
+                raise SkillParseError("unterminated string", i)
+            toks.append(_Tok("str", text[i:j + 1], i, "".join(buf)))
+            i = j + 1
+            continue
+        m = _TOKEN_RE.match(text, i)
+        if m is None:
+            raise SkillParseError(f"unexpected character {c!r}", i)
+        kind = m.lastgroup or ""
+        tok = m.group()
+        if kind == "num":
+            toks.append(_Tok("num", tok, i, int(tok) if tok.isdigit() else float(tok)))
+        elif kind != "ws":
+            if tok in ("&&", "||"):
+                tok = tok[0]
+            toks.append(_Tok(kind, tok, i))
+        i = m.end()
+    toks.append(_Tok("eof", "", n))
+    return toks
+
+
+_CMP = ("==", "!=", "<", ">", "<=", ">=")
+_LITERALS = {"True": True, "False": False}
+
+
+class _Parser:
+    def __init__(self, ss: SkillSet, text: str, complete: bool) -> None:
+        self.ss, self.text, self.complete = ss, text, complete
+        self.toks = _lex(text)
+        self.i = 0
+        self.calls: list[SkillCall] = []
+        self.minispec = ss.grammar == "minispec"
+
+    # helpers
+    @property
+    def tok(self) -> _Tok:
+        return self.toks[self.i]
+
+    def peek(self, k: int = 1) -> _Tok:
+        return self.toks[min(self.i + k, len(self.toks) - 1)]
+
+    def take(self) -> _Tok:
+        t = self.toks[self.i]
+        self.i += 1
+        return t
+
+    def expect(self, text: str, what: str) -> _Tok:
+        if self.tok.text != text or self.tok.kind not in ("op",):
+            raise SkillParseError(f"expected {text!r} {what}, found {self._show(self.tok)}", self.tok.pos)
+        return self.take()
+
+    @staticmethod
+    def _show(t: _Tok) -> str:
+        return "end of text" if t.kind == "eof" else repr(t.text)
+
+    # grammar
+    def run(self) -> list[SkillCall]:
+        opened: list[int] = []  # positions of '{' still open
+        while self.tok.kind != "eof":
+            t = self.tok
+            if t.text == ";" and t.kind == "op":
+                self.take()
+            elif t.text == "}" and t.kind == "op":
+                if not self.minispec:
+                    raise SkillParseError("unexpected '}' (blocks are not part of this skill language)", t.pos)
+                if opened:
+                    opened.pop()
+                elif self.complete:
+                    raise SkillParseError("unmatched '}'", t.pos)
+                self.take()
+            else:
+                block = self.statement()
+                if block is not None:
+                    opened.append(block)
+        if opened and self.complete:
+            raise SkillParseError("unclosed '{'", opened[-1])
+        return self.calls
+
+    def statement(self) -> int | None:
+        """Parse one statement; returns the position of a block it opened."""
+        t = self.tok
+        if t.kind == "ident" and self.peek().text == "(":
+            self.call("statement")
+            return None
+        if not self.minispec:
+            raise SkillParseError(f"expected a skill call, found {self._show(t)}", t.pos)
+        if t.kind == "op" and t.text == "?":
+            self.take()
+            self.expr("condition")
+            return self.expect("{", "after the condition").pos
+        if t.kind == "num":
+            self.take()
+            if not isinstance(t.value, int) or not 1 <= t.value <= self.ss.max_loop_count:
+                raise SkillParseError(f"loop count {t.text} outside [1, {self.ss.max_loop_count}]", t.pos)
+            return self.expect("{", "after the loop count").pos
+        if t.kind == "op" and t.text == "->":
+            self.take()
+            self.expr("return")
+            return None
+        if t.kind == "ident" and _VAR_RE.fullmatch(t.text) and self.peek().text == "=":
+            self.take()
+            self.take()
+            self.expr("assign")
+            return None
+        if t.kind == "ident":
+            return self._bad_ident(t)
+        raise SkillParseError(f"expected a statement, found {self._show(t)}", t.pos)
+
+    def _bad_ident(self, t: _Tok) -> None:
+        if self.ss.get(t.text) is not None:
+            raise SkillParseError(f"skill {t.text!r} must be called with '(...)'", t.pos)
+        raise SkillParseError(f"unknown skill {t.text!r}", t.pos)
+
+    def expr(self, role: str) -> None:
+        self.conj(role)
+        while self.tok.kind == "op" and self.tok.text == "|":
+            self.take()
+            self.conj(role)
+
+    def conj(self, role: str) -> None:
+        self.comparison(role)
+        while self.tok.kind == "op" and self.tok.text == "&":
+            self.take()
+            self.comparison(role)
+
+    def comparison(self, role: str) -> None:
+        self.unary(role)
+        if self.tok.kind == "op" and self.tok.text in _CMP:
+            self.take()
+            self.unary(role)
+
+    def unary(self, role: str) -> None:
+        t = self.tok
+        if t.kind == "op" and t.text == "!":
+            self.take()
+            self.unary(role)
+        elif t.kind == "op" and t.text == "(":
+            self.take()
+            self.expr(role)
+            self.expect(")", "to close '('")
+        else:
+            self.operand(role)
+
+    def operand(self, role: str) -> ArgValue | None:
+        t = self.tok
+        if t.kind == "ident" and self.peek().text == "(":
+            self.call(role)
+            return None
+        return self.literal(f"in {role}")
+
+    def literal(self, where: str) -> ArgValue:
+        t = self.take()
+        if t.kind == "op" and t.text == "-" and self.tok.kind == "num":
+            return -self.take().value
+        if t.kind in ("num", "str"):
+            return t.value
+        if t.kind == "ident":
+            if t.text in _LITERALS:
+                return _LITERALS[t.text]
+            if _VAR_RE.fullmatch(t.text):
+                if not self.minispec:
+                    raise SkillParseError(f"variables are not part of this skill language: {t.text!r}", t.pos)
+                return Var(t.text)
+            if self.ss.get(t.text) is not None:
+                raise SkillParseError(f"skill {t.text!r} must be called with '(...)'", t.pos)
+            raise SkillParseError(f"unknown name {t.text!r} {where} (quote strings: '{t.text}')", t.pos)
+        raise SkillParseError(f"expected a value {where}, found {self._show(t)}", t.pos)
+
+    def call(self, role: str) -> None:
+        name_tok = self.take()
+        spec = self.ss.get(name_tok.text)
+        if spec is None:
+            raise SkillParseError(f"unknown skill {name_tok.text!r}", name_tok.pos)
+        self.expect("(", f"after {name_tok.text}")
+        values: list[ArgValue] = []
+        kwargs: dict[str, ArgValue] = {}
+        while not (self.tok.kind == "op" and self.tok.text == ")"):
+            if self.tok.kind == "eof":
+                raise SkillParseError(f"unclosed argument list of {spec.name}", self.tok.pos)
+            if values or kwargs:
+                self.expect(",", f"between arguments of {spec.name}")
+            arg_tok = self.tok
+            if arg_tok.kind == "ident" and self.peek().text == "=" and not _VAR_RE.fullmatch(arg_tok.text):
+                self.take()
+                self.take()
+                kwargs[arg_tok.text] = self._arg_value(spec)
+            else:
+                if kwargs:
+                    raise SkillParseError(f"positional argument after keyword argument in {spec.name}", arg_tok.pos)
+                values.append(self._arg_value(spec))
+        close = self.take()
+        try:
+            bound, names = spec.check_args(values, kwargs)
+        except ValueError as e:
+            raise SkillParseError(str(e), name_tok.pos) from None
+        self.calls.append(SkillCall(spec.name, spec.long_name, bound, self.text[name_tok.pos:close.pos + 1],
+                                    self.ss.id, names, name_tok.pos, role))
+
+    def _arg_value(self, spec: SkillSpec) -> ArgValue:
+        t = self.tok
+        if t.kind == "eof":
+            raise SkillParseError(f"unclosed argument list of {spec.name}", t.pos)
+        if t.kind == "ident" and self.peek().text == "(":
+            raise SkillParseError(f"nested call {t.text}(...) as argument of {spec.name}; "
+                                  "assign it to a variable first", t.pos)
+        return self.literal(f"as argument of {spec.name}")
+
+
+# ---------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------
+
+def skills_dir() -> Path:
+    return paths.skills_dir()
+
+
+_CACHE: dict[Path, SkillSet] = {}
+_RESOLVED: dict[tuple[str, str], Path] = {}
+_CACHE_LOCK = Lock()
+
+
+def load_skill_set(name_or_robot_type_or_path: str | Path) -> SkillSet:
+    """Skill set by file path, file stem / id (``drone_minispec``) or robot
+    type (``drone``), looked up in :func:`skills_dir`. Cached per file."""
+    key = (str(name_or_robot_type_or_path), os.environ.get("TIMELYLLM_SHARE", ""))
+    path = _RESOLVED.get(key)
+    if path is None:  # resolving a robot type reads every YAML: do it once per key
+        path = _RESOLVED[key] = _resolve(name_or_robot_type_or_path)
+    with _CACHE_LOCK:
+        ss = _CACHE.get(path)
+        if ss is None:
+            ss = _CACHE[path] = load_skill_set_file(path)
+        return ss
+
+
+def clear_skill_set_cache() -> None:
+    with _CACHE_LOCK:
+        _CACHE.clear()
+        _RESOLVED.clear()
+
+
+def available_skill_sets() -> dict[str, Path]:
+    """id -> file for every skill set in :func:`skills_dir`."""
+    out: dict[str, Path] = {}
+    for p in sorted(skills_dir().glob("*.yaml")):
+        try:
+            out[load_skill_set(p).id] = p
+        except SkillSetError:
+            continue
+    return out
+
+
+def _resolve(key: str | Path) -> Path:
+    p = Path(key)
+    if p.suffix in (".yaml", ".yml") or p.is_file() or len(p.parts) > 1:
+        if not p.is_file():
+            raise FileNotFoundError(f"skill set file {p} not found")
+        return p.resolve()
+    d = skills_dir()
+    for suffix in (".yaml", ".yml"):
+        if (d / f"{key}{suffix}").is_file():
+            return (d / f"{key}{suffix}").resolve()
+    matches = []
+    for f in sorted(d.glob("*.y*ml")):
+        try:
+            raw = yaml.safe_load(f.read_text()) or {}
+        except yaml.YAMLError:
+            continue
+        if isinstance(raw, dict) and key in (raw.get("id"), raw.get("robot_type")):
+            matches.append(f)
+    if len(matches) == 1:
+        return matches[0].resolve()
+    if matches:
+        raise SkillSetError(f"{key!r} matches several skill sets: {', '.join(m.name for m in matches)}; "
+                            "name the file or the id")
+    known = ", ".join(f.stem for f in sorted(d.glob("*.y*ml")))
+    raise FileNotFoundError(f"no skill set {key!r} in {d} (known: {known})")
+
+
+def load_skill_set_file(path: str | Path) -> SkillSet:
+    """Load and validate one YAML file (uncached)."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise SkillSetError(f"{path}: not valid YAML: {e}") from None
+    return skill_set_from_dict(raw, source=str(path), path=path)
+
+
+def skill_set_from_dict(raw: Any, source: str = "<dict>", path: Path | None = None) -> SkillSet:
+    v = _V(source)
+    if not isinstance(raw, dict):
+        v.fail("", "expected a mapping at the top level")
+    ss_id = v.string(raw, "id", default=path.stem if path else None)
+    robot_type = v.string(raw, "robot_type")
+    segmenter = v.choice(raw, "segmenter", SEGMENTERS)
+    default_grammar = {"minispec": "minispec", "semicolon": "calls", "sentence": "text"}[segmenter]
+    grammar = v.choice(raw, "grammar", GRAMMARS, default=default_grammar)
+    lmax = v.integer(raw, "lmax", lo=1)
+    skills_raw = raw.get("skills", [])
+    if not isinstance(skills_raw, list):
+        v.fail("skills", "expected a list")
+    if grammar != "text" and not skills_raw:
+        v.fail("skills", f"grammar {grammar!r} needs at least one skill")
+    skills = tuple(_skill(v, s, f"skills[{i}]") for i, s in enumerate(skills_raw))
+    text_exec = raw.get("text_exec_time", {}) or {}
+    if not isinstance(text_exec, dict):
+        v.fail("text_exec_time", "expected a mapping")
+    for k in ("min_per_word", "typical_per_word", "max_per_word"):
+        if k in text_exec:
+            v.number(text_exec, k, f"text_exec_time.{k}", lo=0)
+    known = {"id", "robot_type", "description", "segmenter", "grammar", "lmax", "skills",
+             "max_loop_count", "min_segment_tokens", "text_exec_time"}
+    v.no_extra(raw, known, "")
+    return SkillSet(
+        id=ss_id, robot_type=robot_type, description=str(raw.get("description", "")).strip(),
+        segmenter=segmenter, grammar=grammar, lmax=lmax, skills=skills, path=path,
+        max_loop_count=v.integer(raw, "max_loop_count", lo=1, default=20),
+        min_segment_tokens=v.integer(raw, "min_segment_tokens", lo=0, default=10),
+        text_exec_time={k: float(x) for k, x in text_exec.items()},
+    )
+
+
+def _skill(v: _V, s: Any, at: str) -> SkillSpec:
+    if not isinstance(s, dict):
+        v.fail(at, "expected a mapping")
+    name = v.string(s, "name", at=f"{at}.name")
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
+        v.fail(f"{at}.name", f"{name!r} is not an identifier")
+    at = f"{at} ({name})"
+    if "args" in s and "signatures" in s:
+        v.fail(at, "give either args or signatures, not both")
+    if "signatures" in s:
+        sigs_raw = s["signatures"]
+        if not isinstance(sigs_raw, list) or not sigs_raw or not all(isinstance(x, list) for x in sigs_raw):
+            v.fail(f"{at}.signatures", "expected a non-empty list of argument lists")
+    else:
+        args_raw = s.get("args", [])
+        if not isinstance(args_raw, list):
+            v.fail(f"{at}.args", "expected a list")
+        sigs_raw = [args_raw]
+    sigs = tuple(
+        tuple(_arg(v, a, f"{at}.{'signatures' if 'signatures' in s else 'args'}[{j}]") for j, a in enumerate(sig))
+        for sig in sigs_raw
+    )
+    aliases = s.get("aliases", []) or []
+    if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+        v.fail(f"{at}.aliases", "expected a list of names")
+    et = s.get("exec_time")
+    if not isinstance(et, dict):
+        v.fail(f"{at}.exec_time", "missing or not a mapping (the skill's execution-time model, design §7)")
+    v.no_extra(s, {"name", "long_name", "description", "kind", "args", "signatures", "returns", "aliases",
+                   "exec_time"}, at)
+    return SkillSpec(
+        name=name, long_name=v.string(s, "long_name", at=f"{at}.long_name", default=name),
+        description=str(s.get("description", "")).strip(), kind=v.string(s, "kind", at=f"{at}.kind", default="other"),
+        signatures=sigs, exec_time=_exec_time(v, et, f"{at}.exec_time", sigs),
+        returns=None if s.get("returns") is None else str(s["returns"]), aliases=tuple(aliases),
+    )
+
+
+def _arg(v: _V, a: Any, at: str) -> SkillArg:
+    if not isinstance(a, dict):
+        v.fail(at, "expected a mapping")
+    v.no_extra(a, {"name", "type", "min", "max", "unit", "typical", "min_length", "max_length", "pattern",
+                   "description"}, at)
+    name = v.string(a, "name", at=f"{at}.name")
+    typ = v.choice(a, "type", ARG_TYPES, at=f"{at}.type")
+    lo = v.number(a, "min", f"{at}.min", default=None)
+    hi = v.number(a, "max", f"{at}.max", default=None)
+    if lo is not None and hi is not None and lo > hi:
+        v.fail(f"{at}.min", f"min {lo} > max {hi}")
+    typical = v.number(a, "typical", f"{at}.typical", default=None)
+    if typical is not None and ((lo is not None and typical < lo) or (hi is not None and typical > hi)):
+        v.fail(f"{at}.typical", f"{typical} outside [{lo}, {hi}]")
+    pattern = a.get("pattern")
+    if pattern is not None:
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            v.fail(f"{at}.pattern", f"bad regex: {e}")
+    return SkillArg(
+        name=name, type=typ, min=lo, max=hi, unit=str(a.get("unit", "")), typical=typical,
+        min_length=v.integer(a, "min_length", lo=0, default=1, at=f"{at}.min_length"),
+        max_length=v.integer(a, "max_length", lo=0, default=100, at=f"{at}.max_length"),
+        pattern=pattern, description=str(a.get("description", "")),
+    )
+
+
+def _exec_time(v: _V, et: dict, at: str, sigs: tuple[tuple[SkillArg, ...], ...]) -> ExecTimeSpec:
+    model = v.choice(et, "model", tuple(EXEC_MODELS), at=f"{at}.model")
+    for k in EXEC_MODELS[model]:
+        if k not in et:
+            v.fail(f"{at}.{k}", f"required by model {model!r}")
+    params: dict[str, Any] = {}
+    for k, x in et.items():
+        if k in ("model", "arg", "noise"):
+            continue
+        if k in ("coeffs", "count_weights"):
+            if not isinstance(x, list) or not x or not all(_is_num(c) for c in x):
+                v.fail(f"{at}.{k}", "expected a non-empty list of numbers")
+            params[k] = tuple(float(c) for c in x)
+        elif k in ("min_count", "max_count"):
+            params[k] = v.integer(et, k, lo=0, at=f"{at}.{k}")
+        elif k in ("value", "a", "b", "low", "high", "unit", "base"):
+            params[k] = v.number(et, k, f"{at}.{k}")
+        else:
+            v.fail(f"{at}.{k}", f"unknown field for model {model!r}")
+    arg = et.get("arg")
+    if model in _ARG_MODELS:
+        numeric = {a.name for sig in sigs for a in sig if a.type in ("int", "float")}
+        if arg not in numeric:
+            v.fail(f"{at}.arg", f"model {model!r} needs 'arg' naming a numeric argument (one of {sorted(numeric)})")
+    if model == "uniform" and params["low"] > params["high"]:
+        v.fail(f"{at}.low", "low > high")
+    if model == "repeated":
+        lo_k, hi_k = params["min_count"], params["max_count"]
+        if lo_k > hi_k:
+            v.fail(f"{at}.min_count", "min_count > max_count")
+        w = params.get("count_weights")
+        if w is not None and (len(w) != hi_k - lo_k + 1 or any(x < 0 for x in w) or sum(w) <= 0):
+            v.fail(f"{at}.count_weights", f"expected {hi_k - lo_k + 1} non-negative weights (one per count)")
+    noise = v.number(et, "noise", f"{at}.noise", default=0.0, lo=0)
+    if noise >= 1:
+        v.fail(f"{at}.noise", "must be < 1 (relative half-width)")
+    return ExecTimeSpec(model=model, params=params, arg=arg, noise=noise)
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+class _V:
+    """Field validators that name the file and the field in their errors."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, at: str, msg: str) -> Any:
+        raise SkillSetError(f"{self.source}: {at + ': ' if at else ''}{msg}")
+
+    def string(self, d: dict, key: str, at: str | None = None, default: Any = ...) -> str:
+        at = at or key
+        if key not in d or d[key] is None:
+            if default is ... or default is None:
+                self.fail(at, "missing")
+            return default
+        if not isinstance(d[key], str) or not d[key].strip():
+            self.fail(at, f"expected a non-empty string, got {d[key]!r}")
+        return d[key]
+
+    def choice(self, d: dict, key: str, options: tuple[str, ...], at: str | None = None, default: Any = ...) -> str:
+        at = at or key
+        if key not in d:
+            if default is ...:
+                self.fail(at, f"missing (one of {', '.join(options)})")
+            return default
+        if d[key] not in options:
+            self.fail(at, f"{d[key]!r} is not one of {', '.join(options)}")
+        return d[key]
+
+    def integer(self, d: dict, key: str, lo: int | None = None, default: Any = ..., at: str | None = None) -> int:
+        at = at or key
+        if key not in d:
+            if default is ...:
+                self.fail(at, "missing")
+            return default
+        x = d[key]
+        if not isinstance(x, int) or isinstance(x, bool):
+            self.fail(at, f"expected an integer, got {x!r}")
+        if lo is not None and x < lo:
+            self.fail(at, f"must be >= {lo}, got {x}")
+        return x
+
+    def number(self, d: dict, key: str, at: str, default: Any = ..., lo: float | None = None) -> Any:
+        if key not in d or d[key] is None:
+            if default is ...:
+                self.fail(at, "missing")
+            return default
+        x = d[key]
+        if not _is_num(x) or not math.isfinite(x):
+            self.fail(at, f"expected a number, got {x!r}")
+        if lo is not None and x < lo:
+            self.fail(at, f"must be >= {lo}, got {x}")
+        return float(x)
+
+    def no_extra(self, d: dict, known: set[str], at: str) -> None:
+        extra = sorted(set(d) - known)
+        if extra:
+            self.fail(at, f"unknown field(s) {', '.join(map(str, extra))} (known: {', '.join(sorted(known))})")

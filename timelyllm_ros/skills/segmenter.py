@@ -1,0 +1,208 @@
+"""Incremental stop checkers: where a generation is cut into segments (design §5).
+
+The engine feeds each new token's decoded text to a :class:`StopChecker` and
+suspends the generation when ``feed`` returns True. A checker must therefore
+decide from the text seen so far only, whatever way the tokenizer happened to
+split it (``mf`` ``(`` ``50`` ``);`` or ``('`` ``cat`` ``')`` ...), so all
+checkers here scan characters, never tokens, and cut only when the boundary
+character is the last non-whitespace character written: a token like ``;m``
+that runs past a boundary simply extends the segment to the next one.
+
+Invariant of every checker: each text returned by :meth:`cut` contains at
+least one complete skill call (chatbot: a sentence); what is left at the end
+of the generation is handed out by :attr:`pending_text`. Concatenating the cut
+segments and the remainder gives back exactly the generated text.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from timelyllm_ros.engines.base import StopChecker
+from timelyllm_ros.skills.schema import SkillSet, load_skill_set
+
+
+class _CallScanner(StopChecker):
+    """Character scanner shared by the skill-language checkers.
+
+    Tracks strings, parentheses (and whether each one opened a call), MiniSpec
+    conditions ``?...{`` and statement starts. The scanning state survives a
+    cut, so a forced cut in the middle of a statement does not desync it.
+    """
+
+    def __init__(self) -> None:
+        self._parts: list[str] = []
+        self._quote: str | None = None  # open string delimiter
+        self._escape = False
+        self._parens: list[bool] = []  # one per open '(': True if it opened a call
+        self._last_ident = False  # last significant thing was an identifier
+        self._in_word = False
+        self._in_cond = False  # between '?' and its '{'
+        self._cond_has_call = False
+        self._stmt_start = True  # next significant char starts a statement
+        self._stmt_is_call = False  # current statement starts with a skill name
+        self._has_call = False  # the pending segment holds a complete call
+        self._cut_ok = False  # last significant char ended a segment
+        self.brace_depth = 0  # open blocks over the whole generation
+
+    # -- StopChecker --------------------------------------------------------
+    def feed(self, piece: str) -> bool:
+        self._parts.append(piece)
+        for c in piece:
+            self._char(c)
+        return self._cut_ok
+
+    def cut(self) -> str:
+        text = "".join(self._parts)
+        self._parts = []
+        self._has_call = False
+        self._cut_ok = False
+        return text
+
+    @property
+    def pending_text(self) -> str:
+        return "".join(self._parts)
+
+    # -- scanning -------------------------------------------------------------
+    def _char(self, c: str) -> None:
+        if self._quote is not None:
+            self._cut_ok = False
+            if self._escape:
+                self._escape = False
+            elif c == "\\":
+                self._escape = True
+            elif c == self._quote:
+                self._quote = None
+            return
+        if c.isspace():
+            self._in_word = False  # `mf (50)` still counts as a call
+            return
+        self._cut_ok = False
+        if self._stmt_start:
+            self._stmt_start = False
+            self._stmt_is_call = c.isalpha()  # `_1=` assigns, `?` `->` `8{` are not calls
+        if c.isalnum() or c == "_":
+            if not self._in_word:
+                self._last_ident = c.isalpha() or c == "_"
+                self._in_word = True
+            return
+        was_ident, self._last_ident, self._in_word = self._last_ident, False, False
+        depth0 = not self._parens
+        if c in "'\"":
+            self._quote = c
+        elif c == "(":
+            self._parens.append(was_ident)
+        elif c == ")":
+            if self._parens and self._parens.pop():
+                self._has_call = True
+                if self._in_cond:
+                    self._cond_has_call = True
+                elif not self._parens and self._stmt_is_call:
+                    self._on_terminator(")")
+        elif depth0:
+            self._structural(c)
+
+    def _structural(self, c: str) -> None:
+        """A character outside parentheses and strings."""
+        if c == ";":
+            if not self._in_cond:
+                self._on_terminator(";")
+        elif c == "?":
+            self._in_cond, self._cond_has_call = True, False
+        elif c == "{":
+            self.brace_depth += 1
+            self._on_terminator("{")
+        elif c == "}":
+            self.brace_depth = max(0, self.brace_depth - 1)
+            self._in_cond = False
+            self._on_terminator("}")
+
+    def _on_terminator(self, c: str) -> None:
+        raise NotImplementedError
+
+
+class MiniSpecStopChecker(_CallScanner):
+    """MiniSpec (drone): design §5.
+
+    A segment ends when the last character written completes a statement —
+    ``;``, ``}``, the ``)`` of a call statement, or the ``{`` of a conditional
+    whose condition contains a skill — and the segment holds a complete
+    skill call. Skill-less statements (``}``, ``;``, ``8{``, ``?_1>0.6{``) are
+    merged into the next segment. Segments of ``tc(30);?s('cat')==True{g('cat')};``:
+    ``tc(30);``, ``?s('cat')==True{``, ``g('cat')``, and the remainder ``};``.
+    """
+
+    def _on_terminator(self, c: str) -> None:
+        self._stmt_start = True
+        if c == "{":
+            in_cond, self._in_cond = self._in_cond, False
+            self._cut_ok = in_cond and self._cond_has_call
+        else:
+            self._cut_ok = self._has_call
+
+
+class SemicolonStopChecker(_CallScanner):
+    """Robot-arm plans: a segment ends at each ``;`` after a complete call."""
+
+    def _on_terminator(self, c: str) -> None:
+        self._stmt_start = True
+        if c == "{":
+            self._in_cond = False
+        self._cut_ok = c == ";" and self._has_call
+
+
+_SENTENCE_END = re.compile(r"[.!?][\"')\]]*\s*$")
+
+
+class SentenceStopChecker(StopChecker):
+    """Chatbot: a segment ends at ``.``, ``!`` or ``?`` (closing quotes and
+    brackets may follow) once it has more than ``min_tokens`` tokens (feed
+    calls), so that abbreviations and short openers do not make tiny
+    segments."""
+
+    def __init__(self, min_tokens: int = 10) -> None:
+        self.min_tokens = min_tokens
+        self._parts: list[str] = []
+
+    def feed(self, piece: str) -> bool:
+        self._parts.append(piece)
+        if len(self._parts) <= self.min_tokens:
+            return False
+        tail = "".join(self._parts[-4:])  # the end mark and what may follow it
+        return bool(_SENTENCE_END.search(tail)) and bool(tail.strip())
+
+    def cut(self) -> str:
+        text = "".join(self._parts)
+        self._parts = []
+        return text
+
+    @property
+    def pending_text(self) -> str:
+        return "".join(self._parts)
+
+
+def make_stop_checker(skillset: SkillSet | str) -> StopChecker:
+    """A fresh checker for one generation of a robot with this skill set."""
+    ss = load_skill_set(skillset) if isinstance(skillset, str) else skillset
+    if ss.segmenter == "minispec":
+        return MiniSpecStopChecker()
+    if ss.segmenter == "semicolon":
+        return SemicolonStopChecker()
+    if ss.segmenter == "sentence":
+        return SentenceStopChecker(ss.min_segment_tokens)
+    raise ValueError(f"skill set {ss.id!r}: unknown segmenter {ss.segmenter!r}")
+
+
+def split_segments(skillset: SkillSet | str, pieces: Iterable[str]) -> list[str]:
+    """Drive a fresh checker over token pieces as the engine would; returns
+    the segments followed by the non-empty remainder (the text after the last
+    cut), so ``"".join(result) == "".join(pieces)``."""
+    checker = make_stop_checker(skillset)
+    out: list[str] = []
+    for p in pieces:
+        if checker.feed(p):
+            out.append(checker.cut())
+    if checker.pending_text:
+        out.append(checker.pending_text)
+    return out

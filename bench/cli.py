@@ -203,8 +203,9 @@ def measure_overhead(n: int, policy: str, reps: int, seed: int = 0) -> dict[str,
     from timelyllm_ros.engines.sim_engine import SimEngine
     from timelyllm_ros.model.clock import SimClock
     from timelyllm_ros.model.tuf import LEVELS
+    from timelyllm_ros.model.types import TaskSpec
     from timelyllm_ros.sched.policies import make_policy
-    from timelyllm_ros.sched.scheduler import PlannerCore, TaskSpec
+    from timelyllm_ros.sched.scheduler import PlannerCore
 
     rng = random.Random(seed)
     clock = SimClock(100.0)

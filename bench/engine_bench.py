@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from timelyllm_ros.engines import driver
-from timelyllm_ros.engines.base import Engine, EngineRequest, FinishReason, StopChecker
+from timelyllm_ros.engines.base import Engine, EngineRequest, FinishReason
 from timelyllm_ros.engines.factory import _REPO, load_engine_config, make_engine
 from timelyllm_ros.engines.prompts import PromptBuilder
-from timelyllm_ros.skills.segmenter import make_stop_checker
+from timelyllm_ros.skills.segmenter import StopChecker, make_stop_checker
 
 
 class NeverStop(StopChecker):

@@ -7,9 +7,10 @@ import pytest
 from timelyllm_ros.engines.sim_engine import SimEngine
 from timelyllm_ros.model.clock import SimClock
 from timelyllm_ros.model.tuf import LEVELS
+from timelyllm_ros.model.types import Generation, TaskSpec
 from timelyllm_ros.sched.admission import AdmissionView, LatencyEstimator, LatencyGuided, make_admission
 from timelyllm_ros.sched.policies import make_policy
-from timelyllm_ros.sched.scheduler import CoreConfig, Generation, PlannerCore, TaskSpec
+from timelyllm_ros.sched.scheduler import CoreConfig, PlannerCore
 
 
 def gen(level="normal", arrival=0.0, k=0, prev_end=math.nan, seq=0, tok=5.0, prefill=0.026):

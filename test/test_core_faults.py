@@ -6,8 +6,8 @@ from test_scheduler import drain, make_core, spec
 
 from timelyllm_ros.model.clock import SimClock
 from timelyllm_ros.model.tuf import LEVELS
+from timelyllm_ros.model.types import Segment, TaskSpec, TaskStatus
 from timelyllm_ros.ros.delivery import SegmentDelivery
-from timelyllm_ros.sched.scheduler import Segment, TaskSpec, TaskStatus
 
 
 def _step_until(core, clock, pred, limit=1000):

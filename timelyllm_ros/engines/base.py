@@ -6,7 +6,7 @@ logic that every backend must share lives here, so that a simulated
 generation and a real one are cut into segments by the very same code:
 
 * after every new token its text piece is fed to the generation's
-  :class:`StopChecker`;
+  :class:`~timelyllm_ros.skills.segmenter.StopChecker`;
 * when the checker reports a complete segment and the generation is
   segmented, the generation is suspended at once: tokens the backend produced
   past the boundary in the same step are dropped (they are not part of the
@@ -24,27 +24,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-
-class StopChecker(abc.ABC):
-    """Incremental, per-generation segment detector (design §5).
-
-    It is fed the decoded text of each new token, one token at a time, and
-    keeps whatever grammar state it needs across segments (open
-    conditionals, loops, ...).
-    """
-
-    @abc.abstractmethod
-    def feed(self, piece: str) -> bool:
-        """Append one token's text; True if the current segment is complete."""
-
-    @abc.abstractmethod
-    def cut(self) -> str:
-        """Close the current segment and return its text."""
-
-    @property
-    @abc.abstractmethod
-    def pending_text(self) -> str:
-        """Text of the segment being written (not yet complete)."""
+from timelyllm_ros.skills.segmenter import StopChecker
 
 
 class FinishReason(enum.StrEnum):

@@ -34,6 +34,7 @@ from rclpy.qos import QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
 
 from timelyllm_ros.action import PlanTask
 from timelyllm_ros.model.clock import RealClock
+from timelyllm_ros.model.types import Segment, TaskResult, TaskSpec, TaskStatus
 from timelyllm_ros.msg import (
     EngineState,
     PlanResult,
@@ -50,7 +51,7 @@ from timelyllm_ros.ros.spin import run_nodes
 from timelyllm_ros.ros.topics import LATCHED, RELIABLE, TELEMETRY, segment_topic  # noqa: F401 - re-exported
 from timelyllm_ros.sched.hygiene import check_text, check_token_count
 from timelyllm_ros.sched.policies import POLICIES, make_policy
-from timelyllm_ros.sched.scheduler import CoreConfig, PlannerCore, Segment, TaskResult, TaskSpec, TaskStatus
+from timelyllm_ros.sched.scheduler import CoreConfig, PlannerCore
 from timelyllm_ros.srv import GetPlanResult, Plan
 
 STATUS_FROM_CORE = {

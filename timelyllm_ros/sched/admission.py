@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from timelyllm_ros.sched.scheduler import Generation
+    from timelyllm_ros.model.types import Generation
 
 
 class LatencyEstimator:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from timelyllm_ros.sched.scheduler import Generation
+    from timelyllm_ros.model.types import Generation
 
 
 @dataclass(slots=True)

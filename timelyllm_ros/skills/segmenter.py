@@ -16,11 +16,33 @@ segments and the remainder gives back exactly the generated text.
 
 from __future__ import annotations
 
+import abc
 import re
 from collections.abc import Iterable
 
-from timelyllm_ros.engines.base import StopChecker
 from timelyllm_ros.skills.schema import SkillSet, load_skill_set
+
+
+class StopChecker(abc.ABC):
+    """Incremental, per-generation segment detector (design §5).
+
+    It is fed the decoded text of each new token, one token at a time, and
+    keeps whatever grammar state it needs across segments (open
+    conditionals, loops, ...).
+    """
+
+    @abc.abstractmethod
+    def feed(self, piece: str) -> bool:
+        """Append one token's text; True if the current segment is complete."""
+
+    @abc.abstractmethod
+    def cut(self) -> str:
+        """Close the current segment and return its text."""
+
+    @property
+    @abc.abstractmethod
+    def pending_text(self) -> str:
+        """Text of the segment being written (not yet complete)."""
 
 
 class _CallScanner(StopChecker):

@@ -1,0 +1,133 @@
+"""The domain types every layer shares: a task as submitted, its generation's scheduler-side state,
+the segments it produced, how it ended.
+
+Imports nothing from timelyllm_ros but the TUF, so the scheduler, policies, admission, simulator,
+metrics, bags and ROS nodes all read one definition.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from timelyllm_ros.model.tuf import TimeUtility
+
+if TYPE_CHECKING:  # annotations only: the engine layer sits above this one
+    from timelyllm_ros.engines.base import EngineRequest
+    from timelyllm_ros.skills.segmenter import StopChecker
+
+
+class TaskStatus(enum.StrEnum):
+    QUEUED = "queued"  # waiting for its first segment
+    RUNNING = "running"  # in the engine's batch
+    SUSPENDED = "suspended"  # between segments
+    DONE = "done"
+    FAILED = "failed"  # generation or validation failed, or the engine broke
+    ROBOT_FAILED = "robot_failed"  # the robot reported a failed segment, or went silent
+    REJECTED = "rejected"  # overdue: refused by the overdue policy
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.ROBOT_FAILED, TaskStatus.REJECTED,
+                        TaskStatus.CANCELLED)
+
+
+@dataclass
+class TaskSpec:
+    """A planning request as submitted by a robot (or the simulator)."""
+
+    robot_id: str
+    prompt: str
+    tuf: TimeUtility
+    robot_type: str = "drone"
+    task_id: str | None = None
+    arrival: float | None = None  # clock time of the goal's arrival at the planner; default: now
+    sent: float | None = None  # clock time of the robot's own send stamp, when the goal carried one
+    prompt_token_ids: list[int] | None = None  # default: engine.tokenize(prompt)
+    max_new_tokens: int = 256
+    max_segment_tokens: int = 64
+    extra: dict = field(default_factory=dict)  # engine extras (e.g. the simulated plan)
+    meta: dict = field(default_factory=dict)  # caller's bookkeeping (trace ids, ...), echoed back
+
+
+@dataclass
+class Segment:
+    index: int
+    text: str
+    token_ids: list[int]
+    calls: list[Any]  # parsed skill calls (empty for pure syntax such as '};')
+    gen_start: float  # when the generation of this segment was (re)started
+    ready: float  # when the engine produced it
+    dispatch: float | None = None  # when it was sent to the robot
+    est_exec_s: float = 0.0  # model minimum
+    pred_start: float | None = None
+    pred_end: float | None = None
+    real_end: float | None = None  # reported by the robot
+    success: bool | None = None
+    final: bool = False
+    error: str = ""
+    probed: bool = False  # its report was asked for again (see PlannerCore.unreported)
+
+    @property
+    def end(self) -> float | None:
+        return self.real_end if self.real_end is not None else self.pred_end
+
+
+@dataclass
+class TaskResult:
+    task_id: str
+    robot_id: str
+    status: TaskStatus
+    plan: str
+    segments: list[Segment]
+    response_time: float | None  # W(s_0) as the planner predicts it (dispatch + comm - arrival)
+    utility: float | None  # TUF_0(response_time); None when nothing was sent
+    reason: str = ""  # why it failed / was rejected / cancelled
+    meta: dict = field(default_factory=dict)
+    robot_type: str = "drone"
+    response_time_from_send: float | None = None  # W(s_0) measured from the robot's send stamp
+
+
+class Generation:
+    """Scheduler-side state of one task's generation (hot fields are plain slots)."""
+
+    __slots__ = (
+        "task_id", "robot_id", "robot_type", "spec", "tuf", "alpha", "beta", "ert", "arrival",
+        "k", "prev_end", "enqueued_at", "eligible_at", "tok_est", "prefill_est_s", "seq", "status",
+        "req", "segments", "seg_start_len", "gen_start", "wait_version", "reason", "pending_abort",
+        "held", "checker", "abort_status",
+    )
+
+    def __init__(self, spec: TaskSpec, task_id: str, arrival: float, seq: int) -> None:
+        self.task_id, self.robot_id, self.robot_type = task_id, spec.robot_id, spec.robot_type
+        self.spec = spec
+        self.tuf = spec.tuf
+        self.alpha, self.beta, self.ert = spec.tuf.alpha, spec.tuf.beta, spec.tuf.ert
+        self.arrival = arrival
+        self.k = 0
+        self.prev_end = math.nan
+        self.enqueued_at = arrival
+        self.eligible_at = arrival
+        self.tok_est = 8.0
+        self.prefill_est_s = 0.0
+        self.seq = seq
+        self.status = TaskStatus.QUEUED
+        self.req: EngineRequest | None = None
+        self.segments: list[Segment] = []
+        self.seg_start_len = 0  # len(output_token_ids) at the start of the current segment
+        self.gen_start = arrival
+        self.wait_version = 0
+        self.reason = ""
+        self.pending_abort = False
+        self.abort_status = TaskStatus.CANCELLED  # how a pending abort ends the task
+        self.held: list[Segment] = []  # produced but not yet sent (non-streaming policies)
+        self.checker: StopChecker | None = None
+
+    def seg_tokens(self) -> int:
+        return len(self.req.output_token_ids) - self.seg_start_len if self.req is not None else 0
+
+    def deadline(self) -> float:
+        return self.arrival + self.ert if self.k == 0 else self.prev_end

@@ -95,7 +95,7 @@ def test_overdue_reject_policy():
     core.submit(spec(1, level="normal", arrival=10.0))
     drain(core, clock)
     st = {r.task_id: r for r in results}
-    assert st["t0"].status is TaskStatus.REJECTED and "cutoff" in st["t0"].reason
+    assert st["t0"].status is TaskStatus.OVERDUE and "cutoff" in st["t0"].reason
     assert st["t1"].status is TaskStatus.DONE
 
 

@@ -23,16 +23,30 @@ class TaskStatus(enum.StrEnum):
     QUEUED = "queued"  # waiting for its first segment
     RUNNING = "running"  # in the engine's batch
     SUSPENDED = "suspended"  # between segments
-    DONE = "done"
+    DONE = "done"  # every segment generated (and, where reported, executed)
+    INVALID = "invalid"  # the request itself was refused: malformed, unknown robot type, bad TUF, duplicate id
+    OVERDUE = "overdue"  # refused by the overdue policy: it could no longer earn positive utility
     FAILED = "failed"  # generation or validation failed, or the engine broke
     ROBOT_FAILED = "robot_failed"  # the robot reported a failed segment, or went silent
-    REJECTED = "rejected"  # overdue: refused by the overdue policy
     CANCELLED = "cancelled"
 
     @property
     def terminal(self) -> bool:
-        return self in (TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.ROBOT_FAILED, TaskStatus.REJECTED,
-                        TaskStatus.CANCELLED)
+        return self in STATUS_CODE
+
+
+# The one wire table: TaskStatus <-> the STATUS_* codes of PlanResult and PlanTask.Result (this layer
+# cannot import the generated messages; test_ros_interfaces checks the table against them).
+STATUS_CODE: dict[TaskStatus, int] = {
+    TaskStatus.DONE: 0,  # STATUS_SUCCEEDED
+    TaskStatus.INVALID: 1,  # STATUS_REJECTED
+    TaskStatus.FAILED: 2,  # STATUS_FAILED
+    TaskStatus.CANCELLED: 3,  # STATUS_CANCELED
+    TaskStatus.OVERDUE: 4,  # STATUS_OVERDUE
+    TaskStatus.ROBOT_FAILED: 5,  # STATUS_ROBOT_FAILED
+}
+STATUS_FROM_CODE: dict[int, TaskStatus] = {v: k for k, v in STATUS_CODE.items()}
+TERMINAL_STATUSES: tuple[TaskStatus, ...] = tuple(STATUS_CODE)
 
 
 @dataclass

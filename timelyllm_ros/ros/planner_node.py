@@ -56,7 +56,7 @@ from timelyllm_ros.srv import GetPlanResult, Plan
 
 STATUS_FROM_CORE = {
     TaskStatus.DONE: PlanTask.Result.STATUS_SUCCEEDED,
-    TaskStatus.REJECTED: PlanTask.Result.STATUS_OVERDUE,
+    TaskStatus.OVERDUE: PlanTask.Result.STATUS_OVERDUE,
     TaskStatus.CANCELLED: PlanTask.Result.STATUS_CANCELED,
     TaskStatus.FAILED: PlanTask.Result.STATUS_FAILED,
     TaskStatus.ROBOT_FAILED: PlanTask.Result.STATUS_ROBOT_FAILED,
@@ -725,9 +725,9 @@ class PlannerNode(Node):
             if not segs and spec.tuf.tuf0(self.core.clock.now() - arrival) < 0:
                 with self._open_lock:
                     self._open.pop(jt.task_id, None)
-                res_rec = {"status": TaskStatus.REJECTED.value, "robot_id": jt.robot_id,
+                res_rec = {"status": TaskStatus.OVERDUE.value, "robot_id": jt.robot_id,
                            "message": "planner restarted after the task's utility cutoff; nothing was sent"}
-                self.journal.task_finished(jt.task_id, TaskStatus.REJECTED.value, res_rec, now_wall)
+                self.journal.task_finished(jt.task_id, TaskStatus.OVERDUE.value, res_rec, now_wall)
                 self._results.publish(_plan_result_from_record({"task_id": jt.task_id, **res_rec}))
                 ended += 1
                 continue

@@ -568,7 +568,7 @@ class PlannerCore:
         for g in [g for g in self._cands.values() if g.k == 0]:
             G = g.tok_est * tpt + g.prefill_est_s
             if g.tuf.tuf0(now - g.arrival + G + self.cfg.comm_s) < 0:
-                self._finish(g, TaskStatus.REJECTED,
+                self._finish(g, TaskStatus.OVERDUE,
                              f"rejected: the first segment cannot arrive before the utility cutoff "
                              f"({g.tuf.cutoff:.3f} s after arrival); waited {now - g.arrival:.3f} s")
 

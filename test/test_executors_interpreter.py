@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from timelyllm_ros.robots.arm_backend import JOINTS, ArmExecutor
 from timelyllm_ros.robots.base import ExecutionError, Interrupted, RefusedError, StopSignal
 from timelyllm_ros.robots.interpreter import MiniSpecInterpreter
 from timelyllm_ros.robots.perception import ScriptedScene, parse_scene
-from timelyllm_ros.skills.schema import load_skill_set
+from timelyllm_ros.skills.schema import load_skill_set, skill_set_from_dict, skills_dir
 
 
 class RecordingDrone:
@@ -136,3 +137,96 @@ def test_arm_skills_become_trajectories_in_order_and_bad_calls_are_refused():
     with pytest.raises(ExecutionError, match="nothing is held"):
         arm.run_segment("place('tray');")
     assert len(sent) == 3
+
+
+# -- skills are data: dispatch comes from the skill set -----------------------------------
+def _drone_yaml() -> dict:
+    return yaml.safe_load((skills_dir() / "drone_minispec.yaml").read_text())
+
+
+def test_skills_renamed_or_added_in_yaml_need_no_interpreter_change():
+    raw = _drone_yaml()
+    mf = next(s for s in raw["skills"] if s["name"] == "mf")
+    mf.update(name="fwd", long_name="forward")
+    raw["skills"] += [
+        {"name": "turn_around", "op": "rotate", "op_args": {"clockwise": True, "degrees": 180},
+         "exec_time": {"model": "constant", "value": 3.0}},
+        {"name": "hop", "op": "move", "op_args": {"direction": "up", "cm": 30}, "exec_time": {"model": "constant",
+                                                                                          "value": 1.0}},
+        {"name": "look_for", "op": "scan", "op_args": {"step_deg": 90}, "returns": "bool",
+         "args": [{"name": "object_name", "type": "str"}], "exec_time": {"model": "constant", "value": 1.0}},
+    ]
+    ss = skill_set_from_dict(raw)
+    drone = RecordingDrone()
+    it = MiniSpecInterpreter(ss, drone, ScriptedScene("Scene: [cat bearing:180]"))
+    res = it.execute_segment("fwd(50);turn_around();hop();turn_around();?look_for('cat'){forward(20)}")
+    assert drone.cmds == ["takeoff", "forward 50", "cw 180", "up 30", "cw 180", "cw 90", "cw 90", "forward 20"]
+    assert res.executed[:2] == ["fwd(50)", "turn_around()"]
+    with pytest.raises(RefusedError, match="unknown skill 'mf'"):
+        it.execute_segment("mf(50);")
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda s: (s.pop("op"), s.pop("op_args")), "'mf' has no op"),
+    (lambda s: s.update(op="teleport"), "unknown op 'teleport'"),
+    (lambda s: s.update(op_args={"direction": "sideways"}),
+     r"op_args.direction = 'sideways' does not fit direction: str in \('forward'"),
+    (lambda s: s.update(op_args={"direction": "up", "speed": 3}), "op 'move' has no parameter 'speed'"),
+    (lambda s: s.update(op_args={}), r"arguments \(distance: int 20..500 cm\) do not fill op 'move'"),
+    (lambda s: s.update(op="hover", op_args={}), None),  # an int argument fills a float parameter
+    (lambda s: s.update(op="log", op_args={}), "do not fill op 'log'"),
+    (lambda s: s.update(op="scan", op_args={"step_deg": 0}), "op_args.step_deg = 0 does not fit step_deg: int >= 1"),
+])
+def test_skill_operations_are_checked_when_the_interpreter_is_built(change, match):
+    raw = _drone_yaml()
+    change(next(s for s in raw["skills"] if s["name"] == "mf"))
+    ss = skill_set_from_dict(raw)
+    if match is None:
+        MiniSpecInterpreter(ss, RecordingDrone(), ScriptedScene())
+        return
+    with pytest.raises(ValueError, match=match):
+        MiniSpecInterpreter(ss, RecordingDrone(), ScriptedScene())
+
+
+def test_arm_operations_come_from_the_skill_set():
+    raw = yaml.safe_load((skills_dir() / "arm.yaml").read_text())
+    next(s for s in raw["skills"] if s["name"] == "pick").update(name="grab", long_name="grab", aliases=[])
+    sent = []
+    arm = ArmExecutor(skill_set_from_dict(raw), ScriptedScene("Scene: [red_box x:0.40 y:0.10]"),
+                      lambda plan, stop: sent.append(plan), time_scale=0.01)
+    arm.run_segment("grab('red_box');")
+    assert sent[0].points[-1][0][-1] == 0.0  # gripper closed: it ran the pick operation
+    next(s for s in raw["skills"] if s["name"] == "gt")["op"] = "weld"
+    with pytest.raises(ValueError, match="op 'weld' is not an arm operation"):
+        ArmExecutor(skill_set_from_dict(raw), ScriptedScene(), lambda plan, stop: None)
+
+
+# -- the interpreter validates with what only the robot knows ----------------------------
+def test_a_variable_no_statement_assigns_is_refused_before_anything_runs():
+    drone = RecordingDrone()
+    it = MiniSpecInterpreter(load_skill_set("drone"), drone, ScriptedScene("Scene: [cat dis:150]"))
+    with pytest.raises(RefusedError, match="variable _1 is used before it is assigned"):
+        it.execute_segment("mf(20);mf(_1);")
+    assert drone.cmds == []
+    it.validate("_1=od('cat');")  # validating alone declares nothing
+    with pytest.raises(RefusedError, match="variable _1"):
+        it.validate("mf(_1);")
+    it.execute_segment("_1=od('cat');")
+    it.execute_segment("mf(_1);")
+    assert drone.cmds == ["takeoff", "forward 150"]
+
+
+def test_the_final_segment_must_close_every_block():
+    drone = RecordingDrone()
+    it = MiniSpecInterpreter(load_skill_set("drone"), drone, ScriptedScene())
+    it.execute_segment("2{")
+    with pytest.raises(RefusedError, match=r"unclosed '\{'"):
+        it.execute_segment("tc(10);", final=True)
+    assert drone.cmds == []
+    it.execute_segment("tc(10);}", final=True)
+    assert drone.cmds == ["takeoff", "cw 10", "cw 10"]
+
+
+def test_replan_in_a_condition_ends_the_program():
+    drone, it = run(["?rp(){mf(20)};", "mf(30);"])
+    assert drone.cmds == [] and it.finished and it.return_value == "re_plan"

@@ -198,7 +198,9 @@ def test_generated_programs_random_pieces(data: st.DataObject, text: str) -> Non
 @given(text=programs)
 def test_generated_programs_bpe_and_chars(text: str) -> None:
     segs = _check_segments(text, bpe_like(text))
-    if DRONE.parse(text):
+    # An unterminated last statement (`_1=iv('cat')`) may still go on (`==True`): only a terminated
+    # program is known to hold a complete statement.
+    if DRONE.parse(text) and text.rstrip().endswith((";", "}")):
         assert segs, "a program with a skill yields at least one segment"
     _check_segments(text, list(text))
 

@@ -199,6 +199,18 @@ def test_minimal_yaml_loads(tmp_path: Path) -> None:
     ss = load_skill_set_file(_write(tmp_path, _base()))
     assert ss.parse("go(2);")[0].args == (2,)
     assert ss.grammar == "calls"  # follows from the segmenter
+    assert (ss["go"].op, ss["go"].op_args) == (None, {})
+
+
+def test_skills_name_their_operation(drone: SkillSet, arm: SkillSet) -> None:
+    assert (drone["mf"].op, drone["mf"].op_args) == ("move", {"direction": "forward"})
+    assert (drone["a"].op, drone["a"].op_args) == ("move", {"direction": "forward", "cm": 100})
+    assert (drone["tu"].op, drone["tu"].op_args) == ("rotate", {"clockwise": False})
+    assert all(s.op for s in (*drone.skills, *arm.skills))
+    assert arm["gt"].op == "locate"
+    assert drone.skill_for_op("move", direction="up") is drone["mu"]
+    assert drone.skill_for_op("rotate", clockwise=False) is drone["tu"]
+    assert drone.skill_for_op("move", direction="sideways") is None
 
 
 @pytest.mark.parametrize("mutate, field, problem", [
@@ -216,6 +228,11 @@ def test_minimal_yaml_loads(tmp_path: Path) -> None:
     (lambda d: d["skills"][0].update(name="9go"), "skills[0].name", "not an identifier"),
     (lambda d: d["skills"].append(dict(d["skills"][0])), "", "skill name 'go' is used twice"),
     (lambda d: d.update(skills=[]), "skills", "needs at least one skill"),
+    (lambda d: d["skills"][0].update(op="fly away"), "skills[0] (go).op", "expected an operation name"),
+    (lambda d: d["skills"][0].update(op_args={"n": 1}), "skills[0] (go).op_args", "given without op"),
+    (lambda d: d["skills"][0].update(op="move", op_args=[1]), "skills[0] (go).op_args", "expected a mapping"),
+    (lambda d: d["skills"][0].update(op="move", op_args={"to": [1]}), "skills[0] (go).op_args.to",
+     "expected a string, number or boolean"),
     (lambda d: d["skills"][0].update(exec_time={"model": "repeated", "unit": 1, "min_count": 1, "max_count": 3,
                                                 "count_weights": [1, 2]}),
      "skills[0] (go).exec_time.count_weights", "expected 3 non-negative weights"),

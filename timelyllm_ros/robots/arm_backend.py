@@ -2,8 +2,10 @@
 
 Each skill call becomes one trajectory over 6 arm joints and the gripper:
 ``move_to`` goes to a hover pose above the target; ``pick`` descends, closes
-the gripper and lifts; ``place`` descends, opens and lifts; ``gt``/``sc`` hold
-the pose while the wrist camera looks (the stand-in perception answers). The
+the gripper and lifts; ``place`` descends, opens and lifts; ``locate``/``survey``
+hold the pose while the wrist camera looks (the stand-in perception answers).
+Which operation runs a skill is data (``op`` in skills/arm.yaml); plan text is
+parsed by the one skill-language front end (:meth:`SkillSet.parse`). The
 trajectory lasts a duration drawn from the skill's execution-time model
 (design §7) times ``time_scale``; a controller follows it over time.
 
@@ -29,6 +31,32 @@ UPPER_ARM_M, FOREARM_M, BASE_HEIGHT_M = 0.45, 0.35, 0.30
 HOVER_Z_M, GRASP_Z_M = 0.15, 0.02
 GRIPPER_OPEN, GRIPPER_CLOSED = 0.04, 0.0
 HOME = (0.40, 0.0)
+
+# Operations a skill's ``op`` may name, with the argument types each accepts (one tuple per form).
+ARM_OPERATIONS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "move_to": (("float", "float"), ("str",)),  # above a point (x, y) or a named object / location
+    "pick": (("str",),),
+    "place": (("str",),),
+    "locate": (("str",),),  # wrist camera: where is the object
+    "survey": ((),),  # wrist camera: what is on the table
+}
+
+
+def arm_operations(skillset: SkillSet) -> dict[str, str]:
+    """Skill name -> arm operation for every skill; ValueError naming the skill if one does not fit."""
+    out = {}
+    for spec in skillset.skills:
+        where = f"skill set {skillset.id!r}: skill {spec.name!r}"
+        forms = ARM_OPERATIONS.get(spec.op or "")
+        if forms is None:
+            raise ValueError(f"{where}: op {spec.op!r} is not an arm operation ({', '.join(ARM_OPERATIONS)})")
+        if spec.op_args:
+            raise ValueError(f"{where}: arm operations take no op_args")
+        for sig in spec.signatures:
+            if tuple("float" if a.type == "int" else a.type for a in sig) not in forms:
+                raise ValueError(f"{where}: arguments {spec.signature_text(sig)} do not fit op {spec.op!r}")
+        out[spec.name] = spec.op
+    return out
 
 
 @dataclass(frozen=True)
@@ -72,6 +100,7 @@ class ArmExecutor:
         if time_scale <= 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
         self.skillset = skillset
+        self.ops = arm_operations(skillset)
         self.perception = perception
         self.execute = execute
         self.time_scale = time_scale
@@ -113,7 +142,8 @@ class ArmExecutor:
         dur = self.model.sample([c], self.rng) * self.time_scale
         x, y = self.xy
         grip, holding = self.gripper, self.holding
-        if c.name == "move_to":
+        op = self.ops[c.name]
+        if op == "move_to":
             if len(c.args) == 2:
                 tx, ty = float(c.args[0]), float(c.args[1])
             else:
@@ -123,7 +153,7 @@ class ArmExecutor:
                 tx, ty = pos
             poses = [(tx, ty, HOVER_Z_M, grip)]
             x, y = tx, ty
-        elif c.name == "pick":
+        elif op == "pick":
             obj = str(c.args[0])
             if holding is not None:
                 raise ExecutionError(f"{c.raw}: the gripper already holds {holding!r}")
@@ -134,7 +164,7 @@ class ArmExecutor:
             poses = [(x, y, HOVER_Z_M, GRIPPER_OPEN), (x, y, GRASP_Z_M, GRIPPER_OPEN),
                      (x, y, GRASP_Z_M, GRIPPER_CLOSED), (x, y, HOVER_Z_M, GRIPPER_CLOSED)]
             grip, holding = GRIPPER_CLOSED, obj
-        elif c.name == "place":
+        elif op == "place":
             loc = str(c.args[0])
             if holding is None:
                 raise ExecutionError(f"{c.raw}: nothing is held")
@@ -144,7 +174,7 @@ class ArmExecutor:
             poses = [(x, y, HOVER_Z_M, GRIPPER_CLOSED), (x, y, GRASP_Z_M, GRIPPER_CLOSED),
                      (x, y, GRASP_Z_M, GRIPPER_OPEN), (x, y, HOVER_Z_M, GRIPPER_OPEN)]
             grip, holding = GRIPPER_OPEN, None
-        else:  # gt, sc: look with the wrist camera, holding the pose
+        else:  # locate, survey: look with the wrist camera, holding the pose
             poses = [(x, y, HOVER_Z_M, grip)]
         n = len(poses)
         points = tuple((inverse_kinematics(px, py, pz) + (pg,), round(dur * (i + 1) / n, 6))
@@ -155,7 +185,7 @@ class ArmExecutor:
         plan, xy, grip, holding = self.trajectory_for(c)
         self.execute(plan, self.stop)
         self.xy, self.gripper, self.holding = xy, grip, holding
-        if c.name == "gt":
+        if self.ops[c.name] == "locate":
             self.on_log(f"{c.raw} -> {self.perception.position(str(c.args[0]))}")
-        elif c.name == "sc":
+        elif self.ops[c.name] == "survey":
             self.on_log(f"{c.raw} -> {[o.name for o in self.perception.objects()]}")

@@ -9,31 +9,52 @@ blocks span segments. The interpreter keeps a stack of open blocks:
   N-1 more times when its ``}`` arrives (conditions are re-evaluated);
 * ``->value`` ends the program: later statements are validated and skipped.
 
-Every segment passes :meth:`SkillSet.parse` (THE validation gate) before
-anything runs, and every call is checked again with real variable values
-(:meth:`SkillSpec.check_args`) right before it reaches the robot, so nothing
-out of bounds is ever sent. Robot commands go through :class:`DroneBackend`,
-perception questions through :class:`~.perception.Perception`.
+It has no parser: every segment goes through the skill language's front end
+(:func:`~timelyllm_ros.skills.minispec.parse_program`, the parser behind
+:meth:`SkillSet.parse`) with what the robot knows besides the planner (blocks
+open and variables assigned so far), and the interpreter executes the
+:class:`~timelyllm_ros.skills.minispec.Program` it returns. Every call is
+checked again with real variable values (:meth:`SkillSpec.check_args`) right
+before it reaches the robot, so nothing out of bounds is ever sent.
+
+Skills are data: each skill of the skill set names the drone operation that
+runs it (``op`` and fixed ``op_args`` in skills/*.yaml, the skill's own
+arguments filling the operation's other parameters in order), checked against
+:data:`OPERATIONS` when the interpreter is built. Robot commands go through
+:class:`DroneBackend`, perception questions through
+:class:`~.perception.Perception`.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from timelyllm_ros.robots.base import ExecutionError, Interrupted, RefusedError, StopSignal
 from timelyllm_ros.robots.perception import Perception, bearing_error
-from timelyllm_ros.skills.schema import SkillParseError, SkillSet, Var
+from timelyllm_ros.skills.minispec import (
+    Assign,
+    BinOp,
+    CallStatement,
+    EndBlock,
+    If,
+    Loop,
+    Not,
+    Program,
+    Return,
+    SkillCall,
+    SkillParseError,
+    Statement,
+    Var,
+    parse_program,
+)
+from timelyllm_ros.skills.schema import SkillSet, SkillSpec
 
 log = logging.getLogger(__name__)
 
-MOVES = {"mf": "forward", "mb": "back", "ml": "left", "mr": "right", "mu": "up", "md": "down"}
-SCAN_STEP_DEG = 45  # TypeFly: scan = 8{?iv(obj)==True{->True};tc(45)}->False
-ORIENT_STEP_DEG = 15  # TypeFly: orienting turns in 15-degree steps, up to 4 times
-APPROACH_CM = 100  # TypeFly: approach = mf(100)
+CENTRED = (0.4, 0.6)  # TypeFly: an object is centred when its x is in this part of the image
 
 
 class DroneBackend(Protocol):
@@ -53,177 +74,81 @@ class DroneBackend(Protocol):
     def hover(self, seconds: float, stop: StopSignal) -> None: ...
 
 
-# -- AST ------------------------------------------------------------------------
+# -- operations -------------------------------------------------------------------
 
-@dataclass
-class Call:
+@dataclass(frozen=True)
+class Param:
     name: str
-    args: list[Any]  # literals or Var
-    raw: str
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    type: type  # int, float, str or bool
+    min: int | None = None  # for fixed values (the skill's own arguments have their bounds in the YAML)
+    choices: tuple[str, ...] = ()
 
 
-@dataclass
-class Cmp:
-    op: str  # == != < > <= >= & | !
-    left: Any
-    right: Any = None
+_OBJ, _DEG, _CM = Param("target", str), Param("step_deg", int, 1), Param("cm", int, 1)
+
+# What a skill's ``op`` may name, with its parameters (method ``_op_<name>`` runs it).
+OPERATIONS: dict[str, tuple[Param, ...]] = {
+    "move": (Param("direction", str, choices=("forward", "back", "left", "right", "up", "down")), _CM),
+    "rotate": (Param("clockwise", bool), Param("degrees", int)),
+    "hover": (Param("seconds", float),),
+    "visible": (_OBJ,),
+    "measure": (Param("attribute", str, choices=("x", "y", "width", "height", "distance")), _OBJ),
+    "picture": (),
+    "probe": (Param("question", str),),
+    "log": (Param("text", str),),
+    "replan": (),
+    # TypeFly: scan = 8{?iv(obj)==True{->True};tc(45)}->False (360 / step_deg looks)
+    "scan": (_OBJ, _DEG),
+    "scan_probe": (Param("question", str), _DEG),  # the same, asking the VLM; returns its first answer
+    "orient": (_OBJ, _DEG, Param("tries", int, 0)),  # turn in steps until centred, at most `tries` turns
+    "goto": (_OBJ, _DEG, Param("tries", int, 0), _CM),  # orient, then forward `cm`
+}
+_ARG_TYPES = {int: ("int",), float: ("int", "float"), str: ("str",), bool: ("bool",)}
 
 
-@dataclass
-class Stmt:
-    kind: str  # call, assign, return, if, loop, close
-    expr: Any = None
-    var: str = ""
-    count: int = 0
-    body: list[Stmt] = field(default_factory=list)
+def _fits(v: Any, t: type) -> bool:
+    if isinstance(v, bool):
+        return t is bool
+    return isinstance(v, (int, float)) if t is float else isinstance(v, t)
 
 
-_TOK = re.compile(r"""\s*(?:(?P<num>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?)|(?P<ident>[A-Za-z_][A-Za-z0-9_]*)
-                      |(?P<str>'(?:\\.|[^'\\])*'|"(?:\\.|[^"\\])*")|(?P<op>->|==|!=|<=|>=|&&|\|\||[-?{}();,=<>&|!]))""",
-                  re.VERBOSE)
+@dataclass(frozen=True)
+class _Binding:
+    op: str
+    fixed: dict[str, Any]
+    free: tuple[Param, ...]  # filled by the skill's arguments, in order
 
 
-def _tokens(text: str) -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = []
-    i = 0
-    text = text.rstrip()
-    while i < len(text):
-        m = _TOK.match(text, i)
-        if m is None or m.end() == i:
-            raise RefusedError(f"unexpected character {text[i]!r} at {i}")
-        kind = m.lastgroup or ""
-        tok = m.group(kind)
-        if kind == "num":
-            out.append(("num", int(tok) if tok.isdigit() else float(tok)))
-        elif kind == "str":
-            out.append(("str", re.sub(r"\\(.)", r"\1", tok[1:-1])))
-        elif kind == "op":
-            out.append(("op", {"&&": "&", "||": "|"}.get(tok, tok)))
-        else:
-            out.append((kind, tok))
-        i = m.end()
-    out.append(("eof", None))
+def bind_operations(skillset: SkillSet) -> dict[str, _Binding]:
+    """Every skill's operation, checked against :data:`OPERATIONS`; ValueError naming skill and field."""
+    out: dict[str, _Binding] = {}
+    for spec in skillset.skills:
+        where = f"skill set {skillset.id!r}: skill {spec.name!r}"
+        if spec.op is None:
+            raise ValueError(f"{where} has no op (the drone operation that runs it)")
+        params = OPERATIONS.get(spec.op)
+        if params is None:
+            raise ValueError(f"{where}: unknown op {spec.op!r} (known: {', '.join(sorted(OPERATIONS))})")
+        by_name = {p.name: p for p in params}
+        fixed: dict[str, Any] = {}
+        for k, v in spec.op_args.items():
+            p = by_name.get(k)
+            if p is None:
+                raise ValueError(f"{where}: op {spec.op!r} has no parameter {k!r} (has {', '.join(by_name)})")
+            if (not _fits(v, p.type) or (p.choices and v not in p.choices)
+                    or (p.min is not None and v < p.min)):
+                raise ValueError(f"{where}: op_args.{k} = {v!r} does not fit {p.name}: {p.type.__name__}"
+                                 + (f" in {p.choices}" if p.choices else "")
+                                 + (f" >= {p.min}" if p.min is not None else ""))
+            fixed[k] = v
+        free = tuple(p for p in params if p.name not in fixed)
+        for sig in spec.signatures:
+            if len(sig) != len(free) or any(a.type not in _ARG_TYPES[p.type] for a, p in zip(sig, free, strict=False)):
+                want = ", ".join(f"{p.name}: {p.type.__name__}" for p in free) or "none"
+                raise ValueError(f"{where}: arguments {spec.signature_text(sig)} do not fill op {spec.op!r} "
+                                 f"(parameters left after op_args: {want})")
+        out[spec.name] = _Binding(spec.op, fixed, free)
     return out
-
-
-class _SegmentParser:
-    """Statements of one segment, flat: block openers, their contents and ``close`` markers."""
-
-    def __init__(self, text: str) -> None:
-        self.t = _tokens(text)
-        self.i = 0
-
-    def peek(self, k: int = 0) -> tuple[str, Any]:
-        return self.t[min(self.i + k, len(self.t) - 1)]
-
-    def take(self) -> tuple[str, Any]:
-        tok = self.t[self.i]
-        self.i += 1
-        return tok
-
-    def expect(self, op: str) -> None:
-        if self.take() != ("op", op):
-            raise RefusedError(f"expected {op!r}")
-
-    def run(self) -> list[Stmt]:
-        out: list[Stmt] = []
-        while self.peek()[0] != "eof":
-            kind, v = self.peek()
-            if (kind, v) == ("op", ";"):
-                self.take()
-            elif (kind, v) == ("op", "}"):
-                self.take()
-                out.append(Stmt("close"))
-            elif (kind, v) == ("op", "?"):
-                self.take()
-                cond = self.expr()
-                self.expect("{")
-                out.append(Stmt("if", cond))
-            elif kind == "num":
-                self.take()
-                self.expect("{")
-                out.append(Stmt("loop", count=int(v)))
-            elif (kind, v) == ("op", "->"):
-                self.take()
-                out.append(Stmt("return", self.expr()))
-            elif kind == "ident" and re.fullmatch(r"_\d+", v) and self.peek(1) == ("op", "="):
-                self.take()
-                self.take()
-                out.append(Stmt("assign", self.expr(), var=v))
-            else:
-                out.append(Stmt("call", self.call()))
-        return out
-
-    def expr(self) -> Any:
-        left = self.conj()
-        while self.peek() == ("op", "|"):
-            self.take()
-            left = Cmp("|", left, self.conj())
-        return left
-
-    def conj(self) -> Any:
-        left = self.comparison()
-        while self.peek() == ("op", "&"):
-            self.take()
-            left = Cmp("&", left, self.comparison())
-        return left
-
-    def comparison(self) -> Any:
-        left = self.unary()
-        kind, v = self.peek()
-        if kind == "op" and v in ("==", "!=", "<", ">", "<=", ">="):
-            self.take()
-            return Cmp(v, left, self.unary())
-        return left
-
-    def unary(self) -> Any:
-        if self.peek() == ("op", "!"):
-            self.take()
-            return Cmp("!", self.unary())
-        if self.peek() == ("op", "("):
-            self.take()
-            e = self.expr()
-            self.expect(")")
-            return e
-        kind, v = self.peek()
-        if kind == "ident" and self.peek(1) == ("op", "("):
-            return self.call()
-        return self.literal()
-
-    def literal(self) -> Any:
-        kind, v = self.take()
-        if (kind, v) == ("op", "-") and self.peek()[0] == "num":
-            return -self.take()[1]
-        if kind in ("num", "str"):
-            return v
-        if kind == "ident" and v in ("True", "False"):
-            return v == "True"
-        if kind == "ident" and re.fullmatch(r"_\d+", v):
-            return Var(v)
-        raise RefusedError(f"unexpected {v!r}")
-
-    def call(self) -> Call:
-        _, name = self.take()
-        self.expect("(")
-        args: list[Any] = []
-        kwargs: dict[str, Any] = {}
-        while self.peek() != ("op", ")"):
-            if args or kwargs:
-                self.expect(",")
-            if self.peek()[0] == "ident" and self.peek(1) == ("op", "=") and not re.fullmatch(r"_\d+", self.peek()[1]):
-                key = self.take()[1]
-                self.take()
-                kwargs[key] = self.literal()
-            else:
-                args.append(self.literal())
-        self.take()
-        shown = [_show(a) for a in args] + [f"{k}={_show(v)}" for k, v in kwargs.items()]
-        return Call(name, args, f"{name}({', '.join(shown)})", kwargs)
-
-
-def _show(a: Any) -> str:
-    return repr(a) if isinstance(a, str) else str(a)
 
 
 # -- interpreter -------------------------------------------------------------------
@@ -235,8 +160,9 @@ class _Return(Exception):
 
 @dataclass
 class _Frame:
-    stmt: Stmt | None  # None: the program itself
+    opener: If | Loop | None  # None: the program itself
     active: bool  # statements inside run now
+    body: list[Statement | _Frame] = field(default_factory=list)  # recorded for loop replays
 
 
 @dataclass
@@ -253,9 +179,11 @@ class MiniSpecInterpreter:
     def __init__(self, skillset: SkillSet, backend: DroneBackend, perception: Perception, *,
                  stop: StopSignal | None = None, auto_takeoff: bool = True,
                  on_log: Callable[[str], None] | None = None) -> None:
+        """ValueError if the skill set is not MiniSpec or a skill has no operation this drone knows."""
         if skillset.grammar != "minispec":
             raise ValueError(f"skill set {skillset.id!r} is not MiniSpec")
         self.skillset = skillset
+        self.ops = bind_operations(skillset)
         self.backend = backend
         self.perception = perception
         self.stop = stop or StopSignal()
@@ -266,6 +194,7 @@ class MiniSpecInterpreter:
     def reset(self) -> None:
         """A new task: no variables, no open blocks, heading 0 (scene bearings are relative to it)."""
         self.vars: dict[str, Any] = {}
+        self.declared: frozenset[str] = frozenset()  # variables some validated statement assigns
         self.frames: list[_Frame] = [_Frame(None, True)]
         self.heading = 0.0
         self.finished = False
@@ -273,51 +202,50 @@ class MiniSpecInterpreter:
         self.messages: list[str] = []
 
     # -- segments ------------------------------------------------------------
-    def validate(self, text: str) -> list[Stmt]:
-        """Refuse (RefusedError) a segment that is not valid MiniSpec of this skill set or does not fit the open
-        blocks. Nothing has run when this raises."""
+    def validate(self, text: str, *, final: bool = False) -> Program:
+        """Refuse (RefusedError) a segment that is not valid MiniSpec of this skill set, closes a block that
+        is not open, or uses a variable no earlier statement assigns; ``final``: the plan ends with it, so
+        every block must be closed. Nothing has run, and no state changed, when this raises."""
         try:
-            self.skillset.parse(text)
+            return parse_program(self.skillset, text, complete=final, open_blocks=len(self.frames) - 1,
+                                 declared=self.declared)
         except SkillParseError as e:
             raise RefusedError(f"invalid segment: {e}") from None
-        stmts = _SegmentParser(text).run()
-        depth = len(self.frames) - 1
-        for s in stmts:
-            if s.kind == "close":
-                depth -= 1
-                if depth < 0:
-                    raise RefusedError("invalid segment: '}' closes no open block")
-            elif s.kind in ("if", "loop"):
-                depth += 1
-        return stmts
 
-    def execute_segment(self, text: str) -> SegmentResult:
+    def execute_segment(self, text: str, *, final: bool = False) -> SegmentResult:
         """Validate, then run the complete statements of one segment. Raises RefusedError (nothing ran),
         Interrupted (stopped) or ExecutionError (robot or perception failure)."""
-        stmts = self.validate(text)
+        prog = self.validate(text, final=final)
+        self.declared |= prog.assigned
         res = SegmentResult()
-        for s in stmts:
+        for s in prog.statements:
             self.stop.check()
             self._feed(s, res)
         res.finished = self.finished
         res.returned = self.return_value
         return res
 
-    def _feed(self, s: Stmt, res: SegmentResult) -> None:
+    def _feed(self, s: Statement, res: SegmentResult) -> None:
         top = self.frames[-1]
-        if s.kind == "close":
+        if isinstance(s, EndBlock):
             self.frames.pop()
-            if top.stmt is not None and top.stmt.kind == "loop" and top.active and not self.finished:
-                self._replay_loop(top.stmt, res)
+            if isinstance(top.opener, Loop) and top.active and not self.finished:
+                self._replay_loop(top, res)
             return
-        if top.stmt is not None:  # record for loop replays, whether or not it runs now
-            top.stmt.body.append(s)
-        if s.kind in ("if", "loop"):
+        if isinstance(s, (If, Loop)):
             active = top.active and not self.finished
-            if active and s.kind == "if":
-                active = bool(self._eval(s.expr, res))
-            self.frames.append(_Frame(s, active))
+            if active and isinstance(s, If):
+                try:
+                    active = bool(self._eval(s.condition, res))
+                except _Return as r:  # rp() in a condition ends the program there
+                    self.finished, self.return_value, active = True, r.value, False
+            frame = _Frame(s, active)
+            if top.opener is not None:  # record for loop replays, whether or not it runs now
+                top.body.append(frame)
+            self.frames.append(frame)
             return
+        if top.opener is not None:
+            top.body.append(s)
         if not top.active or self.finished:
             res.skipped += 1
             return
@@ -326,44 +254,46 @@ class MiniSpecInterpreter:
         except _Return as r:
             self.finished, self.return_value = True, r.value
 
-    def _replay_loop(self, loop: Stmt, res: SegmentResult) -> None:
+    def _replay_loop(self, loop: _Frame, res: SegmentResult) -> None:
+        assert isinstance(loop.opener, Loop)
         try:
-            for _ in range(loop.count - 1):
+            for _ in range(loop.opener.count - 1):
                 self._block(loop.body, res)
         except _Return as r:
             self.finished, self.return_value = True, r.value
 
-    def _block(self, body: list[Stmt], res: SegmentResult) -> None:
+    def _block(self, body: list[Statement | _Frame], res: SegmentResult) -> None:
         for s in body:
             self.stop.check()
-            if s.kind == "if":
-                if self._eval(s.expr, res):
-                    self._block(s.body, res)
-            elif s.kind == "loop":
-                for _ in range(s.count):
-                    self._block(s.body, res)
+            if isinstance(s, _Frame):
+                if isinstance(s.opener, If):
+                    if self._eval(s.opener.condition, res):
+                        self._block(s.body, res)
+                elif isinstance(s.opener, Loop):
+                    for _ in range(s.opener.count):
+                        self._block(s.body, res)
             else:
                 self._run(s, res)
 
-    def _run(self, s: Stmt, res: SegmentResult) -> None:
-        if s.kind == "call":
-            self._eval(s.expr, res)
-        elif s.kind == "assign":
-            self.vars[s.var] = self._eval(s.expr, res)
-        elif s.kind == "return":
-            raise _Return(self._eval(s.expr, res))
+    def _run(self, s: Statement, res: SegmentResult) -> None:
+        if isinstance(s, CallStatement):
+            self._eval(s.call, res)
+        elif isinstance(s, Assign):
+            self.vars[s.var] = self._eval(s.value, res)
+        elif isinstance(s, Return):
+            raise _Return(self._eval(s.value, res))
 
     # -- expressions -------------------------------------------------------------
     def _eval(self, e: Any, res: SegmentResult) -> Any:
-        if isinstance(e, Call):
+        if isinstance(e, SkillCall):
             return self._call(e, res)
         if isinstance(e, Var):
             if e.name not in self.vars:
                 raise ExecutionError(f"variable {e.name} used before it was assigned")
             return self.vars[e.name]
-        if isinstance(e, Cmp):
-            if e.op == "!":
-                return not self._eval(e.left, res)
+        if isinstance(e, Not):
+            return not self._eval(e.operand, res)
+        if isinstance(e, BinOp):
             if e.op == "&":
                 return bool(self._eval(e.left, res)) and bool(self._eval(e.right, res))
             if e.op == "|":
@@ -374,107 +304,112 @@ class MiniSpecInterpreter:
                         "<=": lambda: a <= b, ">=": lambda: a >= b}[e.op]()
             except TypeError:
                 raise ExecutionError(f"cannot compare {a!r} {e.op} {b!r}") from None
-        return e
+        return e  # a literal
 
-    def _call(self, c: Call, res: SegmentResult) -> Any:
-        spec = self.skillset.get(c.name)
-        if spec is None:  # the gate already refused it; never reached, kept as a second lock
-            raise RefusedError(f"unknown skill {c.name!r}")
+    def _call(self, c: SkillCall, res: SegmentResult) -> Any:
+        spec = self.skillset[c.name]
         values = [self._eval(a, res) if isinstance(a, Var) else a for a in c.args]
-        kwargs = {k: self._eval(a, res) if isinstance(a, Var) else a for k, a in c.kwargs.items()}
-        try:
-            args, _ = spec.check_args(values, kwargs)  # real values, variables resolved: bounds hold for them too
+        try:  # real values, variables resolved: bounds hold for them too (same signature: bound by name)
+            args, _ = spec.check_args((), dict(zip(c.arg_names, values, strict=True)))
         except ValueError as e:
             self.on_log(f"refused {c.raw}: {e}")
             raise RefusedError(f"refused {c.raw} with values {values}: {e}") from None
         self.stop.check()
-        out = self._dispatch(spec.name, args)
+        out = self._dispatch(spec, args)
         res.executed.append(f"{spec.name}({', '.join(_show(a) for a in args)})")
         return out
 
-    # -- skills ------------------------------------------------------------------
+    # -- operations ------------------------------------------------------------------
+    def _dispatch(self, spec: SkillSpec, args: tuple) -> Any:
+        b = self.ops[spec.name]
+        params = dict(b.fixed)
+        for p, v in zip(b.free, args, strict=True):
+            if p.choices and v not in p.choices:
+                raise RefusedError(f"{spec.name}: {p.name} = {v!r} is not one of {p.choices}")
+            params[p.name] = v
+        params = {p.name: p.type(params[p.name]) for p in OPERATIONS[b.op]}
+        return getattr(self, f"_op_{b.op}")(**params)
+
     def _airborne(self) -> None:
         if self.auto_takeoff and not self.backend.flying:
             self.backend.takeoff()
 
-    def _rotate(self, deg: int, clockwise: bool) -> None:
+    def _op_move(self, direction: str, cm: int) -> None:
         self._airborne()
-        self.backend.rotate(int(deg), clockwise)
-        self.heading = (self.heading + (deg if clockwise else -deg)) % 360.0
+        self.backend.move(direction, cm)
 
-    def _dispatch(self, name: str, a: tuple) -> Any:
-        p = self.perception
-        if name in MOVES:
-            self._airborne()
-            self.backend.move(MOVES[name], int(a[0]))
-            return None
-        if name in ("tc", "tu"):
-            self._rotate(int(a[0]), name == "tc")
-            return None
-        if name == "d":
-            self.backend.hover(float(a[0]), self.stop)
-            return None
-        if name == "iv":
-            return p.find(a[0], self.heading) is not None
-        if name in ("ox", "oy", "ow", "oh", "od"):
-            d = p.find(a[0], self.heading)
-            if d is None:
-                return False  # TypeFly returns False for an object that is not in view
-            return {"ox": d.x, "oy": d.y, "ow": d.width, "oh": d.height, "od": d.distance}[name]
-        if name == "tp":
-            take = getattr(p, "take_picture", None)
-            if take is not None:
-                take(self.heading)
-            self.on_log(f"picture taken at heading {self.heading:.0f} deg")
-            return None
-        if name == "p":
-            return p.probe(a[0], self.heading)
-        if name == "l":
-            self.messages.append(str(a[0]))
-            self.on_log(f"log: {a[0]}")
-            return None
-        if name == "rp":
-            self.on_log("re-plan requested by the plan")
-            raise _Return("re_plan")
-        if name == "s":
-            return self._scan(lambda: p.find(a[0], self.heading) is not None)
-        if name == "sa":
-            return self._scan(lambda: p.probe(a[0], self.heading), abstract=True)
-        if name == "o":
-            return self._orient(a[0])
-        if name == "a":
-            self._airborne()
-            self.backend.move("forward", APPROACH_CM)
-            return None
-        if name == "g":
-            self._orient(a[0])
-            self._airborne()
-            self.backend.move("forward", APPROACH_CM)
-            return None
-        raise RefusedError(f"skill {name!r} has no executor on this drone")
+    def _op_rotate(self, clockwise: bool, degrees: int) -> None:
+        self._airborne()
+        self.backend.rotate(degrees, clockwise)
+        self.heading = (self.heading + (degrees if clockwise else -degrees)) % 360.0
 
-    def _scan(self, look: Callable[[], Any], abstract: bool = False) -> Any:
-        for i in range(360 // SCAN_STEP_DEG):
-            found = look()
-            if found is not False and found is not None:
-                return found if abstract else True
-            if i < 360 // SCAN_STEP_DEG - 1:
-                self.stop.check()
-                self._rotate(SCAN_STEP_DEG, True)
-        return False
+    def _op_hover(self, seconds: float) -> None:
+        self.backend.hover(seconds, self.stop)
 
-    def _orient(self, name: str) -> bool:
-        for _ in range(4):
-            d = self.perception.find(name, self.heading)
+    def _op_visible(self, target: str) -> bool:
+        return self.perception.find(target, self.heading) is not None
+
+    def _op_measure(self, attribute: str, target: str) -> Any:
+        d = self.perception.find(target, self.heading)
+        if d is None:
+            return False  # TypeFly returns False for an object that is not in view
+        return getattr(d, attribute)
+
+    def _op_picture(self) -> None:
+        take = getattr(self.perception, "take_picture", None)
+        if take is not None:
+            take(self.heading)
+        self.on_log(f"picture taken at heading {self.heading:.0f} deg")
+
+    def _op_probe(self, question: str) -> Any:
+        return self.perception.probe(question, self.heading)
+
+    def _op_log(self, text: str) -> None:
+        self.messages.append(text)
+        self.on_log(f"log: {text}")
+
+    def _op_replan(self) -> None:
+        self.on_log("re-plan requested by the plan")
+        raise _Return("re_plan")
+
+    def _op_scan(self, target: str, step_deg: int) -> bool:
+        return self._scan(lambda: self.perception.find(target, self.heading) is not None, step_deg)
+
+    def _op_scan_probe(self, question: str, step_deg: int) -> Any:
+        return self._scan(lambda: self.perception.probe(question, self.heading), step_deg, abstract=True)
+
+    def _op_orient(self, target: str, step_deg: int, tries: int) -> bool:
+        for _ in range(tries):
+            d = self.perception.find(target, self.heading)
             if d is None:
                 return False
-            if 0.4 <= d.x <= 0.6:
+            if CENTRED[0] <= d.x <= CENTRED[1]:
                 return True
             err = bearing_error(d)
             self.stop.check()
-            self._rotate(ORIENT_STEP_DEG, err > 0)
-        d = self.perception.find(name, self.heading)
-        return d is not None and 0.4 <= d.x <= 0.6
+            self._op_rotate(err > 0, step_deg)
+        d = self.perception.find(target, self.heading)
+        return d is not None and CENTRED[0] <= d.x <= CENTRED[1]
+
+    def _op_goto(self, target: str, step_deg: int, tries: int, cm: int) -> None:
+        self._op_orient(target, step_deg, tries)
+        self._op_move("forward", cm)
+
+    def _scan(self, look: Callable[[], Any], step_deg: int, abstract: bool = False) -> Any:
+        looks = 360 // step_deg
+        for i in range(looks):
+            found = look()
+            if found is not False and found is not None:
+                return found if abstract else True
+            if i < looks - 1:
+                self.stop.check()
+                self._op_rotate(True, step_deg)
+        return False
 
 
-__all__ = ["DroneBackend", "ExecutionError", "Interrupted", "MiniSpecInterpreter", "RefusedError", "SegmentResult"]
+def _show(a: Any) -> str:
+    return repr(a) if isinstance(a, str) else str(a)
+
+
+__all__ = ["OPERATIONS", "DroneBackend", "ExecutionError", "Interrupted", "MiniSpecInterpreter", "Param",
+           "RefusedError", "SegmentResult", "bind_operations"]

@@ -2,7 +2,9 @@
 
 Built from the skill set (skills/*.yaml), so every constrained plan uses only
 known skills with arguments of the right type inside their bounds. The
-regexes are a subset of what :meth:`SkillSet.parse` accepts:
+regexes are a subset of what the language front end accepts (every string
+they match is a valid plan, :meth:`SkillSet.validate_plan`; checked by
+hypothesis in test/test_minispec.py):
 
 * ``calls`` (arm): ``(CALL;)+``
 * ``minispec`` (drone): statements ``CALL;`` and one level of conditionals
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import re
 
+from timelyllm_ros.skills.minispec import Lexer
 from timelyllm_ros.skills.schema import SkillArg, SkillSet
 
 _STR_BODY = "[a-z][a-z0-9_ ]"
@@ -129,7 +132,17 @@ def continuation_regex(ss: SkillSet, plan_so_far: str) -> str | None:
     if not done:
         return top
     lead = ";?" if done.endswith(")") else ""  # cut at a call's ')': its ';' comes next
-    depth = done.count("{") - done.count("}")
+    depth = _open_blocks(done)
     if depth > 0 and ss.grammar == "minispec":
         return f"{lead}(?:{call};)*\\}};?(?:{top})?"
     return f"{lead}(?:{top})?"
+
+
+def _open_blocks(text: str) -> int:
+    """Blocks left open, by the language's lexer (a brace in a string is no block)."""
+    lx = Lexer()
+    depth = 0
+    for t in lx.feed(text) + lx.end():
+        if t.kind == "op" and t.value in ("{", "}"):
+            depth += 1 if t.value == "{" else -1
+    return depth

@@ -1,22 +1,15 @@
-"""Robot skill sets (skills/*.yaml): loading, validation and plan parsing.
+"""Robot skill sets (skills/*.yaml): loading and validation of the schema.
 
 LLM output is untrusted. Nothing may reach a robot unless it parses as calls
 of that robot's skill set with every literal argument of the right type and
-inside its bounds; :meth:`SkillSet.parse` is that gate.
+inside its bounds; :meth:`SkillSet.parse` is that gate. The language itself
+(lexer, parser, validator, AST) is :mod:`timelyllm_ros.skills.minispec`; this
+module holds the schema it validates against.
 
-Grammars (``grammar:`` in the YAML):
-
-* ``minispec`` — TypeFly's MiniSpec. Statements are calls ``mf(50)``,
-  assignments ``_1=ox('cat')``, returns ``->True``, conditionals
-  ``?iv('cat')==True{...}`` and loops ``8{...}``; ``;`` separates statements
-  and is optional after ``}`` and before ``}``. Conditions compare values with
-  ``== != < > <= >=`` and combine them with ``&`` and ``|``.
-* ``calls`` — ``;``-separated calls only (robot arm).
-* ``text`` — prose, no skills (chatbot).
-
-A plan is parsed whole (``complete=True``: braces must balance) or as one
-segment of it (default: ``}`` closing a block opened by an earlier segment
-and blocks left open for a later one are fine).
+Besides its signature and execution-time model, a skill may name the robot
+operation that runs it (``op``, with fixed ``op_args``; the skill's own
+arguments fill the operation's other parameters in order), so executors
+dispatch on data and a skill renamed or added in YAML needs no code change.
 """
 
 from __future__ import annotations
@@ -24,7 +17,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from threading import Lock
@@ -33,6 +26,15 @@ from typing import Any
 import yaml
 
 from timelyllm_ros import paths
+from timelyllm_ros.skills.minispec import (  # the language's types, also importable from here
+    SKILL_NAME_RE,
+    ArgValue,
+    Program,
+    SkillCall,
+    SkillParseError,
+    Var,
+    parse_program,
+)
 
 ARG_TYPES = ("int", "float", "str", "bool")
 GRAMMARS = ("minispec", "calls", "text")
@@ -49,33 +51,6 @@ _ARG_MODELS = ("linear", "polynomial")  # models that read a numeric argument
 
 class SkillSetError(ValueError):
     """A skill-set YAML file is malformed; the message names file and field."""
-
-
-class SkillParseError(ValueError):
-    """LLM output is not a valid plan for the skill set.
-
-    ``position`` is the character offset in the parsed text.
-    """
-
-    def __init__(self, message: str, position: int) -> None:
-        super().__init__(f"{message} at {position}")
-        self.position = position
-        self.reason = message
-
-
-@dataclass(frozen=True)
-class Var:
-    """A MiniSpec variable (``_1``) used as an argument; its value is only
-    known on the robot, which must check it against the argument's bounds
-    (:meth:`SkillSpec.check_args`)."""
-
-    name: str
-
-    def __str__(self) -> str:
-        return self.name
-
-
-ArgValue = int | float | str | bool | Var
 
 
 @dataclass(frozen=True)
@@ -157,6 +132,8 @@ class SkillSpec:
     exec_time: ExecTimeSpec
     returns: str | None = None
     aliases: tuple[str, ...] = ()
+    op: str | None = None  # robot operation that runs it (executors check they know it)
+    op_args: Mapping[str, str | int | float | bool] = field(default_factory=dict)  # its fixed parameters
 
     @property
     def args(self) -> tuple[SkillArg, ...]:
@@ -208,27 +185,6 @@ class SkillSpec:
         return "(" + ", ".join(a.describe() for a in sig) + ")"
 
 
-@dataclass(frozen=True)
-class SkillCall:
-    """One parsed, validated skill call."""
-
-    name: str  # short name, whatever alias the LLM used
-    long_name: str
-    args: tuple[ArgValue, ...]  # positional, in signature order
-    raw: str  # the call's text as written
-    skillset_id: str
-    arg_names: tuple[str, ...] = ()
-    position: int = 0  # offset in the parsed text
-    # Where the call appears: statement, condition, assign, return, argument.
-    role: str = "statement"
-
-    def arg(self, name: str) -> ArgValue | None:
-        try:
-            return self.args[self.arg_names.index(name)]
-        except ValueError:
-            return None
-
-
 @dataclass
 class SkillSet:
     id: str
@@ -270,6 +226,14 @@ class SkillSet:
     def names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.skills)
 
+    def skill_for_op(self, op: str, **op_args: str | int | float | bool) -> SkillSpec | None:
+        """The first skill that runs ``op`` with these fixed ``op_args`` (a backend that needs the skill
+        behind one of its commands, e.g. for its execution-time model, looks it up instead of naming it)."""
+        for s in self.skills:
+            if s.op == op and all(k in s.op_args and s.op_args[k] == v for k, v in op_args.items()):
+                return s
+        return None
+
     # -- parsing --------------------------------------------------------------
     def parse(self, text: str, *, complete: bool = False) -> list[SkillCall]:
         """All skill calls in a plan or a plan segment, in order of appearance.
@@ -279,7 +243,12 @@ class SkillSet:
         """
         if self.grammar == "text":
             return []
-        return _Parser(self, text, complete).run()
+        return list(parse_program(self, text, complete=complete).calls)
+
+    def parse_program(self, text: str, *, complete: bool = False, open_blocks: int | None = None,
+                      declared: Iterable[str] | None = None) -> Program:
+        """The statements of a plan or segment (see :func:`~timelyllm_ros.skills.minispec.parse_program`)."""
+        return parse_program(self, text, complete=complete, open_blocks=open_blocks, declared=declared)
 
     def validate(self, text: str, *, complete: bool = False) -> str | None:
         """None if ``text`` parses, else the error message."""
@@ -287,6 +256,24 @@ class SkillSet:
             self.parse(text, complete=complete)
         except SkillParseError as e:
             return str(e)
+        return None
+
+    def validate_plan(self, text: str) -> str | None:
+        """None if ``text`` is a valid complete plan, else the reason.
+
+        Stricter than ``validate(text, complete=True)``: besides balanced
+        blocks, every variable must be assigned before it is used (earlier in
+        the text) and the plan must hold at least one statement. Prose
+        (grammar ``text``) is always valid.
+        """
+        if self.grammar == "text":
+            return None
+        try:
+            prog = parse_program(self, text, complete=True, declared=())
+        except SkillParseError as e:
+            return str(e)
+        if not prog.statements:
+            return "empty plan: no statements"
         return None
 
     # -- prompting ------------------------------------------------------------
@@ -329,250 +316,6 @@ def _example_call(ss: SkillSet) -> str:
         else:
             vals.append(_num(a.typical if a.typical is not None else a.min))
     return f"{s.name}({', '.join(vals)})"
-
-
-# ---------------------------------------------------------------------------
-# Lexer and parser
-# ---------------------------------------------------------------------------
-
-_TOKEN_RE = re.compile(
-    r"""(?P<ws>\s+)
-      |(?P<num>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?)
-      |(?P<ident>[A-Za-z_][A-Za-z0-9_]*)
-      |(?P<op>->|==|!=|<=|>=|&&|\|\||[-?{}();,=<>&|!+])
-    """,
-    re.VERBOSE,
-)
-_VAR_RE = re.compile(r"_\d+")
-
-
-@dataclass(frozen=True)
-class _Tok:
-    kind: str  # num, str, ident, op, eof
-    text: str
-    pos: int
-    value: Any = None
-
-
-def _lex(text: str) -> list[_Tok]:
-    toks: list[_Tok] = []
-    i, n = 0, len(text)
-    while i < n:
-        c = text[i]
-        if c in "'\"":
-            j = i + 1
-            buf = []
-            while j < n and text[j] != c:
-                if text[j] == "\\" and j + 1 < n:
-                    j += 1
-                buf.append(text[j])
-                j += 1
-            if j >= n:
-                raise SkillParseError("unterminated string", i)
-            toks.append(_Tok("str", text[i:j + 1], i, "".join(buf)))
-            i = j + 1
-            continue
-        m = _TOKEN_RE.match(text, i)
-        if m is None:
-            raise SkillParseError(f"unexpected character {c!r}", i)
-        kind = m.lastgroup or ""
-        tok = m.group()
-        if kind == "num":
-            toks.append(_Tok("num", tok, i, int(tok) if tok.isdigit() else float(tok)))
-        elif kind != "ws":
-            if tok in ("&&", "||"):
-                tok = tok[0]
-            toks.append(_Tok(kind, tok, i))
-        i = m.end()
-    toks.append(_Tok("eof", "", n))
-    return toks
-
-
-_CMP = ("==", "!=", "<", ">", "<=", ">=")
-_LITERALS = {"True": True, "False": False}
-
-
-class _Parser:
-    def __init__(self, ss: SkillSet, text: str, complete: bool) -> None:
-        self.ss, self.text, self.complete = ss, text, complete
-        self.toks = _lex(text)
-        self.i = 0
-        self.calls: list[SkillCall] = []
-        self.minispec = ss.grammar == "minispec"
-
-    # helpers
-    @property
-    def tok(self) -> _Tok:
-        return self.toks[self.i]
-
-    def peek(self, k: int = 1) -> _Tok:
-        return self.toks[min(self.i + k, len(self.toks) - 1)]
-
-    def take(self) -> _Tok:
-        t = self.toks[self.i]
-        self.i += 1
-        return t
-
-    def expect(self, text: str, what: str) -> _Tok:
-        if self.tok.text != text or self.tok.kind not in ("op",):
-            raise SkillParseError(f"expected {text!r} {what}, found {self._show(self.tok)}", self.tok.pos)
-        return self.take()
-
-    @staticmethod
-    def _show(t: _Tok) -> str:
-        return "end of text" if t.kind == "eof" else repr(t.text)
-
-    # grammar
-    def run(self) -> list[SkillCall]:
-        opened: list[int] = []  # positions of '{' still open
-        while self.tok.kind != "eof":
-            t = self.tok
-            if t.text == ";" and t.kind == "op":
-                self.take()
-            elif t.text == "}" and t.kind == "op":
-                if not self.minispec:
-                    raise SkillParseError("unexpected '}' (blocks are not part of this skill language)", t.pos)
-                if opened:
-                    opened.pop()
-                elif self.complete:
-                    raise SkillParseError("unmatched '}'", t.pos)
-                self.take()
-            else:
-                block = self.statement()
-                if block is not None:
-                    opened.append(block)
-        if opened and self.complete:
-            raise SkillParseError("unclosed '{'", opened[-1])
-        return self.calls
-
-    def statement(self) -> int | None:
-        """Parse one statement; returns the position of a block it opened."""
-        t = self.tok
-        if t.kind == "ident" and self.peek().text == "(":
-            self.call("statement")
-            return None
-        if not self.minispec:
-            raise SkillParseError(f"expected a skill call, found {self._show(t)}", t.pos)
-        if t.kind == "op" and t.text == "?":
-            self.take()
-            self.expr("condition")
-            return self.expect("{", "after the condition").pos
-        if t.kind == "num":
-            self.take()
-            if not isinstance(t.value, int) or not 1 <= t.value <= self.ss.max_loop_count:
-                raise SkillParseError(f"loop count {t.text} outside [1, {self.ss.max_loop_count}]", t.pos)
-            return self.expect("{", "after the loop count").pos
-        if t.kind == "op" and t.text == "->":
-            self.take()
-            self.expr("return")
-            return None
-        if t.kind == "ident" and _VAR_RE.fullmatch(t.text) and self.peek().text == "=":
-            self.take()
-            self.take()
-            self.expr("assign")
-            return None
-        if t.kind == "ident":
-            return self._bad_ident(t)
-        raise SkillParseError(f"expected a statement, found {self._show(t)}", t.pos)
-
-    def _bad_ident(self, t: _Tok) -> None:
-        if self.ss.get(t.text) is not None:
-            raise SkillParseError(f"skill {t.text!r} must be called with '(...)'", t.pos)
-        raise SkillParseError(f"unknown skill {t.text!r}", t.pos)
-
-    def expr(self, role: str) -> None:
-        self.conj(role)
-        while self.tok.kind == "op" and self.tok.text == "|":
-            self.take()
-            self.conj(role)
-
-    def conj(self, role: str) -> None:
-        self.comparison(role)
-        while self.tok.kind == "op" and self.tok.text == "&":
-            self.take()
-            self.comparison(role)
-
-    def comparison(self, role: str) -> None:
-        self.unary(role)
-        if self.tok.kind == "op" and self.tok.text in _CMP:
-            self.take()
-            self.unary(role)
-
-    def unary(self, role: str) -> None:
-        t = self.tok
-        if t.kind == "op" and t.text == "!":
-            self.take()
-            self.unary(role)
-        elif t.kind == "op" and t.text == "(":
-            self.take()
-            self.expr(role)
-            self.expect(")", "to close '('")
-        else:
-            self.operand(role)
-
-    def operand(self, role: str) -> ArgValue | None:
-        t = self.tok
-        if t.kind == "ident" and self.peek().text == "(":
-            self.call(role)
-            return None
-        return self.literal(f"in {role}")
-
-    def literal(self, where: str) -> ArgValue:
-        t = self.take()
-        if t.kind == "op" and t.text == "-" and self.tok.kind == "num":
-            return -self.take().value
-        if t.kind in ("num", "str"):
-            return t.value
-        if t.kind == "ident":
-            if t.text in _LITERALS:
-                return _LITERALS[t.text]
-            if _VAR_RE.fullmatch(t.text):
-                if not self.minispec:
-                    raise SkillParseError(f"variables are not part of this skill language: {t.text!r}", t.pos)
-                return Var(t.text)
-            if self.ss.get(t.text) is not None:
-                raise SkillParseError(f"skill {t.text!r} must be called with '(...)'", t.pos)
-            raise SkillParseError(f"unknown name {t.text!r} {where} (quote strings: '{t.text}')", t.pos)
-        raise SkillParseError(f"expected a value {where}, found {self._show(t)}", t.pos)
-
-    def call(self, role: str) -> None:
-        name_tok = self.take()
-        spec = self.ss.get(name_tok.text)
-        if spec is None:
-            raise SkillParseError(f"unknown skill {name_tok.text!r}", name_tok.pos)
-        self.expect("(", f"after {name_tok.text}")
-        values: list[ArgValue] = []
-        kwargs: dict[str, ArgValue] = {}
-        while not (self.tok.kind == "op" and self.tok.text == ")"):
-            if self.tok.kind == "eof":
-                raise SkillParseError(f"unclosed argument list of {spec.name}", self.tok.pos)
-            if values or kwargs:
-                self.expect(",", f"between arguments of {spec.name}")
-            arg_tok = self.tok
-            if arg_tok.kind == "ident" and self.peek().text == "=" and not _VAR_RE.fullmatch(arg_tok.text):
-                self.take()
-                self.take()
-                kwargs[arg_tok.text] = self._arg_value(spec)
-            else:
-                if kwargs:
-                    raise SkillParseError(f"positional argument after keyword argument in {spec.name}", arg_tok.pos)
-                values.append(self._arg_value(spec))
-        close = self.take()
-        try:
-            bound, names = spec.check_args(values, kwargs)
-        except ValueError as e:
-            raise SkillParseError(str(e), name_tok.pos) from None
-        self.calls.append(SkillCall(spec.name, spec.long_name, bound, self.text[name_tok.pos:close.pos + 1],
-                                    self.ss.id, names, name_tok.pos, role))
-
-    def _arg_value(self, spec: SkillSpec) -> ArgValue:
-        t = self.tok
-        if t.kind == "eof":
-            raise SkillParseError(f"unclosed argument list of {spec.name}", t.pos)
-        if t.kind == "ident" and self.peek().text == "(":
-            raise SkillParseError(f"nested call {t.text}(...) as argument of {spec.name}; "
-                                  "assign it to a variable first", t.pos)
-        return self.literal(f"as argument of {spec.name}")
 
 
 # ---------------------------------------------------------------------------
@@ -694,7 +437,7 @@ def _skill(v: _V, s: Any, at: str) -> SkillSpec:
     if not isinstance(s, dict):
         v.fail(at, "expected a mapping")
     name = v.string(s, "name", at=f"{at}.name")
-    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
+    if not SKILL_NAME_RE.fullmatch(name):
         v.fail(f"{at}.name", f"{name!r} is not an identifier")
     at = f"{at} ({name})"
     if "args" in s and "signatures" in s:
@@ -718,13 +461,25 @@ def _skill(v: _V, s: Any, at: str) -> SkillSpec:
     et = s.get("exec_time")
     if not isinstance(et, dict):
         v.fail(f"{at}.exec_time", "missing or not a mapping (the skill's execution-time model, design §7)")
+    op = s.get("op")
+    if op is not None and (not isinstance(op, str) or not SKILL_NAME_RE.fullmatch(op)):
+        v.fail(f"{at}.op", f"expected an operation name, got {op!r}")
+    op_args = s.get("op_args", {}) or {}
+    if not isinstance(op_args, dict) or not all(isinstance(k, str) for k in op_args):
+        v.fail(f"{at}.op_args", "expected a mapping of parameter names to values")
+    for k, x in op_args.items():
+        if not isinstance(x, (str, int, float, bool)):
+            v.fail(f"{at}.op_args.{k}", f"expected a string, number or boolean, got {x!r}")
+    if op_args and op is None:
+        v.fail(f"{at}.op_args", "given without op")
     v.no_extra(s, {"name", "long_name", "description", "kind", "args", "signatures", "returns", "aliases",
-                   "exec_time"}, at)
+                   "exec_time", "op", "op_args"}, at)
     return SkillSpec(
         name=name, long_name=v.string(s, "long_name", at=f"{at}.long_name", default=name),
         description=str(s.get("description", "")).strip(), kind=v.string(s, "kind", at=f"{at}.kind", default="other"),
         signatures=sigs, exec_time=_exec_time(v, et, f"{at}.exec_time", sigs),
         returns=None if s.get("returns") is None else str(s["returns"]), aliases=tuple(aliases),
+        op=op, op_args=dict(op_args),
     )
 
 

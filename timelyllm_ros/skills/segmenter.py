@@ -4,7 +4,9 @@ The engine feeds each new token's decoded text to a :class:`StopChecker` and
 suspends the generation when ``feed`` returns True. A checker must therefore
 decide from the text seen so far only, whatever way the tokenizer happened to
 split it (``mf`` ``(`` ``50`` ``);`` or ``('`` ``cat`` ``')`` ...), so all
-checkers here scan characters, never tokens, and cut only when the boundary
+checkers here scan characters, never engine tokens (the skill-language
+checkers through the language's own incremental lexer, one character at a
+time), and cut only when the boundary
 character is the last non-whitespace character written: a token like ``;m``
 that runs past a boundary simply extends the segment to the next one.
 
@@ -20,6 +22,7 @@ import abc
 import re
 from collections.abc import Iterable
 
+from timelyllm_ros.skills.minispec import SKILL_NAME_RE, Lexer, Token, is_space
 from timelyllm_ros.skills.schema import SkillSet, load_skill_set
 
 
@@ -46,23 +49,24 @@ class StopChecker(abc.ABC):
 
 
 class _CallScanner(StopChecker):
-    """Character scanner shared by the skill-language checkers.
+    """Scanner shared by the skill-language checkers.
 
-    Tracks strings, parentheses (and whether each one opened a call), MiniSpec
-    conditions ``?...{`` and statement starts. The scanning state survives a
-    cut, so a forced cut in the middle of a statement does not desync it.
+    Characters go one at a time through the skill language's own
+    :class:`~timelyllm_ros.skills.minispec.Lexer` (so identifiers, numbers,
+    strings and escapes are exactly the parser's); this class only follows
+    the tokens: parentheses (and whether each one opened a call), MiniSpec
+    conditions ``?...{`` and statement starts. The lexer and this state survive
+    a cut, so a forced cut in the middle of a statement does not desync them.
     """
 
     def __init__(self) -> None:
         self._parts: list[str] = []
-        self._quote: str | None = None  # open string delimiter
-        self._escape = False
+        self._lexer = Lexer()
         self._parens: list[bool] = []  # one per open '(': True if it opened a call
-        self._last_ident = False  # last significant thing was an identifier
-        self._in_word = False
+        self._prev_ident = False  # the previous token was an identifier
         self._in_cond = False  # between '?' and its '{'
         self._cond_has_call = False
-        self._stmt_start = True  # next significant char starts a statement
+        self._stmt_start = True  # next token starts a statement
         self._stmt_is_call = False  # current statement starts with a skill name
         self._has_call = False  # the pending segment holds a complete call
         self._cut_ok = False  # last significant char ended a segment
@@ -72,7 +76,11 @@ class _CallScanner(StopChecker):
     def feed(self, piece: str) -> bool:
         self._parts.append(piece)
         for c in piece:
-            self._char(c)
+            toks = self._lexer.feed(c)
+            if self._lexer.in_string or not is_space(c):
+                self._cut_ok = False  # only a terminator as the last significant char allows a cut
+            for t in toks:
+                self._token(t)
         return self._cut_ok
 
     def cut(self) -> str:
@@ -87,43 +95,25 @@ class _CallScanner(StopChecker):
         return "".join(self._parts)
 
     # -- scanning -------------------------------------------------------------
-    def _char(self, c: str) -> None:
-        if self._quote is not None:
-            self._cut_ok = False
-            if self._escape:
-                self._escape = False
-            elif c == "\\":
-                self._escape = True
-            elif c == self._quote:
-                self._quote = None
-            return
-        if c.isspace():
-            self._in_word = False  # `mf (50)` still counts as a call
-            return
-        self._cut_ok = False
+    def _token(self, t: Token) -> None:
         if self._stmt_start:
             self._stmt_start = False
-            self._stmt_is_call = c.isalpha()  # `_1=` assigns, `?` `->` `8{` are not calls
-        if c.isalnum() or c == "_":
-            if not self._in_word:
-                self._last_ident = c.isalpha() or c == "_"
-                self._in_word = True
+            # `_1=` assigns; `?`, `->`, `8{` are not calls either
+            self._stmt_is_call = t.kind == "ident" and SKILL_NAME_RE.fullmatch(t.text) is not None
+        was_ident, self._prev_ident = self._prev_ident, t.kind == "ident"
+        if t.kind != "op":
             return
-        was_ident, self._last_ident, self._in_word = self._last_ident, False, False
-        depth0 = not self._parens
-        if c in "'\"":
-            self._quote = c
-        elif c == "(":
+        if t.value == "(":
             self._parens.append(was_ident)
-        elif c == ")":
+        elif t.value == ")":
             if self._parens and self._parens.pop():
                 self._has_call = True
                 if self._in_cond:
                     self._cond_has_call = True
                 elif not self._parens and self._stmt_is_call:
                     self._on_terminator(")")
-        elif depth0:
-            self._structural(c)
+        elif not self._parens:
+            self._structural(t.value)
 
     def _structural(self, c: str) -> None:
         """A character outside parentheses and strings."""

@@ -1,0 +1,585 @@
+"""The skill language front end: one lexer, one parser, one validator.
+
+Everything that reads plan text goes through here: :meth:`SkillSet.parse` /
+:meth:`SkillSet.validate` (the planner's gate), :meth:`SkillSet.validate_plan`
+(whole plans), the drone interpreter (it executes the :class:`Program` this
+module builds, it has no parser of its own) and the stop checkers (they drive
+the same :class:`Lexer` one character at a time). So the planner can never
+validate one parse while the robot executes another.
+
+Grammars (``grammar:`` in the skill-set YAML):
+
+* ``minispec`` — TypeFly's MiniSpec. Statements are calls ``mf(50)``,
+  assignments ``_1=ox('cat')``, returns ``->True``, conditionals
+  ``?iv('cat')==True{...}`` and loops ``8{...}``; ``;`` separates statements
+  and is optional after ``}`` and before ``}``. Conditions compare values with
+  ``== != < > <= >=``, combine them with ``&`` (``&&``) and ``|`` (``||``) and
+  negate with ``!``; parentheses group.
+* ``calls`` — ``;``-separated calls only (robot arm).
+* ``text`` — prose, no skills (chatbot); never parsed.
+
+Lexical rules (:class:`Lexer`): identifiers ``[A-Za-z_][A-Za-z0-9_]*``;
+numbers ``(\\d+\\.\\d*|\\.\\d+|\\d+)([eE][-+]?\\d+)?`` (ASCII digits; a
+leading ``-`` is an operator the parser folds into the literal); strings in
+``'`` or ``"`` where a backslash takes the next character literally (any
+character, newline included); the operators of :data:`OPERATORS`; whitespace
+between tokens. Variables are ``_<digits>``; ``True``/``False`` are literals.
+
+Text is parsed as a whole plan (``complete=True``: blocks must balance) or as
+one segment of a plan streamed in pieces: a ``}`` may close a block an earlier
+segment opened and blocks may stay open for a later one. Given the number of
+blocks open before the text (``open_blocks``) and the variables assigned
+before it (``declared``), the validator also refuses a ``}`` that closes
+nothing and a variable used before any assignment to it.
+
+Argument values are checked against the skill's signature (type, bounds,
+pattern) as parsed; a variable argument is kept as :class:`Var` and checked by
+the robot once its value is known (:meth:`SkillSpec.check_args`).
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from timelyllm_ros.skills.schema import SkillSet, SkillSpec
+
+# ---------------------------------------------------------------------------
+# Lexical definitions (the stop checkers read these too)
+# ---------------------------------------------------------------------------
+
+IDENT_START = frozenset(string.ascii_letters + "_")
+IDENT_CHARS = IDENT_START | frozenset(string.digits)
+DIGITS = frozenset(string.digits)
+QUOTES = frozenset("'\"")
+ESCAPE = "\\"
+OPERATORS = ("->", "==", "!=", "<=", ">=", "&&", "||",
+             "-", "?", "{", "}", "(", ")", ";", ",", "=", "<", ">", "&", "|", "!")
+_OP_CANON = {"&&": "&", "||": "|"}
+_OP_PREFIXES = frozenset(op[0] for op in OPERATORS if len(op) == 2)
+COMPARISONS = ("==", "!=", "<", ">", "<=", ">=")
+BOOL_LITERALS = {"True": True, "False": False}
+VAR_RE = re.compile(r"_[0-9]+")
+SKILL_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]*")  # a skill name; `_1` is a variable
+
+
+def is_space(c: str) -> bool:
+    return c.isspace()
+
+
+class SkillParseError(ValueError):
+    """LLM output is not a valid plan for the skill set.
+
+    ``position`` is the character offset in the parsed text.
+    """
+
+    def __init__(self, message: str, position: int) -> None:
+        super().__init__(f"{message} at {position}")
+        self.position = position
+        self.reason = message
+
+
+@dataclass(frozen=True)
+class Token:
+    kind: str  # ident, num, str, op, bad (not a token: value is why), eof
+    text: str  # as written
+    pos: int
+    value: Any = None  # num: int | float; str: the unescaped string; op: canonical op; bad: the reason
+
+
+# Number automaton (the regex in the module docstring): state -> character class -> next state.
+_NUM_STEPS = {
+    "int": {"digit": "int", ".": "frac", "e": "exp_mark"},
+    "dot": {"digit": "frac"},
+    "frac": {"digit": "frac", "e": "exp_mark"},
+    "exp_mark": {"digit": "exp", "sign": "exp_sign"},
+    "exp_sign": {"digit": "exp"},
+    "exp": {"digit": "exp"},
+}
+_NUM_ACCEPTING = frozenset({"int", "frac", "exp"})
+
+
+def _num_class(c: str) -> str:
+    if c in DIGITS:
+        return "digit"
+    return {"e": "e", "E": "e", "+": "sign", "-": "sign"}.get(c, c)
+
+
+class Lexer:
+    """Incremental lexer: :meth:`feed` text in pieces of any size, get the tokens each piece completes.
+
+    Operators that start no longer operator (``( ) ; { } ? ,``) come out with their character, so a
+    stop checker sees a terminator the moment it is written; identifiers, numbers and ``-`` ``=``
+    ``!`` ``<`` ``>`` ``&`` ``|`` come out when the next character shows where they end. A character
+    that starts no token gives a ``bad`` token (the lexer goes on). :meth:`end` flushes the last
+    token (an unterminated string is ``bad``) and appends ``eof``.
+    """
+
+    def __init__(self) -> None:
+        self._pos = 0  # offset of the next character
+        self._kind: str | None = None  # token being read: ident, num, op, str
+        self._start = 0
+        self._buf = ""
+        self._num = ""  # number automaton state
+        self._accept = 0  # length of the longest prefix of _buf that is a number
+        self._quote = ""
+        self._escape = False
+        self._chars: list[str] = []  # unescaped string contents
+
+    @property
+    def in_string(self) -> bool:
+        return self._kind == "str"
+
+    def feed(self, text: str) -> list[Token]:
+        out: list[Token] = []
+        for c in text:
+            self._char(c, out)
+        return out
+
+    def end(self) -> list[Token]:
+        out: list[Token] = []
+        while self._kind is not None:  # a flush may read the end of a number again
+            if self._kind == "str":
+                out.append(Token("bad", self._buf, self._start, "unterminated string"))
+                self._kind = None
+            else:
+                self._flush(out)
+        out.append(Token("eof", "", self._pos))
+        return out
+
+    def _char(self, c: str, out: list[Token]) -> None:
+        if self._kind == "str":
+            self._buf += c
+            self._pos += 1
+            if self._escape:
+                self._escape = False
+                self._chars.append(c)
+            elif c == ESCAPE:
+                self._escape = True
+            elif c == self._quote:
+                out.append(Token("str", self._buf, self._start, "".join(self._chars)))
+                self._kind = None
+            else:
+                self._chars.append(c)
+            return
+        if self._kind is not None:
+            if self._extend(c):
+                self._buf += c
+                self._pos += 1
+                return
+            self._flush(out)
+            if self._kind is not None:  # what followed a number was read again and started a token
+                self._char(c, out)
+                return
+        self._begin(c, out)
+
+    def _extend(self, c: str) -> bool:
+        if self._kind == "ident":
+            return c in IDENT_CHARS
+        if self._kind == "op":
+            return self._buf + c in OPERATORS
+        nxt = _NUM_STEPS[self._num].get(_num_class(c))
+        if nxt is None:
+            return False
+        self._num = nxt
+        if nxt in _NUM_ACCEPTING:
+            self._accept = len(self._buf) + 1
+        return True
+
+    def _begin(self, c: str, out: list[Token]) -> None:
+        pos = self._pos
+        self._pos += 1
+        if is_space(c):
+            return
+        self._start, self._buf = pos, c
+        if c in QUOTES:
+            self._kind, self._quote, self._escape, self._chars = "str", c, False, []
+        elif c in IDENT_START:
+            self._kind = "ident"
+        elif c in DIGITS or c == ".":
+            self._kind, self._num = "num", ("int" if c in DIGITS else "dot")
+            self._accept = 1 if c in DIGITS else 0
+        elif c in _OP_PREFIXES:
+            self._kind = "op"
+        elif c in OPERATORS:
+            out.append(Token("op", c, pos, c))
+        else:
+            out.append(Token("bad", c, pos, f"unexpected character {c!r}"))
+
+    def _flush(self, out: list[Token]) -> None:
+        kind, buf, start = self._kind, self._buf, self._start
+        self._kind = None
+        rest = ""
+        if kind == "ident":
+            out.append(Token("ident", buf, start, buf))
+        elif kind == "op":
+            out.append(Token("op", buf, start, _OP_CANON.get(buf, buf)))
+        elif self._accept == 0:  # a lone '.'
+            out.append(Token("bad", buf[0], start, f"unexpected character {buf[0]!r}"))
+            rest = buf[1:]
+        else:  # the longest number; what followed it (`1e` of `1ex`) is read again
+            num, rest = buf[:self._accept], buf[self._accept:]
+            out.append(Token("num", num, start, int(num) if num.isdigit() else float(num)))
+        if rest:
+            resume, self._pos = self._pos, start + len(buf) - len(rest)
+            for ch in rest:
+                self._char(ch, out)
+            assert self._pos == resume
+
+
+def tokenize(text: str) -> list[Token]:
+    """All tokens of ``text`` ending with ``eof``; SkillParseError at the first character that is no token."""
+    lx = Lexer()
+    toks = lx.feed(text) + lx.end()
+    for t in toks:
+        if t.kind == "bad":
+            raise SkillParseError(t.value, t.pos)
+    return toks
+
+
+# ---------------------------------------------------------------------------
+# AST
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Var:
+    """A MiniSpec variable (``_1``) used as a value; its value is only known on the robot, which must
+    check it against the argument's bounds (:meth:`SkillSpec.check_args`)."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+ArgValue = int | float | str | bool | Var
+
+
+@dataclass(frozen=True)
+class SkillCall:
+    """One parsed, validated skill call."""
+
+    name: str  # canonical short name, whatever alias the LLM used
+    long_name: str
+    args: tuple[ArgValue, ...]  # positional, in signature order
+    raw: str  # the call's text as written
+    skillset_id: str
+    arg_names: tuple[str, ...] = ()
+    position: int = 0  # offset in the parsed text
+    # Where the call appears: statement, condition, assign, return, argument.
+    role: str = "statement"
+
+    def arg(self, name: str) -> ArgValue | None:
+        try:
+            return self.args[self.arg_names.index(name)]
+        except ValueError:
+            return None
+
+
+@dataclass(frozen=True)
+class Not:
+    operand: Expr
+
+
+@dataclass(frozen=True)
+class BinOp:
+    op: str  # one of COMPARISONS, & or |
+    left: Expr
+    right: Expr
+
+
+# A literal is the Python value itself.
+Expr = SkillCall | Var | Not | BinOp | int | float | str | bool
+
+
+@dataclass(frozen=True)
+class CallStatement:
+    call: SkillCall
+    position: int
+
+
+@dataclass(frozen=True)
+class Assign:
+    var: str
+    value: Expr
+    position: int
+
+
+@dataclass(frozen=True)
+class Return:
+    value: Expr
+    position: int
+
+
+@dataclass(frozen=True)
+class If:
+    """``?cond{``: opens a block; its :class:`EndBlock` may come in a later segment."""
+
+    condition: Expr
+    position: int
+
+
+@dataclass(frozen=True)
+class Loop:
+    """``N{``: opens a block run ``count`` times."""
+
+    count: int
+    position: int
+
+
+@dataclass(frozen=True)
+class EndBlock:
+    """``}``: closes the innermost open block, possibly one opened by an earlier segment."""
+
+    position: int
+
+
+Statement = CallStatement | Assign | Return | If | Loop | EndBlock
+
+
+@dataclass(frozen=True)
+class Program:
+    """A parsed and validated plan or plan segment: its statements in order, blocks flat (openers
+    and :class:`EndBlock` markers), since a block may span segments."""
+
+    text: str
+    statements: tuple[Statement, ...]
+    calls: tuple[SkillCall, ...]  # every skill call, in order of appearance
+    assigned: frozenset[str]  # variables this text assigns
+    opened: int  # blocks opened here and still open at the end
+    closed: int  # '}' that closed blocks opened before this text
+
+
+# ---------------------------------------------------------------------------
+# Parser and validator
+# ---------------------------------------------------------------------------
+
+def parse_program(ss: SkillSet, text: str, *, complete: bool = False, open_blocks: int | None = None,
+                  declared: Iterable[str] | None = None) -> Program:
+    """Parse ``text`` as MiniSpec / calls of ``ss`` and validate it; SkillParseError at the first problem.
+
+    ``open_blocks``: blocks open before the text (None: unknown, any ``}`` may close an earlier one).
+    ``declared``: variables assigned before the text (None: unknown, no use-before-assignment check).
+    ``complete``: the text ends the plan, so every block must be closed (``open_blocks`` None counts as 0).
+    """
+    if ss.grammar not in ("minispec", "calls"):
+        raise ValueError(f"skill set {ss.id!r} has no skill language (grammar {ss.grammar!r})")
+    if complete and open_blocks is None:
+        open_blocks = 0
+    return _Parser(ss, text, open_blocks, None if declared is None else frozenset(declared), complete).run()
+
+
+class _Parser:
+    def __init__(self, ss: SkillSet, text: str, open_blocks: int | None, declared: frozenset[str] | None,
+                 complete: bool) -> None:
+        self.ss, self.text, self.complete = ss, text, complete
+        self.outer = open_blocks
+        self.declared = declared
+        self.minispec = ss.grammar == "minispec"
+        self.toks = tokenize(text)
+        self.i = 0
+        self.calls: list[SkillCall] = []
+        self.assigned: set[str] = set()
+
+    # -- token helpers -------------------------------------------------------
+    @property
+    def tok(self) -> Token:
+        return self.toks[self.i]
+
+    def peek(self, k: int = 1) -> Token:
+        return self.toks[min(self.i + k, len(self.toks) - 1)]
+
+    def peek_op(self, op: str) -> bool:
+        t = self.peek()
+        return t.kind == "op" and t.value == op
+
+    def take(self) -> Token:
+        t = self.toks[self.i]
+        self.i += 1
+        return t
+
+    def at_op(self, *ops: str) -> bool:
+        return self.tok.kind == "op" and self.tok.value in ops
+
+    def expect(self, op: str, what: str) -> Token:
+        if not self.at_op(op):
+            raise SkillParseError(f"expected {op!r} {what}, found {self._show(self.tok)}", self.tok.pos)
+        return self.take()
+
+    @staticmethod
+    def _show(t: Token) -> str:
+        return "end of text" if t.kind == "eof" else repr(t.text)
+
+    # -- statements ------------------------------------------------------------
+    def run(self) -> Program:
+        stmts: list[Statement] = []
+        opened: list[int] = []  # positions of the '{' opened here and still open
+        closed = 0
+        while self.tok.kind != "eof":
+            t = self.tok
+            if self.at_op(";"):
+                self.take()
+            elif self.at_op("}"):
+                if not self.minispec:
+                    raise SkillParseError("unexpected '}' (blocks are not part of this skill language)", t.pos)
+                if opened:
+                    opened.pop()
+                elif self.outer is None:
+                    closed += 1
+                elif closed < self.outer:
+                    closed += 1
+                else:
+                    raise SkillParseError("unmatched '}' (it closes no open block)", t.pos)
+                self.take()
+                stmts.append(EndBlock(t.pos))
+            else:
+                s, brace = self.statement()
+                stmts.append(s)
+                if brace is not None:
+                    opened.append(brace)
+        if self.complete:
+            if opened:
+                raise SkillParseError("unclosed '{'", opened[-1])
+            if self.outer is not None and closed < self.outer:
+                raise SkillParseError(f"unclosed '{{' ({self.outer - closed} block(s) of earlier text still open)",
+                                      len(self.text))
+        return Program(self.text, tuple(stmts), tuple(self.calls), frozenset(self.assigned), len(opened), closed)
+
+    def statement(self) -> tuple[Statement, int | None]:
+        """One statement, and the position of the '{' it opened, if any."""
+        t = self.tok
+        if t.kind == "ident" and self.peek_op("("):
+            return CallStatement(self.call("statement"), t.pos), None
+        if not self.minispec:
+            raise SkillParseError(f"expected a skill call, found {self._show(t)}", t.pos)
+        if self.at_op("?"):
+            self.take()
+            cond = self.expr("condition")
+            return If(cond, t.pos), self.expect("{", "after the condition").pos
+        if t.kind == "num":
+            self.take()
+            if not isinstance(t.value, int) or not 1 <= t.value <= self.ss.max_loop_count:
+                raise SkillParseError(f"loop count {t.text} outside [1, {self.ss.max_loop_count}]", t.pos)
+            return Loop(t.value, t.pos), self.expect("{", "after the loop count").pos
+        if self.at_op("->"):
+            self.take()
+            return Return(self.expr("return"), t.pos), None
+        if t.kind == "ident" and VAR_RE.fullmatch(t.text) and self.peek_op("="):
+            self.take()
+            self.take()
+            value = self.expr("assign")
+            self.assigned.add(t.text)  # after its value: `_1=ox(_1)` reads the old _1
+            return Assign(t.text, value, t.pos), None
+        if t.kind == "ident":
+            if self.ss.get(t.text) is not None:
+                raise SkillParseError(f"skill {t.text!r} must be called with '(...)'", t.pos)
+            raise SkillParseError(f"unknown skill {t.text!r}", t.pos)
+        raise SkillParseError(f"expected a statement, found {self._show(t)}", t.pos)
+
+    # -- expressions --------------------------------------------------------------
+    def expr(self, role: str) -> Expr:
+        left = self.conj(role)
+        while self.at_op("|"):
+            self.take()
+            left = BinOp("|", left, self.conj(role))
+        return left
+
+    def conj(self, role: str) -> Expr:
+        left = self.comparison(role)
+        while self.at_op("&"):
+            self.take()
+            left = BinOp("&", left, self.comparison(role))
+        return left
+
+    def comparison(self, role: str) -> Expr:
+        left = self.unary(role)
+        if self.at_op(*COMPARISONS):
+            op = self.take().value
+            return BinOp(op, left, self.unary(role))
+        return left
+
+    def unary(self, role: str) -> Expr:
+        if self.at_op("!"):
+            self.take()
+            return Not(self.unary(role))
+        if self.at_op("("):
+            self.take()
+            e = self.expr(role)
+            self.expect(")", "to close '('")
+            return e
+        if self.tok.kind == "ident" and self.peek_op("("):
+            return self.call(role)
+        return self.literal(f"in {role}")
+
+    def literal(self, where: str) -> ArgValue:
+        t = self.take()
+        if t.kind == "op" and t.value == "-" and self.tok.kind == "num":
+            return -self.take().value
+        if t.kind in ("num", "str"):
+            return t.value
+        if t.kind == "ident":
+            if t.text in BOOL_LITERALS:
+                return BOOL_LITERALS[t.text]
+            if VAR_RE.fullmatch(t.text):
+                if not self.minispec:
+                    raise SkillParseError(f"variables are not part of this skill language: {t.text!r}", t.pos)
+                if self.declared is not None and t.text not in self.declared and t.text not in self.assigned:
+                    raise SkillParseError(f"variable {t.text} is used before it is assigned", t.pos)
+                return Var(t.text)
+            if self.ss.get(t.text) is not None:
+                raise SkillParseError(f"skill {t.text!r} must be called with '(...)'", t.pos)
+            raise SkillParseError(f"unknown name {t.text!r} {where} (quote strings: '{t.text}')", t.pos)
+        raise SkillParseError(f"expected a value {where}, found {self._show(t)}", t.pos)
+
+    def call(self, role: str) -> SkillCall:
+        name_tok = self.take()
+        spec: SkillSpec | None = self.ss.get(name_tok.text)
+        if spec is None:
+            raise SkillParseError(f"unknown skill {name_tok.text!r}", name_tok.pos)
+        self.expect("(", f"after {name_tok.text}")
+        values: list[ArgValue] = []
+        kwargs: dict[str, ArgValue] = {}
+        while not self.at_op(")"):
+            if self.tok.kind == "eof":
+                raise SkillParseError(f"unclosed argument list of {spec.name}", self.tok.pos)
+            if values or kwargs:
+                self.expect(",", f"between arguments of {spec.name}")
+            arg_tok = self.tok
+            if arg_tok.kind == "ident" and self.peek_op("=") and not VAR_RE.fullmatch(arg_tok.text):
+                self.take()
+                self.take()
+                kwargs[arg_tok.text] = self._arg_value(spec)
+            else:
+                if kwargs:
+                    raise SkillParseError(f"positional argument after keyword argument in {spec.name}", arg_tok.pos)
+                values.append(self._arg_value(spec))
+        close = self.take()
+        try:
+            bound, names = spec.check_args(values, kwargs)
+        except ValueError as e:
+            raise SkillParseError(str(e), name_tok.pos) from None
+        call = SkillCall(spec.name, spec.long_name, bound, self.text[name_tok.pos:close.pos + 1], self.ss.id, names,
+                         name_tok.pos, role)
+        self.calls.append(call)
+        return call
+
+    def _arg_value(self, spec: SkillSpec) -> ArgValue:
+        t = self.tok
+        if t.kind == "eof":
+            raise SkillParseError(f"unclosed argument list of {spec.name}", t.pos)
+        if t.kind == "ident" and self.peek_op("("):
+            raise SkillParseError(f"nested call {t.text}(...) as argument of {spec.name}; "
+                                  "assign it to a variable first", t.pos)
+        return self.literal(f"as argument of {spec.name}")
+
+
+__all__ = [
+    "BOOL_LITERALS", "COMPARISONS", "DIGITS", "ESCAPE", "IDENT_CHARS", "IDENT_START", "OPERATORS", "QUOTES",
+    "SKILL_NAME_RE", "VAR_RE", "ArgValue", "Assign", "BinOp", "CallStatement", "EndBlock", "Expr", "If", "Lexer",
+    "Loop", "Not", "Program", "Return", "SkillCall", "SkillParseError", "Statement", "Token", "Var", "is_space",
+    "parse_program", "tokenize",
+]

@@ -107,7 +107,7 @@ def loss_decomposition(wl: Workload, args: argparse.Namespace) -> dict[str, floa
         total += loss
         res = sim.core.result(f"j{rec.job_id}")
         q = res.segments[0].gen_start - rec.arrival if res is not None and res.segments else 0.0
-        late = max(0.0, rec.response_time - rec.ert)
+        late = max(0.0, rec.segments[0].start - rec.tuf.deadline(0, rec.arrival))  # s_0 past its deadline
         queued += min(q, late) * -rec.alpha / rec.beta
         if rec.arrival - first_event < 0.05:
             cold += loss

@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from timelyllm_ros.model.types import TaskStatus
+
 DEFAULT_OUT = Path("bench/results/fleet_load")
 
 
@@ -152,7 +154,7 @@ class GoalRecord:
     attempts: int = 0
     responded: bool = False
     accepted: bool = False
-    status: str = ""
+    status: str = ""  # the result's TaskStatus value ("" while none came)
     message: str = ""
     error_kind: str = ""
     source: str = ""
@@ -234,8 +236,9 @@ def _ms(x: float) -> str:
 def summarize(recs: list[GoalRecord], rss: dict[str, int | None], extra: dict[str, Any]) -> dict[str, Any]:
     sent = [r for r in recs if r.sent_wall == r.sent_wall]
     terminal = [r for r in sent if r.status]
-    accepted = [r for r in terminal if r.status != "rejected"]
-    rejected = [r for r in sent if r.status == "rejected" or r.error_kind == "not_accepted"]
+    # refused by the planner (at capacity, invalid): STATUS_REJECTED on the wire, TaskStatus.INVALID
+    accepted = [r for r in terminal if r.status != TaskStatus.INVALID]
+    rejected = [r for r in sent if r.status == TaskStatus.INVALID or r.error_kind == "not_accepted"]
     with_segments = [r for r in accepted if r.n_segments > 0]
     reasons = Counter(_reason(r.message or r.error_kind) for r in rejected)
     s: dict[str, Any] = {
@@ -264,7 +267,7 @@ def summarize(recs: list[GoalRecord], rss: dict[str, int | None], extra: dict[st
     }
     lat: dict[str, dict[str, float]] = {}
     for level in sorted({r.level for r in sent}):
-        ok = [r for r in with_segments if r.level == level and r.status == "succeeded"]
+        ok = [r for r in with_segments if r.level == level and r.status == TaskStatus.DONE]
         lat[level] = {
             "n": len(ok),
             "response_time_p50": pct([r.response_time for r in ok], 0.5),
@@ -441,8 +444,8 @@ def run(args: argparse.Namespace) -> int:
         from timelyllm_ros.action import PlanTask
         from timelyllm_ros.msg import TimeUtility
         from timelyllm_ros.ros import topics
-        from timelyllm_ros.ros.client import STATUS_NAMES, PlanClient
-        from timelyllm_ros.ros.convert import duration_s, time_s
+        from timelyllm_ros.ros.client import PlanClient
+        from timelyllm_ros.ros.convert import duration_s, status_name, time_s
 
         ctx = rclpy.Context()
         rclpy.init(context=ctx, domain_id=domain)
@@ -514,7 +517,7 @@ def run(args: argparse.Namespace) -> int:
                 rec.from_feedback, rec.from_result = h.from_feedback, h.from_result
                 if h.result is not None:
                     r = h.result
-                    rec.status = STATUS_NAMES.get(r.status, str(r.status))
+                    rec.status = status_name(r.status)
                     rec.message = r.message
                     rec.n_segments = _n_segments(h)
                     rec.response_time = duration_s(r.response_time) if rec.n_segments else math.nan

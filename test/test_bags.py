@@ -182,7 +182,7 @@ def test_records_and_metrics_from_a_bag(tmp_path):
     bag = _write(tmp_path / "run", msgs)
     recs = {r.job_id: r for r in records_from_messages(m for _, _, m in msgs)}
     a, b, x = recs[0], recs[1], recs[2]
-    assert (a.status, b.status, x.status) == ("failed", "done", "refused")
+    assert (a.status, b.status, x.status) == ("robot_failed", "done", "invalid")
     assert a.task_type == "find_cat" and a.trace_id == 0 and b.level == "urgent" and b.beta == 2.0
     assert b.response_time == pytest.approx(0.105, abs=1e-6) and b.plan == "?s('cat')==True{g('cat')};"
     assert b.robot_waiting == pytest.approx(0.105 + 0.160, abs=1e-6)

@@ -18,6 +18,7 @@ from rclpy.qos import QoSDurabilityPolicy, QoSProfile, QoSReliabilityPolicy  # n
 from timelyllm_ros.action import PlanTask  # noqa: E402
 from timelyllm_ros.msg import (  # noqa: E402
     EngineState,
+    PlanResult,
     PlanSegment,
     QueuedGeneration,
     SchedulerState,
@@ -209,3 +210,28 @@ def test_action_cancel(two_nodes):
     assert _wait(res.done)
     assert res.result().result.status == PlanTask.Result.STATUS_CANCELED
     assert res.result().status == 5  # action_msgs GoalStatus.STATUS_CANCELED
+
+
+# The message constant each terminal status travels as (names differ where the wire predates the enum).
+_WIRE_NAME = {"done": "STATUS_SUCCEEDED", "invalid": "STATUS_REJECTED", "failed": "STATUS_FAILED",
+              "cancelled": "STATUS_CANCELED", "overdue": "STATUS_OVERDUE", "robot_failed": "STATUS_ROBOT_FAILED"}
+
+
+@pytest.mark.parametrize("msg_cls", [PlanResult, PlanTask.Result], ids=["PlanResult", "PlanTask.Result"])
+def test_status_table_matches_the_message_constants(msg_cls):
+    from timelyllm_ros.model.types import STATUS_CODE, STATUS_FROM_CODE, TERMINAL_STATUSES, TaskStatus
+    from timelyllm_ros.ros.convert import status_code, status_from_code, status_name
+
+    consts = {k: v for k, v in vars(msg_cls).items() if k.startswith("STATUS_")}
+    assert set(_WIRE_NAME) == {s.value for s in STATUS_CODE} == {s.value for s in TERMINAL_STATUSES}
+    # status -> code: every terminal status has the code of its constant
+    for st, code in STATUS_CODE.items():
+        assert consts[_WIRE_NAME[st.value]] == code, st
+        assert status_code(st) == code and status_name(code) == st.value
+    # code -> status: every constant of the message has exactly one status, and it maps back
+    assert sorted(consts.values()) == sorted(STATUS_FROM_CODE) == sorted(STATUS_CODE.values())
+    for name, code in consts.items():
+        st = STATUS_FROM_CODE[code]
+        assert _WIRE_NAME[st.value] == name and STATUS_CODE[st] == code and status_from_code(code) is st
+    # nothing that is not terminal goes out as success
+    assert status_code(TaskStatus.RUNNING) == consts["STATUS_FAILED"] and status_from_code(250) is None

@@ -17,6 +17,23 @@ def test_tuf0_tuf1_exact():
     assert u.tuf1(1.0) == pytest.approx(-1.0)
 
 
+def test_deadline_and_segment_utility():
+    u = TimeUtility(alpha=-2.0, beta=1.0, ert=1.0)
+    # s_0 must start by arrival + ERT; s_k (k > 0) by the end of s_{k-1} (the arrival does not matter)
+    assert u.deadline(0, 10.0) == 11.0 and u.deadline(0, 10.0, 99.0) == 11.0
+    assert u.deadline(1, 10.0, 12.5) == 12.5 and u.deadline(3, -5.0, 12.5) == 12.5
+    # Eq. 3 terms: TUF_0 of the response time for s_0, TUF_1 of the wait after
+    assert u.utility(0, 1.25) == u.tuf0(1.25) == pytest.approx(0.5)
+    assert u.utility(2, 0.25) == u.tuf1(0.25) == pytest.approx(0.5)
+    assert u.utility(1, -1.0) == 1.0  # a segment ready before its deadline earns beta, no more
+    # starting at the deadline keeps beta, for every segment; each second later costs -alpha
+    for k, prev_end in ((0, math.nan), (1, 12.0)):
+        dl = u.deadline(k, 10.0, prev_end)
+        origin = 10.0 if k == 0 else prev_end  # where W(s_k) starts counting
+        assert u.utility(k, dl - origin) == 1.0
+        assert u.utility(k, dl + 0.5 - origin) == pytest.approx(0.0)
+
+
 def test_from_trace_and_levels():
     u = TimeUtility.from_trace([2, 0.2, 0.5])
     assert u.alpha == pytest.approx(-6.6667, abs=1e-3) and u.level == "urgent"

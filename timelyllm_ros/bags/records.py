@@ -2,17 +2,18 @@
 
 One :class:`RecordBuilder` turns the planner's messages (TaskRequest,
 PlanSegment, SegmentDone; rclpy messages or rosbags dataclasses alike) into
-the core's :class:`~timelyllm_ros.sim.simulator.TaskRecord`, and
-:func:`timelyllm_ros.sim.metrics.summarize` computes the report. The live
+the core's :class:`~timelyllm_ros.sim.records.TaskRecord`, and
+:func:`timelyllm_ros.sim.metrics.summarize` computes the report (every figure as
+:mod:`timelyllm_ros.sim.records` defines it, as for the simulator and the live demo). The live
 collector (``timelyllm_ros.ros.live_metrics``) and the bag reader feed the
 same builder, so a bag's numbers equal the live numbers of the same run.
 
 Times are robot-side, as in the simulator: arrival = TaskRequest.stamp (the
 planner's receive time), a segment's start/end = its SegmentDone start/finish.
 A segment the robot never reported is left out of its task (it was not seen
-executing). Status: "refused" (the planner refused the goal), "failed" (a
-robot reported a failed segment), the planner's PlanResult when it ended a task
-otherwise (overdue, cancelled, failed), "done" (every segment executed and the
+executing). Status, a TaskStatus value: "invalid" (the planner refused the goal),
+"robot_failed" (a robot reported a failed segment), the planner's PlanResult when it
+ended a task otherwise (overdue, cancelled, failed), "done" (every segment executed and the
 plan is finished: a PlanResult, a final segment, or a syntactically complete
 plan for bags recorded before /plan_results existed), else "incomplete"
 (still running when the recording ended).
@@ -27,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from timelyllm_ros.model.tuf import LEVELS
+from timelyllm_ros.model.types import STATUS_FROM_CODE, TaskStatus
 from timelyllm_ros.sim.metrics import Summary, summarize
-from timelyllm_ros.sim.simulator import SegRecord, TaskRecord
+from timelyllm_ros.sim.records import SegRecord, TaskRecord
 from timelyllm_ros.sim.workloads import plan_templates
 from timelyllm_ros.skills.schema import load_skill_set
 
@@ -36,8 +38,6 @@ from .io import read_bag, stamp_ns
 from .typestore import REQUESTS, RESULTS, SEGMENT_DONE, SEGMENTS
 
 RECORD_TOPICS = (REQUESTS.name, SEGMENTS.name, SEGMENT_DONE.name, RESULTS.name)
-# PlanResult status codes (msg/PlanResult.msg) -> TaskRecord status
-RESULT_STATUS = {0: "done", 1: "refused", 2: "failed", 3: "cancelled", 4: "rejected", 5: "failed"}
 
 
 def _s(t: Any) -> float:
@@ -147,7 +147,7 @@ class RecordBuilder:
         rec = TaskRecord(job_id=t.seq, trace_id=trace_id, task_type=name, robot_type=r.robot_type, level=level,
                          agent_id=self._agents[r.robot_id], arrival=_s(r.stamp), alpha=alpha, beta=beta, ert=ert)
         if not r.accepted:
-            rec.status, rec.reason = "refused", r.error
+            rec.status, rec.reason = TaskStatus.INVALID.value, r.error
             return rec
         texts = []
         for k in sorted(t.segments):
@@ -164,12 +164,13 @@ class RecordBuilder:
         failed = [d for d in t.done.values() if not d.success]
         final = any(s.is_final for s in t.segments.values())
         if failed:
-            rec.status, rec.reason = "failed", f"robot failed: {failed[0].error}"
-        elif t.result is not None and t.result.status != 0:  # the planner ended it (overdue, cancel, error)
-            rec.status, rec.reason = RESULT_STATUS.get(int(t.result.status), "failed"), t.result.message
+            rec.status, rec.reason = TaskStatus.ROBOT_FAILED.value, f"robot failed: {failed[0].error}"
+        elif t.result is not None and (st := STATUS_FROM_CODE.get(int(t.result.status))) is not TaskStatus.DONE:
+            # the planner ended it (overdue, cancelled, failed); a code this build does not know reads as failed
+            rec.status, rec.reason = (st or TaskStatus.FAILED).value, t.result.message
         elif len(rec.segments) == len(t.segments) and (t.result is not None or final
                                                        or _complete(r.robot_type, rec.plan)):
-            rec.status = "done"
+            rec.status = TaskStatus.DONE.value
         else:
             rec.status = "incomplete"
         rec.finished = max((s.end for s in rec.segments), default=math.nan)
@@ -189,7 +190,8 @@ def records_from_bag(path: str | Path) -> list[TaskRecord]:
 
 
 def bag_metrics(path: str | Path) -> list[Summary]:
-    """The metrics report (per task type, per urgency level, overall) of a bag alone."""
+    """The metrics report (per task type, per urgency level, overall) of a bag alone: every request,
+    refused ones included, counts in the all-tasks figures and the per-status counts."""
     return summarize(records_from_bag(path))
 
 

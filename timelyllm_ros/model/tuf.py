@@ -3,6 +3,10 @@
     TUF_0(t) = min(beta, alpha * (t - ERT) + beta)     first segment, t = response time
     TUF_1(t) = min(beta, alpha * max(t, 0) + beta)     later segments (ERT = 0)
 
+A segment's deadline (:meth:`TimeUtility.deadline`) is when it must start executing to keep
+the full utility: arrival + ERT for s_0, the end of s_{k-1} after; every layer asks the TUF
+for it instead of writing the rule out.
+
 Utility is deliberately not clamped at 0: past the cutoff it is negative, so
 a late answer costs something and the PUD priority of a hopeless segment is
 negative (it goes last instead of being dropped).
@@ -41,6 +45,17 @@ class TimeUtility:
     def tuf1(self, t: float) -> float:
         """Utility of a later segment with waiting time ``t``."""
         return min(self.beta, self.alpha * max(t, 0.0) + self.beta)
+
+    def deadline(self, k: int, arrival: float, prev_end: float = math.nan) -> float:
+        """When segment ``k`` must start executing to keep the full utility ``beta`` (the one deadline
+        rule; design §4, L(s_k)): ``arrival + ERT`` for s_0, the (predicted or reported) execution end
+        of s_{k-1} for k > 0, which is where W(s_k) starts counting."""
+        return arrival + self.ert if k == 0 else prev_end
+
+    def utility(self, k: int, wait: float) -> float:
+        """Segment ``k``'s term of the objective (paper Eq. 3): TUF_0(W(s_0)) for the first segment
+        (``wait`` = response time, from arrival), TUF_1(W(s_k)) after (``wait`` from the end of s_{k-1})."""
+        return self.tuf0(wait) if k == 0 else self.tuf1(wait)
 
     @property
     def cutoff(self) -> float:

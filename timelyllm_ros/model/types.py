@@ -144,4 +144,5 @@ class Generation:
         return len(self.req.output_token_ids) - self.seg_start_len if self.req is not None else 0
 
     def deadline(self) -> float:
-        return self.arrival + self.ert if self.k == 0 else self.prev_end
+        """Deadline of the segment to generate next (TimeUtility.deadline)."""
+        return self.tuf.deadline(self.k, self.arrival, self.prev_end)

@@ -61,14 +61,12 @@ from rclpy.qos import QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
 from rclpy.utilities import remove_ros_args
 
 from timelyllm_ros.action import PlanTask
+from timelyllm_ros.model.types import TaskStatus
 from timelyllm_ros.msg import PlanResult, PlanSegment, TimeUtility
 from timelyllm_ros.ros import topics
-from timelyllm_ros.ros.convert import duration_s, time_msg, time_s
+from timelyllm_ros.ros.convert import duration_s, status_from_code, status_name, time_msg, time_s
 from timelyllm_ros.sched.hygiene import check_text
 from timelyllm_ros.srv import GetPlanResult
-
-STATUS_NAMES = {v: k.removeprefix("STATUS_").lower() for k, v in vars(PlanTask.Result).items()
-                if k.startswith("STATUS_")}
 
 # Deep queues on the client side too: a burst of hundreds of goals must not overflow a reader's history.
 _DEEP = QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE, history=QoSHistoryPolicy.KEEP_LAST)
@@ -193,12 +191,18 @@ class PlanHandle:
 
     @property
     def ok(self) -> bool:
-        return self.result is not None and self.result.status == PlanTask.Result.STATUS_SUCCEEDED
+        return self.status is TaskStatus.DONE
+
+    @property
+    def status(self) -> TaskStatus | None:
+        """How the planner ended the task (None until its result came, or for a code this build does not know)."""
+        return status_from_code(self.result.status) if self.result is not None else None
 
     @property
     def status_name(self) -> str:
+        """The TaskStatus value of the result ("done", "invalid", ...), else the client-side error or phase."""
         if self.result is not None:
-            return STATUS_NAMES.get(self.result.status, str(self.result.status))
+            return status_name(self.result.status)
         return self.error_kind or self._phase
 
     @property
@@ -469,7 +473,7 @@ class PlanClient:
                 self._action_broken(h, "the action server does not know the goal (restarted?)" if resp is not None
                                     else "result request failed")
                 return
-            if att.rejoin and resp.result.status == PlanTask.Result.STATUS_REJECTED:
+            if att.rejoin and status_from_code(resp.result.status) is TaskStatus.INVALID:
                 # a rejoin is only sent for a task the planner knows: a refusal says nothing about the task
                 att.broken = True
                 self.node.get_logger().warning(f"task {h.task_id}: re-sent goal refused ({resp.result.message}); "
@@ -876,9 +880,9 @@ def main(argv: list[str] | None = None) -> int:
         except PlanClientError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        print(f"result: {STATUS_NAMES.get(r.status, r.status)} ({r.message}); plan {r.plan_text!r}; "
+        print(f"result: {status_name(r.status)} ({r.message}); plan {r.plan_text!r}; "
               f"response {duration_s(r.response_time):.3f}s; utility {r.utility:.3f}")
-        return 0 if r.status == PlanTask.Result.STATUS_SUCCEEDED else 1
+        return 0 if status_from_code(r.status) is TaskStatus.DONE else 1
     finally:
         pc.destroy()
         node.destroy_node()

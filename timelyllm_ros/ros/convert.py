@@ -8,6 +8,7 @@ import time
 from builtin_interfaces.msg import Duration, Time
 
 from timelyllm_ros.model.tuf import LEVELS, TimeUtility
+from timelyllm_ros.model.types import STATUS_CODE, STATUS_FROM_CODE, TaskStatus
 from timelyllm_ros.msg import PlanSegment, SkillCall
 from timelyllm_ros.msg import TimeUtility as TimeUtilityMsg
 
@@ -55,6 +56,23 @@ class ClockBridge:
 
     def to_core_s(self, wall_s: float) -> float:
         return wall_s - self.offset
+
+
+def status_code(status: TaskStatus) -> int:
+    """The STATUS_* code of PlanResult / PlanTask.Result for a terminal status (model.types.STATUS_CODE);
+    a status that is not terminal never reaches a robot as success: it reads as FAILED."""
+    return STATUS_CODE.get(status, STATUS_CODE[TaskStatus.FAILED])
+
+
+def status_from_code(code: int) -> TaskStatus | None:
+    """The TaskStatus of a PlanResult / PlanTask.Result code; None for a code this build does not know."""
+    return STATUS_FROM_CODE.get(int(code))
+
+
+def status_name(code: int) -> str:
+    """A result code as its TaskStatus value ("done", "invalid", "overdue", ...); an unknown code as its number."""
+    st = status_from_code(code)
+    return st.value if st is not None else str(code)
 
 
 def tuf_from_msg(msg: TimeUtilityMsg) -> TimeUtility:

@@ -2,7 +2,7 @@
 relative times (divided by ``speed``), as PlanTask goals; collect every result.
 
     ros2 run timelyllm_ros replay_node --ros-args -p source:=bags/timelyllm_20250101-120000 -p speed:=2.0
-    python -m timelyllm_ros.bags replay data/lrtrace/drone-wid2 --speed 4 --results out.json
+    timelyllm bags replay data/lrtrace/drone-wid2 --speed 4 --results out.json
 
 The source is a recorded bag (every TaskRequest on /plan_requests, accepted
 or refused, exactly as sent), a bag converted from LRTrace, or an LRTrace
@@ -31,17 +31,14 @@ from rclpy.node import Node
 from timelyllm_ros.action import PlanTask
 from timelyllm_ros.bags.convert import DEFAULT_ROBOT_ID_FORMAT, ReplayRequest, load_requests
 from timelyllm_ros.msg import TimeUtility
-from timelyllm_ros.ros.convert import duration_s
-
-STATUS_NAMES = {v: k.removeprefix("STATUS_").lower() for k, v in vars(PlanTask.Result).items()
-                if k.startswith("STATUS_")}
+from timelyllm_ros.ros.convert import duration_s, status_name
 
 
 @dataclass
 class ReplayResult:
     request: ReplayRequest
     sent_s: float = math.nan  # when the goal was sent, seconds after the replay started
-    status: str = "pending"  # succeeded | rejected | failed | canceled | overdue | robot_failed | not_accepted | ...
+    status: str = "pending"  # a TaskStatus value (done, invalid, overdue, ...) | not_accepted | error
     message: str = ""
     task_id: str = ""
     segments: int = 0
@@ -142,7 +139,7 @@ class Replayer:
     def _on_result(self, res: ReplayResult, fut) -> None:  # noqa: ANN001 - rclpy Future
         try:
             r = fut.result().result
-            res.status = STATUS_NAMES.get(r.status, str(r.status))
+            res.status = status_name(r.status)
             res.message, res.task_id, res.segments = r.message, r.task_id, len(r.segments)
             res.response_time_s = duration_s(r.response_time) if r.segments else math.nan
             res.utility = float(r.utility)

@@ -16,15 +16,12 @@ from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.node import Node
 
 from timelyllm_ros.action import PlanTask
+from timelyllm_ros.model.types import TaskStatus
 from timelyllm_ros.msg import SegmentDone
-from timelyllm_ros.ros.convert import ClockBridge, tuf_to_msg
+from timelyllm_ros.ros.convert import ClockBridge, status_from_code, tuf_to_msg
 from timelyllm_ros.ros.topics import RELIABLE
-from timelyllm_ros.sim.simulator import SegRecord, TaskRecord
+from timelyllm_ros.sim.records import SegRecord, TaskRecord
 from timelyllm_ros.sim.workloads import Job, plan_templates
-
-STATUS = {PlanTask.Result.STATUS_SUCCEEDED: "done", PlanTask.Result.STATUS_REJECTED: "rejected",
-          PlanTask.Result.STATUS_FAILED: "failed", PlanTask.Result.STATUS_CANCELED: "cancelled",
-          PlanTask.Result.STATUS_OVERDUE: "rejected", PlanTask.Result.STATUS_ROBOT_FAILED: "failed"}
 
 
 def robot_type_of(job: Job) -> str:
@@ -126,7 +123,7 @@ class WorkloadClient(Node):
     def _accepted(self, rec: TaskRecord, fut) -> None:
         handle = fut.result()
         if handle is None or not handle.accepted:
-            self._close(rec, "rejected", "goal not accepted")
+            self._close(rec, TaskStatus.INVALID, "goal not accepted")
             return
         handle.get_result_async().add_done_callback(lambda f, r=rec: self._result(r, f.result().result))
 
@@ -137,11 +134,11 @@ class WorkloadClient(Node):
         for s in res.segments:
             if s.segment_index >= len(rec.segments) or rec.segments[s.segment_index] is None:
                 self._feedback(rec, PlanTask.Feedback(segment=s))
-        self._close(rec, STATUS.get(res.status, "failed"), res.message)
+        self._close(rec, status_from_code(res.status) or TaskStatus.FAILED, res.message)
 
-    def _close(self, rec: TaskRecord, status: str, reason: str) -> None:
+    def _close(self, rec: TaskRecord, status: TaskStatus, reason: str) -> None:
         with self._lock:
-            rec.status, rec.reason, rec.finished = status, reason, time.monotonic()
+            rec.status, rec.reason, rec.finished = status.value, reason, time.monotonic()
             rec.segments = [s for s in rec.segments if s is not None]
             self._open -= 1
             done = self._open == 0

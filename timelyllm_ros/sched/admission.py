@@ -131,8 +131,8 @@ class LatencyGuided(Admission):
     ``now + pending prefill + remaining tokens * step(batch)``, where pending prefill
     is the prompts still being prefilled (chunked prefill shares the coming steps
     with everyone); with the candidate c it grows by c's prefill and by one more
-    sequence per step. g's *deadline* is ``arrival + ERT`` for s_0 and the predicted
-    exec end of s_{k-1} for s_k (the same deadline EDF uses). Remaining tokens: the
+    sequence per step. g's *deadline* is TimeUtility.deadline: ``arrival + ERT`` for s_0,
+    the predicted exec end of s_{k-1} for s_k (the same deadline EDF uses). Remaining tokens: the
     expected segment length (learned per robot type) minus the tokens written, at
     least 1; ``worst_case=True`` uses design §6's ``lmax - tokens_so_far`` instead
     (same urgent utility in simulation, but it flags nearly every arm segment as
@@ -182,16 +182,15 @@ class LatencyGuided(Admission):
         if self.mode == "cutoff":
             for g in running:
                 left = max(1, lmax.get(g.robot_type, dflt) - g.seg_tokens())
-                lim = g.arrival + g.ert if g.k == 0 else g.prev_end
-                slack = lim - g.beta / g.alpha - comm - now
+                slack = g.deadline() - g.beta / g.alpha - comm - now
                 if left * t_now + pending <= slack < left * t_more + pending + extra:
                     return False
             return True
-        c_dl = (cand.arrival + cand.ert if cand.k == 0 else cand.prev_end) - comm
+        c_dl = cand.deadline() - comm
         c_gen = cand.tok_est * t_more + extra  # c's own generation time once it runs
         worst = self.worst_case
         for g in running:
-            dl = (g.arrival + g.ert if g.k == 0 else g.prev_end) - comm
+            dl = g.deadline() - comm
             if dl >= c_dl:
                 continue  # g is not more urgent than the candidate
             if worst:

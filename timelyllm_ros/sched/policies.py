@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from timelyllm_ros.model.tuf import TimeUtility
     from timelyllm_ros.model.types import Generation
 
 
@@ -29,6 +30,7 @@ class RankContext:
 
 
 class GenView(Protocol):  # documentation of the fields policies read
+    tuf: TimeUtility  # deadline() and utility() of its segments
     arrival: float
     alpha: float
     beta: float
@@ -38,6 +40,8 @@ class GenView(Protocol):  # documentation of the fields policies read
     enqueued_at: float  # when this segment request entered the queue
     tok_est: float  # estimated tokens of the next segment
     prefill_est_s: float  # estimated prefill of the prompt (k == 0 only)
+
+    def deadline(self) -> float: ...  # tuf.deadline of segment k
 
 
 class Policy:
@@ -75,20 +79,15 @@ class PUD(Policy):
         out = []
         append = out.append
         for g in gens:
+            tuf, k = g.tuf, g.k
             G = g.tok_est * tpt
-            beta = g.beta
-            if g.k == 0:
+            if k == 0:
                 G += g.prefill_est_s
-                # W(s_0; t) = (t - arrival) + G + comm ;  L = arrival + ERT - t - G
-                u = g.alpha * (now - g.arrival + G + comm - g.ert) + beta
-                L = g.arrival + g.ert - now - G
+                w = now - g.arrival + G + comm  # W(s_0; t) = (t - arrival) + G + comm
             else:
-                # W(s_k; t) = max(0, t + G + comm - exec_end(s_{k-1})) ; L = exec_end - t - G
-                w = now + G + comm - g.prev_end
-                u = g.alpha * w + beta if w > 0.0 else beta
-                L = g.prev_end - now - G
-            if u > beta:
-                u = beta
+                w = now + G + comm - g.prev_end  # W(s_k; t) = t + G + comm - exec_end(s_{k-1}), TUF_1 clamps at 0
+            u = tuf.utility(k, w)
+            L = tuf.deadline(k, g.arrival, g.prev_end) - now - G  # slack: time left until the deadline
             if L < floor:
                 L = floor
             append(u / (G * L))
@@ -103,8 +102,7 @@ class PortExp(Policy):
 
     def priority(self, g: Generation, now: float, ctx: RankContext) -> float:
         G = self.gen_time(g, ctx)
-        end = g.arrival + g.ert if g.k == 0 else g.prev_end
-        D = now + G + ctx.comm_s - end
+        D = now + G + ctx.comm_s - g.deadline()
         return (g.alpha * max(0.0, D) + g.beta) * math.exp(min(0.0, D))
 
 
@@ -134,12 +132,13 @@ class FCFSSeg(FCFS):
 
 
 class EDFSeg(Policy):
-    """Segmented EDF: deadline arrival + ERT for s_0, exec_end(s_{k-1}) for s_k."""
+    """Segmented EDF: earliest deadline first (TimeUtility.deadline: arrival + ERT for s_0, exec_end(s_{k-1})
+    for s_k)."""
 
     name = "edf-seg"
 
     def priority(self, g: Generation, now: float, ctx: RankContext) -> float:
-        return -(g.arrival + g.ert if g.k == 0 else g.prev_end)
+        return -g.deadline()
 
 
 class StaticPriority(Policy):

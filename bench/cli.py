@@ -63,14 +63,15 @@ def _label(r: SimResult) -> str:
 
 def side_by_side(results: Sequence[SimResult]) -> tuple[list[str], list[list[str]]]:
     summaries = [metrics.summarize(r.records) for r in results]
-    header = ["task"] + [f"{_label(r)} U/b | resp" for r in results]
+    header = ["task"] + [f"{_label(r)} U/b | U/b all | resp" for r in results]
     rows = []
     for i, row in enumerate(summaries[0]):
         cells = [row.group]
         for s in summaries:
             x = s[i]
-            cells.append(f"{x.utility_norm:+.3f} | {x.response_mean:.3f}s")
+            cells.append(f"{x.utility_norm:+.3f} | {x.utility_norm_all:+.3f} | {x.response_mean:.3f}s")
         rows.append(cells)
+    rows.append(["not done"] + [metrics.not_done_text(s[-1]) for s in summaries])  # the overall row's statuses
     return header, rows
 
 
@@ -123,7 +124,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
     runs = [(p, a) for a in str(args.admission).split(",") for p in args.policies.split(",")]
     results = [run_policy(wl, p, a, args) for p, a in _progress(runs, "policies")]
     header, rows = side_by_side(results)
-    print_table(f"{wl.name}: {len(wl.jobs)} tasks (mean utility/beta | mean response)", header, rows)
+    print_table(f"{wl.name}: {len(wl.jobs)} tasks (mean utility/beta of served tasks | of all tasks, a task not "
+                f"done counting 0 | mean response of served tasks)", header, rows)
     for r in results:
         print(f"  {_label(r):<32} {r.speedup:7.0f}x real time, decision "
               f"{metrics.decision_stats(r.decision_times_s)['mean_ms']:.4f} ms mean")
@@ -215,7 +217,8 @@ def measure_overhead(n: int, policy: str, reps: int, seed: int = 0) -> dict[str,
         tid = core.submit(TaskSpec(robot_id=f"r{i}", prompt="x", tuf=lvl, arrival=100.0 - rng.random() * 2,
                                    prompt_token_ids=[1] * 64, extra={"plan_text": "tc(30);"}))
         if rng.random() < 0.5:  # half of them: suspended generations resuming a later segment
-            g = core._cands[tid]
+            g = core.queued(tid)
+            assert g is not None  # just submitted, nothing ran: still queued
             g.k, g.prev_end = 1 + rng.randrange(3), 100.0 + rng.random()
     times = []
     for _ in range(reps):

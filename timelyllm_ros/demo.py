@@ -30,7 +30,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from timelyllm_ros.sim import metrics
-from timelyllm_ros.sim.simulator import SegRecord, TaskRecord
+from timelyllm_ros.sim.records import SegRecord, TaskRecord
 from timelyllm_ros.sim.workloads import Job, Workload, load_workload
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 130)
@@ -172,8 +172,7 @@ def run_policy(engine: Any, constrained: bool, policy: str, jobs: list[Job], arg
             n.destroy_node()
         rclpy.shutdown(context=ctx)
         stack.close()
-    if hasattr(engine, "reset_prefix_cache"):
-        engine.reset_prefix_cache()  # the next policy starts from the same (cold) cache
+    engine.reset_prefix_cache()  # the next policy starts from the same (cold) cache
     return RunResult(policy, records, metrics.summarize(records), wall, decisions)
 
 
@@ -191,14 +190,17 @@ def robot_label(rec: TaskRecord) -> str:
 
 
 def print_table(results: list[RunResult]) -> None:
-    t = Table(title="Per task type (utility U = TUF_0(response time); U/beta normalised; times in s)")
-    for col in ("policy", "task type", "n", "U", "U/beta", "resp mean", "resp p95", "robot wait", "miss", "failed"):
+    t = Table(title="Per task type (utility U = TUF_0(response time); U/beta normalised; times in s)",
+              caption=metrics.LEGEND)
+    for col in ("policy", "task type", "n", "U", "U/beta", "U/beta all", "resp mean", "resp p95", "robot wait",
+                "miss", "not done"):
         t.add_column(col, justify="left" if col in ("policy", "task type") else "right")
     for r in results:
         for s in r.summary:
             style = "bold" if s.group.startswith("all") else None
-            t.add_row(r.policy, s.group, str(s.n), _f(s.utility), _f(s.utility_norm), _f(s.response_mean),
-                      _f(s.response_p95), _f(s.waiting_mean), f"{s.miss_rate:.0%}", str(s.failed), style=style)
+            t.add_row(r.policy, s.group, str(s.n), _f(s.utility), _f(s.utility_norm), _f(s.utility_norm_all),
+                      _f(s.response_mean), _f(s.response_p95), _f(s.waiting_mean), f"{s.miss_rate:.0%}",
+                      metrics.not_done_text(s), style=style)
         t.add_section()
     console.print(t)
 
@@ -285,15 +287,14 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     args.out_dir = out
 
-    from timelyllm_ros.ros.planner_node import engine_from_config
+    from timelyllm_ros.engines.factory import planner_engine
 
     with console.status(f"loading the engine ({args.engine}) ..."):
         t0 = time.monotonic()
-        engine, constrained = engine_from_config(args.engine)
-    console.print(f"engine {type(engine).__name__} ({getattr(engine, 'model', 'simulated')}) "
-                  f"loaded in {time.monotonic() - t0:.1f} s")
+        engine, constrained = planner_engine(args.engine)
+    console.print(f"engine {engine.info.name} ({engine.info.model}) loaded in {time.monotonic() - t0:.1f} s")
     if args.tuf_scale is None:
-        args.tuf_scale = 1.0 if getattr(engine, "needs_plan_text", False) or _has_cuda() else CPU_TUF_SCALE
+        args.tuf_scale = 1.0 if engine.info.needs_plan_text or _has_cuda() else CPU_TUF_SCALE
     if args.tuf_scale != 1:
         console.print(f"TUF time axis x{args.tuf_scale:g} (ERT and cut-off; the paper's TUFs assume a GPU engine; "
                       "--tuf-scale 1 for the paper's)")
@@ -316,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(results) > 1:
         for grp in ("all urgent", "all normal"):
             vals = [({x.group: x for x in r.summary}.get(grp), r.policy) for r in results]
-            console.print(f"{grp} U/beta: " + ", ".join(f"{p} {s.utility_norm:.3f}" for s, p in vals if s))
+            console.print(f"{grp} U/beta (served | all tasks): "
+                          + ", ".join(f"{p} {s.utility_norm:.3f} | {s.utility_norm_all:.3f}" for s, p in vals if s))
     console.print(f"results: {out / 'results.md'}\nplot: {png}")
     return 0
 

@@ -17,7 +17,7 @@ from timelyllm_ros.bags.records import RecordBuilder
 from timelyllm_ros.bags.typestore import REQUESTS, SEGMENT_DONE, SEGMENTS
 from timelyllm_ros.msg import PlanSegment, SegmentDone, TaskRequest
 from timelyllm_ros.sim.metrics import Summary, summarize
-from timelyllm_ros.sim.simulator import TaskRecord
+from timelyllm_ros.sim.records import TaskRecord
 
 _QOS = QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE, history=QoSHistoryPolicy.KEEP_LAST)
 

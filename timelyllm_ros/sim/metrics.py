@@ -1,4 +1,9 @@
-"""Metrics per task type and overall (design §8), as tables (markdown, CSV) and PNG plots."""
+"""Metrics per task type, per urgency level and overall (design §8), as tables (markdown, CSV) and PNG plots.
+
+Every per-task figure is defined once, in :mod:`timelyllm_ros.sim.records`; this module only aggregates.
+Each row reports all tasks: served-only means next to all-tasks means (a task not done counts 0) and
+the number of tasks per terminal status.
+"""
 
 from __future__ import annotations
 
@@ -6,26 +11,56 @@ import csv
 import math
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from timelyllm_ros.model.types import TERMINAL_STATUSES, TaskStatus
+from timelyllm_ros.sim.records import TaskRecord
 
 
 @dataclass
 class Summary:
+    """One row of the metrics table.
+
+    Served-only figures average over the tasks that got at least one segment executed (their
+    meaning predates the all-tasks ones; a policy that refuses tasks drops them from these).
+    The ``*_all`` figures average over every task, one that did not end done counting 0, so
+    refusing a task never looks better than serving it with utility >= 0. Per-task figures come
+    from :mod:`timelyllm_ros.sim.records` (response time, robot waiting, Eq. 3 utility).
+    """
+
     group: str  # task type, urgency level, or "all"
     n: int
     served: int  # got at least one segment
-    failed: int  # rejected / failed / cancelled
-    utility: float  # mean TUF_0(response time), raw (not clamped at 0)
-    utility_norm: float  # mean TUF_0 / beta
-    total_utility: float  # mean of Eq. 3 (first + later segments)
-    response_mean: float
+    failed: int  # did not end done (invalid / overdue / failed / robot failed / cancelled / unfinished)
+    utility: float  # served only: mean TUF_0(response time), raw (not clamped at 0)
+    utility_norm: float  # served only: mean TUF_0 / beta
+    total_utility: float  # served only: mean of Eq. 3 (first + later segments)
+    response_mean: float  # served only
     response_p50: float
     response_p95: float
-    waiting_mean: float  # robot waiting time (sum of W(s_k))
-    completion_mean: float
-    miss_rate: float  # response time > ERT (unserved tasks count as misses)
+    waiting_mean: float  # served only: robot waiting time (W(s_0) + sum of W(s_k))
+    completion_mean: float  # served only
+    miss_rate: float  # all tasks: response time > ERT (unserved tasks count as misses)
+    utility_norm_all: float = math.nan  # all tasks: mean TUF_0 / beta, 0 for a task not done
+    total_utility_all: float = math.nan  # all tasks: mean of Eq. 3, 0 for a task not done
+    # Tasks per terminal status (TaskStatus values), every one present; "other": not terminal
+    # (still pending, or cut off by the end of a recording).
+    statuses: dict[str, int] = field(default_factory=dict)
+
+
+OTHER_STATUS = "other"
+
+
+def status_counts(recs: Iterable[Any]) -> dict[str, int]:
+    """Tasks per terminal status, zeros included, plus :data:`OTHER_STATUS` for the rest."""
+    out = {s.value: 0 for s in TERMINAL_STATUSES}
+    out[OTHER_STATUS] = 0
+    for r in recs:
+        key = r.status if r.status in out else OTHER_STATUS
+        out[key] += 1
+    return out
 
 
 def percentile(xs: Sequence[float], q: float) -> float:
@@ -41,23 +76,27 @@ def _mean(xs: Sequence[float]) -> float:
     return statistics.fmean(xs) if xs else math.nan
 
 
-def summarize_group(name: str, recs: Sequence[Any]) -> Summary:
-    served = [r for r in recs if r.segments]
+def summarize_group(name: str, recs: Sequence[TaskRecord]) -> Summary:
+    served = [r for r in recs if r.served]
     rts = [r.response_time for r in served]
     us = [r.utility() for r in served]
     un = [r.utility() / r.beta for r in served]
     tot = [u for u in (r.total_utility() for r in served) if u is not None]
     misses = sum(1 for r in recs if not r.segments or r.response_time > r.ert)
+    n = len(recs)
     return Summary(
-        group=name, n=len(recs), served=len(served), failed=sum(1 for r in recs if r.status != "done"),
+        group=name, n=n, served=len(served), failed=sum(1 for r in recs if not r.done),
         utility=_mean(us), utility_norm=_mean(un), total_utility=_mean(tot),
         response_mean=_mean(rts), response_p50=percentile(rts, 0.5), response_p95=percentile(rts, 0.95),
         waiting_mean=_mean([r.robot_waiting for r in served]),
         completion_mean=_mean([r.completion_time for r in served]),
-        miss_rate=misses / len(recs) if recs else math.nan)
+        miss_rate=misses / n if n else math.nan,
+        utility_norm_all=_mean([r.utility_all() for r in recs]),
+        total_utility_all=_mean([r.total_utility_all() for r in recs]),
+        statuses=status_counts(recs))
 
 
-def summarize(records: Iterable[Any]) -> list[Summary]:
+def summarize(records: Iterable[TaskRecord]) -> list[Summary]:
     """Rows per task type, then per urgency level, then overall."""
     recs = list(records)
     out = []
@@ -75,10 +114,14 @@ def decision_stats(times_s: Sequence[float]) -> dict[str, float]:
             "p99_ms": percentile(ms, 0.99), "max_ms": max(ms) if ms else math.nan}
 
 
+# (Summary field, markdown header); the status counts follow them (see :func:`to_markdown`).
 COLUMNS = [("group", "task"), ("n", "n"), ("utility", "U"), ("utility_norm", "U/beta"),
-           ("total_utility", "U total"), ("response_mean", "resp mean s"), ("response_p50", "resp p50 s"),
-           ("response_p95", "resp p95 s"), ("waiting_mean", "wait s"), ("completion_mean", "completion s"),
-           ("miss_rate", "miss"), ("failed", "failed")]
+           ("utility_norm_all", "U/beta all"), ("total_utility", "U total"), ("total_utility_all", "U total all"),
+           ("response_mean", "resp mean s"), ("response_p50", "resp p50 s"), ("response_p95", "resp p95 s"),
+           ("waiting_mean", "wait s"), ("completion_mean", "completion s"), ("miss_rate", "miss"),
+           ("failed", "not done")]
+LEGEND = ("U, U/beta, U total, resp, wait, completion: means over served tasks (a segment executed); "
+          "U/beta all, U total all, miss: over all tasks (a task not done counts 0, an unserved one misses).")
 
 
 def _fmt(v: Any) -> str:
@@ -87,12 +130,31 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def to_markdown(rows: Sequence[Summary], extra_cols: dict[str, list[Any]] | None = None) -> str:
-    cols = list(extra_cols or {}) + [h for _, h in COLUMNS]
+def not_done_text(row: Summary) -> str:
+    """Compact status cell for narrow tables: ``0``, or ``3: overdue 2, failed 1``."""
+    parts = [f"{k} {v}" for k, v in row.statuses.items() if v and k != TaskStatus.DONE]
+    return f"{row.failed}: " + ", ".join(parts) if parts else str(row.failed)
+
+
+def _status_columns(rows: Sequence[Summary]) -> list[str]:
+    """Every terminal status; "other" only when some row has one."""
+    cols = [s.value for s in TERMINAL_STATUSES]
+    if any(r.statuses.get(OTHER_STATUS) for r in rows):
+        cols.append(OTHER_STATUS)
+    return cols
+
+
+def to_markdown(rows: Sequence[Summary], extra_cols: dict[str, list[Any]] | None = None,
+                legend: bool = True) -> str:
+    status_cols = _status_columns(rows)
+    cols = list(extra_cols or {}) + [h for _, h in COLUMNS] + status_cols
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for i, r in enumerate(rows):
-        vals = [_fmt(v[i]) for v in (extra_cols or {}).values()] + [_fmt(getattr(r, k)) for k, _ in COLUMNS]
+        vals = ([_fmt(v[i]) for v in (extra_cols or {}).values()] + [_fmt(getattr(r, k)) for k, _ in COLUMNS]
+                + [str(r.statuses.get(s, 0)) for s in status_cols])
         lines.append("| " + " | ".join(vals) + " |")
+    if legend:
+        lines += ["", LEGEND]
     return "\n".join(lines) + "\n"
 
 
@@ -109,7 +171,13 @@ def write_csv(path: str | Path, rows: Sequence[dict[str, Any]]) -> None:
 
 
 def summary_dicts(rows: Sequence[Summary], **tags: Any) -> list[dict[str, Any]]:
-    return [{**tags, **asdict(r)} for r in rows]
+    """Flat rows (CSV, JSON): the status counts become ``n_<status>`` columns."""
+    out = []
+    for r in rows:
+        d = asdict(r)
+        statuses = d.pop("statuses")
+        out.append({**tags, **d, **{f"n_{k}": v for k, v in statuses.items()}})
+    return out
 
 
 def bar_plot(path: str | Path, groups: Sequence[str], series: dict[str, Sequence[float]], ylabel: str,

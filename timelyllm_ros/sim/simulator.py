@@ -16,6 +16,7 @@ execution-time model with the seeded RNG. Every network hop costs ``hop_s``.
 
 from __future__ import annotations
 
+import copy
 import heapq
 import itertools
 import random
@@ -30,79 +31,8 @@ from timelyllm_ros.model.types import Segment, TaskResult, TaskSpec, TaskStatus
 from timelyllm_ros.sched.admission import Admission, LatencyEstimator, make_admission
 from timelyllm_ros.sched.policies import Policy, make_policy
 from timelyllm_ros.sched.scheduler import CoreConfig, PlannerCore
+from timelyllm_ros.sim.records import SegRecord, TaskRecord
 from timelyllm_ros.sim.workloads import Job, Workload, plan_templates
-
-
-@dataclass
-class SegRecord:
-    index: int
-    text: str
-    skills: int  # number of skill calls (0: pure syntax such as '};')
-    dispatch: float
-    recv: float
-    start: float = float("nan")
-    end: float = float("nan")
-    exec_s: float = 0.0
-
-
-@dataclass
-class TaskRecord:
-    job_id: int
-    trace_id: int
-    task_type: str
-    robot_type: str
-    level: str
-    agent_id: int
-    arrival: float
-    alpha: float
-    beta: float
-    ert: float
-    status: str = "pending"
-    reason: str = ""
-    finished: float = float("nan")  # planner's terminal result time
-    segments: list[SegRecord] = field(default_factory=list)
-    plan: str = ""
-
-    # -- derived metrics (robot-side times) ---------------------------------
-    @property
-    def response_time(self) -> float | None:
-        """W(s_0): from arrival to the start of execution of the first segment."""
-        return self.segments[0].start - self.arrival if self.segments else None
-
-    def utility(self) -> float | None:
-        rt = self.response_time
-        if rt is None:
-            return None
-        return min(self.beta, self.alpha * (rt - self.ert) + self.beta)
-
-    def waits(self) -> list[float]:
-        """W(s_k) of each segment that holds a skill (pure-syntax closers do not make a robot wait)."""
-        out, prev_end = [], self.arrival
-        for s in self.segments:
-            if s.skills:
-                out.append(max(0.0, s.start - prev_end))
-                prev_end = s.end
-        return out
-
-    def total_utility(self) -> float | None:
-        """Paper Eq. 3 objective: TUF_0(W(s_0)) + sum_k TUF_1(W(s_k))."""
-        w = self.waits()
-        if not w:
-            return None
-        u0 = min(self.beta, self.alpha * (self.segments[0].start - self.arrival - self.ert) + self.beta)
-        return u0 + sum(min(self.beta, self.alpha * x + self.beta) for x in w[1:])
-
-    @property
-    def robot_waiting(self) -> float | None:
-        return sum(self.waits()) if self.segments else None
-
-    @property
-    def completion_time(self) -> float | None:
-        return self.segments[-1].end - self.arrival if self.segments else None
-
-    @property
-    def exec_time(self) -> float:
-        return sum(s.exec_s for s in self.segments)
 
 
 @dataclass
@@ -156,7 +86,8 @@ class Simulator:
     def __init__(self, workload: Workload, config: SimConfig | None = None, *,
                  policy: Policy | None = None, admission: Admission | None = None) -> None:
         self.wl = workload
-        self.cfg = config or SimConfig()
+        # A copy: the run sets core.comm_s from hop_s, and the caller may reuse its config for other runs.
+        self.cfg = copy.deepcopy(config) if config is not None else SimConfig()
         self.clock = SimClock(0.0)
         self.rng = random.Random(self.cfg.seed)
         self.engine = SimEngine(self.cfg.engine)
@@ -302,4 +233,4 @@ def simulate(workload: Workload, policy: str = "pud", admission: str | int | Non
     return Simulator(workload, cfg, policy=pol).run()
 
 
-__all__ = ["SimConfig", "SimResult", "Simulator", "TaskRecord", "SegRecord", "simulate", "TaskStatus"]
+__all__ = ["SimConfig", "SimResult", "Simulator", "simulate", "TaskStatus"]

@@ -30,9 +30,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from timelyllm_ros import paths
 from timelyllm_ros.engines import driver
 from timelyllm_ros.engines.base import Engine, EngineRequest, FinishReason
-from timelyllm_ros.engines.factory import _REPO, load_engine_config, make_engine
+from timelyllm_ros.engines.factory import load_engine_config, make_engine
 from timelyllm_ros.engines.prompts import PromptBuilder
 from timelyllm_ros.skills.segmenter import StopChecker, make_stop_checker
 
@@ -61,7 +62,7 @@ def log(msg: str) -> None:
 
 
 def trace_tasks() -> dict[int, str]:
-    jobs = json.loads((_REPO / "data/lrtrace/drone-wid2/jobs.json").read_text())
+    jobs = json.loads((paths.data_dir() / "lrtrace/drone-wid2/jobs.json").read_text())
     tasks: dict[int, str] = {}
     for j in jobs:
         tasks.setdefault(int(j["trace_id"]), j["task_input"])
@@ -92,9 +93,9 @@ def bench_segmentation(eng: Engine, pb: PromptBuilder, repeats: int, constrained
             for mode in order:
                 req = EngineRequest(f"{mode}-{tid}-{rep}-{constrained}", ids, make_stop_checker(pb.skillset),
                                     max_new_tokens=48, suspend_at_boundary=(mode == "seg"), extra=dict(extra))
-                n_sub = len(getattr(eng, "submissions", []))
+                n_sub = len(eng.submissions)
                 dt, ev = timed_run(eng, req)
-                subs = getattr(eng, "submissions", [])[n_sub:]
+                subs = eng.submissions[n_sub:]
                 out[mode] = {"s": dt, "tokens": len(req.output_token_ids), "ids": list(req.output_token_ids),
                              "segments": sum(e.reason is FinishReason.SEGMENT for e in ev),
                              "resumes": subs[1:], "plan": "".join(e.text for e in ev)}
@@ -348,8 +349,8 @@ SESSIONS_NOTE = (
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default="config/engine_vllm_cpu.yaml")
-    ap.add_argument("--out", type=Path, default=_REPO / "bench/results/engine_cpu")
-    ap.add_argument("--fit-out", type=Path, default=_REPO / "config/sim_engine_fitted_cpu.yaml")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results/engine_cpu")
+    ap.add_argument("--fit-out", type=Path, default=paths.config_dir() / "sim_engine_fitted_cpu.yaml")
     ap.add_argument("--batches", default="1,2,4,8")
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
@@ -375,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     import vllm
 
     res: dict[str, Any] = {"meta": {
-        "backend": "vllm", "vllm_version": vllm.__version__, "model": os.path.basename(eng.model),
+        "backend": "vllm", "vllm_version": vllm.__version__, "model": os.path.basename(eng.info.model),
         "dtype": str(eng.engine_args.get("dtype")), "block_size": eng.block_size, "max_batch": eng.max_batch,
         "kv_cache_tokens": eng.kv_cache_tokens(), "load_s": eng.load_s, "import_s": eng.import_s,
         "machine": f"{platform.machine()} {os.cpu_count()} CPUs", "config": str(args.config),

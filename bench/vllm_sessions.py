@@ -44,7 +44,7 @@ from typing import Any
 
 from timelyllm_ros.engines.base import EngineRequest
 from timelyllm_ros.engines.detok import IncrementalDetokenizer
-from timelyllm_ros.engines.factory import _REPO, make_engine
+from timelyllm_ros.engines.factory import make_engine
 from timelyllm_ros.engines.prompts import PromptBuilder
 from timelyllm_ros.sim.workloads import plan_templates
 from timelyllm_ros.skills.segmenter import make_stop_checker
@@ -444,7 +444,7 @@ def write_md(out: Path, res: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default="config/engine_vllm_cpu.yaml")
-    ap.add_argument("--out", type=Path, default=_REPO / "bench/results/vllm_sessions")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results/vllm_sessions")
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args(argv)
     cmd = "python -m bench.vllm_sessions " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -480,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     import vllm
 
     res = {
-        "meta": {"cmd": cmd, "vllm_version": vllm.__version__, "model": os.path.basename(eng.model),
+        "meta": {"cmd": cmd, "vllm_version": vllm.__version__, "model": os.path.basename(eng.info.model),
                  "dtype": str(eng.engine_args.get("dtype")), "block_size": eng.block_size, "max_batch": eng.max_batch,
                  "kv_cache_tokens": eng.kv_cache_tokens(), "machine": f"{os.cpu_count()} CPUs",
                  "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],

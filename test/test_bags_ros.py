@@ -223,8 +223,8 @@ def test_metrics_from_the_bag_equal_the_live_metrics(recorded, stack):
             assert (isinstance(v, float) and math.isnan(v) and math.isnan(w)) or v == w, (a.group, k, v, w)
     # and they agree with what the planner answered each robot
     recs = records_from_bag(path)
-    assert [r.status for r in recs] == ["done", "done", "done", "refused", "done"]
-    for rec, res in zip([r for r in recs if r.status != "refused"], [r for r in results if r.status == 0],
+    assert [r.status for r in recs] == ["done", "done", "done", "invalid", "done"]
+    for rec, res in zip([r for r in recs if r.status != "invalid"], [r for r in results if r.status == 0],
                         strict=True):
         assert rec.plan == res.plan_text and len(rec.segments) == len(res.segments)
         assert 0 < rec.response_time < 5 and math.isfinite(rec.utility())
@@ -245,7 +245,7 @@ def test_replay_sends_the_same_requests_at_the_same_relative_times(recorded, sta
         stack.ex.remove_node(node)
         node.destroy_node()
     assert rep.complete, rep.counts()
-    assert [r.status for r in rep.results] == ["succeeded", "succeeded", "succeeded", "rejected", "succeeded"]
+    assert [r.status for r in rep.results] == ["done", "done", "done", "invalid", "done"]
     assert _wait(lambda: len(stack.seen("/plan_requests")) >= before + len(reqs))
     arrived = stack.seen("/plan_requests")[before:]
     original = [m.msg for m in read_bag(path, ["/plan_requests"])]
@@ -312,14 +312,18 @@ def test_recorder_node_starts_and_stops_by_service_and_parameter(stack, tmp_path
 
 
 def test_cli_record_in_its_own_process(stack, tmp_path):
-    """`python -m timelyllm_ros.bags record` records over DDS from another process and prints the bag path."""
+    """`timelyllm bags record` records over DDS from another process and prints the bag path."""
     out = tmp_path / "cli_bag"
     # Stopped with Ctrl-C once the task has ended, not after a fixed duration: on a busy machine a recorder
     # stopped by the clock could close its bag before the result arrived.
-    proc = subprocess.Popen([sys.executable, "-m", "timelyllm_ros.bags", "record", "-o", str(out), "--duration", "300"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "timelyllm_ros.cli", "bags", "record", "-o", str(out),
+                             "--duration", "300"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        assert _wait(lambda: stack.planner._requests.get_subscription_count() >= 3, 15), "recorder never matched"
+        # A liveness bound, not a speed figure: a fresh interpreter importing rclpy and rosbags on a loaded
+        # machine took over 15 s to subscribe (the recorder exiting early fails at once instead).
+        assert _wait(lambda: stack.planner._requests.get_subscription_count() >= 3 or proc.poll() is not None,
+                     120), "recorder never matched"
+        assert proc.poll() is None, proc.communicate()[0]
         time.sleep(0.3)
         fut = stack.action.send_goal_async(PlanTask.Goal(robot_id="drone_1", robot_type="drone", task=BOOK,
                                                          tuf=TimeUtility(level="normal")))
@@ -339,7 +343,7 @@ def test_cli_record_in_its_own_process(stack, tmp_path):
 
 
 def test_cli_replays_an_lrtrace_workload_and_records_it(stack, tmp_path):
-    """`python -m timelyllm_ros.bags replay <jobs.json> --record <bag>`: goals from another process, on time."""
+    """`timelyllm bags replay <jobs.json> --record <bag>`: goals from another process, on time."""
     import json
 
     from timelyllm_ros.sim.workloads import load_trace
@@ -355,14 +359,14 @@ def test_cli_replays_an_lrtrace_workload_and_records_it(stack, tmp_path):
     out, results = tmp_path / "replayed", tmp_path / "results.json"
     before = len(stack.seen("/plan_requests"))
     proc = subprocess.run(
-        [sys.executable, "-m", "timelyllm_ros.bags", "replay", str(tmp_path / "jobs.json"), "--speed", "2",
+        [sys.executable, "-m", "timelyllm_ros.cli", "bags", "replay", str(tmp_path / "jobs.json"), "--speed", "2",
          "--keep-task-ids", "--task-id-suffix=-cli",
          "--results", str(results), "--record", str(out), "--timeout", "60"],
         capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"bag: {out}" in proc.stdout
     rep = json.loads(results.read_text())
-    assert rep["counts"] == {"succeeded": 3}
+    assert rep["counts"] == {"done": 3}
     assert [r["task_id"] for r in rep["results"]] == ["j0-cli", "j1-cli", "j2-cli"]
     arrived = stack.seen("/plan_requests")[before:]
     assert [(m.robot_id, m.task_id) for m in arrived] == [(f"drone_{i}", f"j{i}-cli") for i in range(3)]

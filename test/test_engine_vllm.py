@@ -15,9 +15,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from timelyllm_ros import paths
 from timelyllm_ros.engines import driver, vllm_engine
-from timelyllm_ros.engines.base import Engine, EngineRequest, FinishReason, concat_segments
-from timelyllm_ros.engines.factory import _REPO, make_engine
+from timelyllm_ros.engines.base import Engine, EngineInfo, EngineRequest, FinishReason, concat_segments
+from timelyllm_ros.engines.factory import load_engine_config, make_engine
 from timelyllm_ros.engines.prompts import PromptBuilder
 from timelyllm_ros.engines.vllm_engine import SubmissionLog, VllmEngine, finish_reason_from_vllm
 from timelyllm_ros.skills.segmenter import make_stop_checker
@@ -45,6 +46,16 @@ def pb(eng):
 
 def _req(pb, gid, task=CAT, **kw):
     return EngineRequest(gid, pb.token_ids(task), make_stop_checker(pb.skillset), max_new_tokens=48, **kw)
+
+
+@engine
+def test_info_declares_the_loaded_model(eng):
+    """What the planner reads (EngineState.model, the context check) comes from the loaded model."""
+    args = load_engine_config(CFG)["engine_args"]
+    info = eng.info
+    assert info.name == "vllm" and Path(info.model).name == Path(args["model"]).name
+    assert info.max_model_len == args["max_model_len"]
+    assert info.supports_prefix_cache and not info.needs_plan_text
 
 
 @engine
@@ -148,7 +159,7 @@ def test_suspended_holds_no_slot_while_other_decodes(eng, pb):
 
 @engine
 def test_lrtrace_tasks_all_parse_constrained(eng, pb):
-    jobs = json.loads((_REPO / "data/lrtrace/drone-wid2/jobs.json").read_text())
+    jobs = json.loads((paths.data_dir() / "lrtrace/drone-wid2/jobs.json").read_text())
     tasks = {}
     for j in jobs:
         tasks.setdefault(j["trace_id"], j["task_input"])
@@ -242,7 +253,8 @@ def _bare_engine() -> VllmEngine:
     e = VllmEngine.__new__(VllmEngine)
     Engine.__init__(e)
     e._init_state()
-    e._llm, e._core, e.tokenizer, e.eos_token_ids, e.max_model_len = _FakeLLM(), None, _CharTokenizer(), {0}, 2048
+    e._llm, e._core, e.tokenizer, e.eos_token_ids = _FakeLLM(), None, _CharTokenizer(), {0}
+    e.info = EngineInfo("vllm", "fake", max_model_len=2048, supports_prefix_cache=True)
     e._sampling_params = lambda req: SimpleNamespace(max_tokens=req.max_new_tokens - len(req.output_token_ids))
     return e
 

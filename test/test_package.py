@@ -43,10 +43,15 @@ def test_every_declared_node_executable_is_installed():
         assert callable(getattr(mod, func))
 
 
+PURE_LAYERS = ("model", "skills", "engines", "sched", "sim", "robots", "bags")  # below ros/: no rclpy
+
+
 def test_core_never_imports_rclpy():
-    core = ROOT / "timelyllm_ros" / "core"
+    """Every layer below ros/ (lazy imports inside functions included) stays free of rclpy and ros/."""
+    pkg = ROOT / "timelyllm_ros"
+    assert all((pkg / layer).is_dir() for layer in PURE_LAYERS)
     offenders = []
-    for py in core.rglob("*.py"):
+    for py in [f for layer in PURE_LAYERS for f in (pkg / layer).rglob("*.py")]:
         for node in ast.walk(ast.parse(py.read_text())):
             names = []
             if isinstance(node, ast.Import):

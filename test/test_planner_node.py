@@ -5,6 +5,7 @@ The same tests with the real vLLM engine are in test_planner_node_vllm.py.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -171,16 +172,30 @@ def test_bad_goals_are_rejected_with_a_clear_message(stack, goal, field):
 
 
 def test_context_overflow_and_duplicate_task_id_are_rejected(stack):
-    stack.engine.max_model_len = 64  # a tiny context: the prompt does not fit
+    declared = stack.engine.info
+    stack.engine.info = dataclasses.replace(declared, max_model_len=64)  # a tiny context: the prompt does not fit
     _, handle = stack.send("drone_0", "find the cat " * 40)
     r = stack.result(handle)
     assert r.status == PlanTask.Result.STATUS_REJECTED and "context" in r.message, r.message
-    stack.engine.max_model_len = None
+    stack.engine.info = declared
     _, h1 = stack.send("drone_0", CAT, task_id="same-id")
     _, h2 = stack.send("drone_1", CAT, task_id="same-id")
     r1, r2 = stack.result(h1), stack.result(h2)
     assert sorted([r1.status, r2.status]) == [PlanTask.Result.STATUS_SUCCEEDED, PlanTask.Result.STATUS_REJECTED]
     assert "task_id" in (r1.message + r2.message)
+
+
+def test_engine_state_names_the_declared_backend_and_model(stack):
+    from timelyllm_ros.msg import EngineState
+    from timelyllm_ros.ros import topics
+
+    got: list = []
+    sub = stack.client.create_subscription(EngineState, "/engine_state", got.append, topics.TELEMETRY)
+    try:
+        assert _wait(lambda: got), "no /engine_state"
+    finally:
+        stack.client.destroy_subscription(sub)
+    assert (got[-1].backend, got[-1].model) == (stack.engine.info.name, stack.engine.info.model) == ("sim", "simulated")
 
 
 def test_a_silent_robot_does_not_stall_the_others():
@@ -218,3 +233,15 @@ def test_every_accepted_goal_ends_when_the_planner_shuts_down():
         assert r.status in (4, 6), r  # SUCCEEDED or ABORTED (action_msgs GoalStatus)
         if r.status == 6:
             assert r.result.message == "planner shutting down"
+
+
+def test_journaled_statuses_read_back_through_the_one_status_table():
+    from timelyllm_ros.model.types import STATUS_CODE, TERMINAL_STATUSES, TaskStatus
+    from timelyllm_ros.ros.planner_node import _plan_result_from_record, _task_result_from_record
+
+    for st in TERMINAL_STATUSES:
+        assert _task_result_from_record("t", {"status": st.value}).status is st
+        assert _plan_result_from_record({"task_id": "t", "status": st.value}).status == STATUS_CODE[st]
+    # journals from before OVERDUE and INVALID were split wrote the overdue policy's refusals as "rejected"
+    assert _task_result_from_record("t", {"status": "rejected"}).status is TaskStatus.OVERDUE
+    assert _task_result_from_record("t", {"status": "?"}).status is TaskStatus.FAILED

@@ -17,9 +17,9 @@ pytestmark = [pytest.mark.ros, pytest.mark.engine]
 
 @pytest.fixture(scope="module")
 def vllm_engine():
-    from timelyllm_ros.ros.planner_node import engine_from_config
+    from timelyllm_ros.engines.factory import planner_engine
 
-    engine, _ = engine_from_config("engine_vllm_cpu.yaml")
+    engine, _ = planner_engine("engine_vllm_cpu.yaml")
     yield engine
     engine.close()
 

@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         from timelyllm_ros.demo import main as demo_main
 
         return demo_main(rest)
-    if args.cmd == "bags":
-        from timelyllm_ros.bags.cli import main as bags_main
+    if args.cmd == "bags":  # the ROS layer's bag CLI: record and replay besides the rclpy-free commands
+        from timelyllm_ros.ros.bag_cli import main as bags_main
 
         return bags_main(rest)
     if args.cmd == "plan":

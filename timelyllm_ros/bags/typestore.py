@@ -17,17 +17,22 @@ from typing import Any
 from rosbags.interfaces import Qos, QosDurability, QosHistory, QosLiveliness, QosReliability, QosTime
 from rosbags.typesys import Stores, get_types_from_msg, get_typestore
 
+from timelyllm_ros import paths
+
 PACKAGE = "timelyllm_ros"
-_REPO = Path(__file__).resolve().parents[2]
 
 
 def msg_dir() -> Path:
-    """Folder with our .msg files: an installed share/timelyllm_ros/msg first, else the source tree."""
+    """Folder with our .msg files: an installed share/timelyllm_ros/msg first, else the package's share folder
+    (the source tree in a checkout)."""
     candidates = [Path(p) / "share" / PACKAGE / "msg" for p in os.environ.get("AMENT_PREFIX_PATH", "").split(":") if p]
-    candidates.append(_REPO / "msg")
     for c in candidates:
         if (c / "TaskRequest.msg").is_file():
             return c
+    c = paths.share_dir() / "msg"  # without a share folder this raises, naming where it looked
+    candidates.append(c)
+    if (c / "TaskRequest.msg").is_file():
+        return c
     raise FileNotFoundError(f"{PACKAGE} message definitions not found; looked in {', '.join(map(str, candidates))}")
 
 

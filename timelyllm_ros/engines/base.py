@@ -21,7 +21,8 @@ from __future__ import annotations
 import abc
 import enum
 import time
-from collections.abc import Iterable, Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from timelyllm_ros.skills.segmenter import StopChecker
@@ -34,6 +35,71 @@ class FinishReason(enum.StrEnum):
     SEGMENT_TOO_LONG = "segment_too_long"  # hard per-segment token cap hit
     ABORTED = "aborted"
     ERROR = "error"
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What an engine is and what it can do, declared by its backend.
+
+    Callers (the planner node, the demo, benchmarks) read this instead of probing
+    backend attributes, so a new backend states its capabilities in one place.
+    """
+
+    name: str  # backend: "vllm", "transformers" or "sim"
+    model: str  # the model as loaded (local folder or hub name); "simulated" for the simulated engine
+    max_model_len: int | None = None  # context limit in tokens (prompt + output); None: no fixed limit
+    # Requests must carry extra['plan_text']: the simulated engine writes a known plan, it has no prompt.
+    needs_plan_text: bool = False
+    # KV blocks of a prompt prefix are reused across requests (a shared system prompt is prefilled once).
+    supports_prefix_cache: bool = False
+
+
+SUBMISSION_LOG_LEN = 4096  # per-(re)submission records an engine keeps (a long-running node must not grow)
+
+
+class SubmissionLog(Sequence):
+    """Append-only log that keeps only its last ``maxlen`` records.
+
+    Indices are absolute (since the engine started) and ``len()`` counts every
+    record ever appended, so ``log[len_before:]`` still gives the records added
+    since ``len_before`` and ``log[-1]`` the latest. Iterating yields the kept
+    records; indexing a dropped one raises IndexError; a slice leaves dropped
+    ones out.
+    """
+
+    def __init__(self, maxlen: int = SUBMISSION_LOG_LEN) -> None:
+        self._items: deque[dict] = deque(maxlen=maxlen)
+        self._total = 0
+
+    def append(self, rec: dict) -> None:
+        self._items.append(rec)
+        self._total += 1
+
+    @property
+    def dropped(self) -> int:
+        return self._total - len(self._items)
+
+    def __len__(self) -> int:
+        return self._total
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self._items[k - self.dropped] for k in range(*i.indices(self._total)) if k >= self.dropped]
+        k = i + self._total if i < 0 else i
+        if not 0 <= k < self._total:
+            raise IndexError("submission index out of range")
+        if k < self.dropped:
+            raise IndexError(f"submission {k} was dropped (only the last {self._items.maxlen} are kept)")
+        return self._items[k - self.dropped]
+
+    def __iter__(self) -> Iterator[dict]:
+        return iter(list(self._items))
+
+    def __reversed__(self) -> Iterator[dict]:
+        return reversed(list(self._items))
+
+    def __repr__(self) -> str:
+        return f"SubmissionLog({len(self._items)} kept of {self._total})"
 
 
 @dataclass
@@ -120,12 +186,19 @@ class Engine(abc.ABC):
     """Continuous-batching engine with segment-level suspend and resume.
 
     Subclasses implement the four ``_backend_*`` methods and ``stats``; the
-    public methods below hold the shared segmentation semantics.
+    public methods below hold the shared segmentation semantics. Every backend
+    sets :attr:`info` in its constructor (after loading: the context limit
+    comes from the model).
     """
+
+    info: EngineInfo
+    # Per (re)submission record of real backends: gen_id, prompt_tokens, cached_tokens (, ttft_s); bounded.
+    submissions: SubmissionLog
 
     def __init__(self) -> None:
         self._live: dict[str, _Live] = {}
         self._recent: list[tuple[float, int, float]] = []  # (t, tokens, step_s)
+        self.submissions = SubmissionLog()
 
     # -- public API used by the scheduler --------------------------------
     def add(self, req: EngineRequest) -> None:
@@ -245,6 +318,10 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def tokenize(self, text: str) -> list[int]:
         ...
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop cached KV blocks so the next run starts cold; False where the backend has nothing to drop."""
+        return False
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Free backend resources."""

@@ -1,13 +1,16 @@
-"""make_engine(): an :class:`Engine` from a YAML file or a dict.
+"""The one engine factory: an :class:`Engine` from a YAML file or a dict.
 
     backend: vllm          # engine_args: vLLM EngineArgs; env: vLLM environment
     backend: transformers  # model, dtype, threads, max_batch, max_suspended
-    backend: sim           # sim_engine: SimEngineConfig fields (or a top-level mapping)
+    backend: sim           # sim_engine: SimEngineConfig fields (or a top-level mapping);
+                           # time_scale: wall-clock pacing (realtime engines only)
+    constrained: false     # decode constrained to the skill grammar (read by the caller, see planner_engine)
 
 Backends are imported lazily: a simulated or transformers engine never
-imports vLLM. Relative model paths resolve against the repository root (or
-``$TIMELYLLM_MODELS`` for ``models/...``), and a missing model folder is
-reported with the command that provisions it.
+imports vLLM. A config named by a bare file name is looked up in the
+package's config/ folder; relative model paths resolve against the package's
+share folder (or ``$TIMELYLLM_MODELS`` for ``models/...``), and a missing model
+folder is reported with the command that provisions it.
 """
 
 from __future__ import annotations
@@ -19,24 +22,35 @@ from typing import Any
 
 import yaml
 
+from timelyllm_ros import paths
 from timelyllm_ros.engines.base import Engine
 
 BACKENDS = ("vllm", "transformers", "sim")
-_REPO = Path(__file__).resolve().parents[2]
+_NOT_SIM_KEYS = ("backend", "_path", "constrained", "time_scale")  # top-level keys that are no SimEngineConfig field
 
 
 class EngineConfigError(ValueError):
     pass
 
 
+def find_engine_config(name: str | Path) -> Path:
+    """The engine YAML ``name`` names: a path (absolute, or relative to the working directory or to the
+    share folder, e.g. ``config/engine_sim.yaml``) or a file name in config/ (``engine_sim.yaml``)."""
+    p = Path(name)
+    if p.is_file() or p.is_absolute():
+        return p
+    for base in (paths.share_dir(), paths.config_dir()):
+        if (base / p).is_file():
+            return base / p
+    return p
+
+
 def load_engine_config(config: dict | str | Path) -> dict:
     if isinstance(config, dict):
         return copy.deepcopy(config)
-    p = Path(config)
-    if not p.is_file() and not p.is_absolute() and (_REPO / p).is_file():
-        p = _REPO / p
+    p = find_engine_config(config)
     if not p.is_file():
-        raise EngineConfigError(f"engine config {config} not found")
+        raise EngineConfigError(f"engine config {config} not found (a path, or a file name in {paths.config_dir()})")
     raw = yaml.safe_load(p.read_text()) or {}
     if not isinstance(raw, dict):
         raise EngineConfigError(f"{p}: expected a mapping")
@@ -50,11 +64,10 @@ def resolve_model_path(model: str) -> str:
     if p.is_absolute():
         cand = p
     else:
-        env = os.environ.get("TIMELYLLM_MODELS")
-        if env and p.parts and p.parts[0] == "models":
-            cand = Path(env).joinpath(*p.parts[1:])
+        if os.environ.get("TIMELYLLM_MODELS") and p.parts and p.parts[0] == "models":
+            cand = paths.repo_models_dir().joinpath(*p.parts[1:])
         else:
-            cand = _REPO / p
+            cand = paths.share_dir() / p
         if not cand.exists() and p.exists():
             cand = p.resolve()
     looks_local = p.is_absolute() or model.startswith((".", "models/")) or cand.exists()
@@ -65,9 +78,14 @@ def resolve_model_path(model: str) -> str:
     return str(cand) if looks_local else model
 
 
-def make_engine(config: dict | str | Path, **overrides: Any) -> Engine:
+def make_engine(config: dict | str | Path, *, realtime: bool = False, **overrides: Any) -> Engine:
     """Build the engine a config describes. ``overrides`` update top-level keys
-    (``engine_args`` is merged key by key)."""
+    (``engine_args`` is merged key by key).
+
+    ``realtime``: the engine serves a wall clock (the planner node, the demo): a simulated engine
+    then sleeps each step's modelled time (scaled by the config's ``time_scale``) instead of
+    letting the discrete-event simulator jump its clock. Real backends are the same either way.
+    """
     cfg = load_engine_config(config)
     for k, v in overrides.items():
         if k == "engine_args" and isinstance(v, dict):
@@ -100,5 +118,18 @@ def make_engine(config: dict | str | Path, **overrides: Any) -> Engine:
 
     sim = cfg.get("sim_engine")
     if sim is None:
-        sim = {k: v for k, v in cfg.items() if k not in ("backend", "_path", "constrained")}
-    return SimEngine(SimEngineConfig(**sim))
+        sim = {k: v for k, v in cfg.items() if k not in _NOT_SIM_KEYS}
+    sim_cfg = SimEngineConfig(**sim)
+    if realtime:
+        from timelyllm_ros.engines.sim_realtime import RealtimeSimEngine
+
+        return RealtimeSimEngine(sim_cfg, time_scale=float(cfg.get("time_scale", 1.0)))
+    return SimEngine(sim_cfg)
+
+
+def planner_engine(config: dict | str | Path, **overrides: Any) -> tuple[Engine, bool]:
+    """The engine of a planner serving robots in real time (:func:`make_engine` with ``realtime``), and
+    whether its decoding is constrained to the skill grammar (the config's ``constrained``, default off;
+    it only has an effect where the backend takes a regex, i.e. vLLM)."""
+    cfg = load_engine_config(config)
+    return make_engine(cfg, realtime=True, **overrides), bool(cfg.get("constrained", False))

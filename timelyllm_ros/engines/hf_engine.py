@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from timelyllm_ros.engines.base import Engine, EngineRequest, EngineStats, FinishReason, RawTokens
+from timelyllm_ros.engines.base import Engine, EngineInfo, EngineRequest, EngineStats, FinishReason, RawTokens
 from timelyllm_ros.engines.detok import IncrementalDetokenizer
 
 
@@ -32,6 +32,12 @@ class _Gen:
     detok: IncrementalDetokenizer
     reused: int  # tokens taken from a kept cache at (re)submission
     remaining: int
+
+
+def _context_limit(config: Any) -> int | None:
+    """The model's positional limit (max_position_embeddings), where its config states one."""
+    n = getattr(config, "max_position_embeddings", None)
+    return int(n) if isinstance(n, int) and n > 0 else None
 
 
 class TransformersEngine(Engine):
@@ -48,16 +54,20 @@ class TransformersEngine(Engine):
         t0 = time.perf_counter()
         self._torch = torch
         self.tokenizer = AutoTokenizer.from_pretrained(model)
-        self.model = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype))
-        self.model.eval()
+        # `lm`, not `model`: the model's name lives in info.model, as for every backend.
+        self.lm = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype))
+        self.lm.eval()
         self.load_s = time.perf_counter() - t0
+        # No prefix cache across requests: only a suspended generation's own KV cache is kept for its resume.
+        self.info = EngineInfo(name="transformers", model=str(model),
+                               max_model_len=_context_limit(self.lm.config),
+                               needs_plan_text=False, supports_prefix_cache=False)
         self.max_batch = max_batch
         self.max_suspended = max_suspended
-        eos = self.model.generation_config.eos_token_id
+        eos = self.lm.generation_config.eos_token_id
         self.eos_token_ids: set[int] = set(eos if isinstance(eos, list) else [eos]) - {None}
         self._active: OrderedDict[str, _Gen] = OrderedDict()  # round-robin order
         self._kept: OrderedDict[str, tuple[Any, list[int]]] = OrderedDict()  # suspended caches, LRU
-        self.submissions: list[dict] = []
 
     # -- hooks -------------------------------------------------------------
     def _backend_add(self, req: EngineRequest) -> None:
@@ -82,7 +92,7 @@ class TransformersEngine(Engine):
             g.cache = DynamicCache()
         inp = torch.tensor([g.pending], dtype=torch.long)
         with torch.inference_mode():
-            out = self.model(input_ids=inp, past_key_values=g.cache, use_cache=True)
+            out = self.lm(input_ids=inp, past_key_values=g.cache, use_cache=True)
         g.cache = out.past_key_values
         g.cached_ids.extend(g.pending)
         logits = out.logits[0, -1]

@@ -10,11 +10,16 @@ Layout of a rendered prompt (design §5, issue 4 §3):
 * the plan so far as the assistant's partial answer: the prompt ends right
   after the assistant header, and the engine appends the generated token ids
   (never re-tokenized text) when it resumes a generation.
+
+:class:`PromptRenderer` is what a planner uses: task text to the prompt token
+ids and request extras that one engine needs, per robot type, by what the
+engine declares in its :class:`~timelyllm_ros.engines.base.EngineInfo`.
 """
 
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +27,7 @@ from typing import Any
 import yaml
 
 from timelyllm_ros import paths
+from timelyllm_ros.engines.base import Engine
 from timelyllm_ros.skills import grammar
 from timelyllm_ros.skills.schema import SkillSet, load_skill_set
 
@@ -30,6 +36,10 @@ _SCENE_TASK = re.compile(r"^\s*Scene:\s*(?P<scene>\[.*?\])\s*,?\s*Task:\s*(?P<ta
 
 class PromptConfigError(ValueError):
     pass
+
+
+class TaskPromptError(ValueError):
+    """A task this engine cannot take (the request's fault, not the configuration's); names the field."""
 
 
 def prompts_dir() -> Path:
@@ -124,3 +134,85 @@ class PromptBuilder:
     def regex(self, plan_so_far: str = "") -> str | None:
         """Constrained-decoding regex for the rest of the plan (None for prose)."""
         return grammar.continuation_regex(self.skillset, plan_so_far)
+
+
+# Tokens a prompt must leave free in the model's context: a plan needs room for at least its first segment.
+CONTEXT_MARGIN = 16
+WARM_UP_TASK = "Scene: [] Task: [A] warm-up"
+
+
+class PromptRenderer:
+    """Task text -> (prompt token ids, request extras) for one engine, per robot type.
+
+    Thread-safe (goal callbacks render concurrently). A simulated engine
+    (``info.needs_plan_text``) has no prompt: the task's own tokens stand in for
+    one (only their number matters) and the plan it will write is attached. A
+    real engine gets the chat-template prompt of :class:`PromptBuilder`, plus the
+    skill-grammar regex when decoding is ``constrained``.
+    """
+
+    def __init__(self, engine: Engine, constrained: bool = False) -> None:
+        self.constrained = constrained
+        self._lock = threading.Lock()
+        self._builders: dict[str, PromptBuilder] = {}
+        self._engine = engine
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    @engine.setter
+    def engine(self, engine: Engine) -> None:
+        """A replacement engine (after a restart): builders are rebuilt with its tokenizer."""
+        with self._lock:
+            self._engine, self._builders = engine, {}
+
+    def builder(self, robot_type: str) -> PromptBuilder:
+        with self._lock:
+            b = self._builders.get(robot_type)
+            if b is None:
+                b = self._builders[robot_type] = PromptBuilder(self._engine.tokenizer, robot_type)
+            return b
+
+    def count_tokens(self, text: str) -> int:
+        """Length of ``text`` in the engine's tokens (for limits stated in tokens)."""
+        return len(self._engine.tokenize(text))
+
+    def token_ids(self, robot_type: str, task: str) -> list[int]:
+        if self._engine.info.needs_plan_text:
+            return self._engine.tokenize(task)
+        return self.builder(robot_type).token_ids(task)
+
+    def render(self, robot_type: str, task: str) -> tuple[list[int], dict[str, Any]]:
+        """The prompt token ids and the request extras for ``task``. TaskPromptError when the engine cannot
+        take it (the prompt overflows the model's context; the simulated engine has no plan for it)."""
+        info = self._engine.info
+        ids = self.token_ids(robot_type, task)
+        if info.max_model_len and len(ids) + CONTEXT_MARGIN > info.max_model_len:
+            raise TaskPromptError(f"task: the prompt is {len(ids)} tokens, too long for the model's context "
+                                  f"of {info.max_model_len} tokens")
+        extra: dict[str, Any] = {}
+        if info.needs_plan_text:
+            from timelyllm_ros.engines.sim_realtime import sim_plan_for
+
+            try:
+                extra["plan_text"] = sim_plan_for(robot_type, task)
+            except ValueError as e:
+                raise TaskPromptError(str(e)) from None
+        elif self.constrained:
+            extra["regex"] = self.builder(robot_type).regex  # a callable: re-evaluated at every resume
+        return ids, extra
+
+    def warm_up_prompts(self, robot_types: list[str], burst: int = 8,
+                        ) -> tuple[list[tuple[str, list[int]]], list[tuple[str, list[int]]]]:
+        """Throw-away prompts for :meth:`PlannerCore.warm_up`: one per robot type (its shared prefix, the
+        skill catalogue and few-shot examples, then sits in the prefix cache), and a burst of up to
+        ``burst`` (never more than the engine's batch) of the first robot type, of different lengths.
+        None for a simulated engine: it has no prompt to warm."""
+        if self._engine.info.needs_plan_text or not robot_types:
+            return [], []
+        singles = [(rt, self.token_ids(rt, WARM_UP_TASK)) for rt in robot_types]
+        rt = robot_types[0]
+        n = min(burst, max(1, int(self._engine.stats().max_batch)))
+        batch = [(rt, self.token_ids(rt, f"{WARM_UP_TASK} {i}: " + "look around " * i)) for i in range(n)]
+        return singles, batch

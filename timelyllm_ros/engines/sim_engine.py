@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from timelyllm_ros.engines.base import Engine, EngineRequest, EngineStats, FinishReason, RawTokens
+from timelyllm_ros.engines.base import Engine, EngineInfo, EngineRequest, EngineStats, FinishReason, RawTokens
 
 # BPE-like pre-tokenisation: quote-paren pairs, comparison operators and
 # statement closers are single tokens in Llama-3's vocabulary; numbers split in
@@ -106,6 +106,9 @@ class SimEngine(Engine):
     def __init__(self, config: SimEngineConfig | None = None) -> None:
         super().__init__()
         self.cfg = config or SimEngineConfig()
+        # The KV capacity bounds the context (a request that does not fit is refused in add), not a model.
+        self.info = EngineInfo(name="sim", model="simulated", max_model_len=None, needs_plan_text=True,
+                               supports_prefix_cache=self.cfg.prefix_caching)
         self._run: dict[str, _SimReq] = {}
         self._wait: list[_SimReq] = []  # no KV room yet (FIFO)
         self._cache: OrderedDict[int, None] = OrderedDict()  # unpinned cached blocks, LRU first

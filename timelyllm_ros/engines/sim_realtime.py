@@ -35,9 +35,8 @@ def sim_plan_for(robot_type: str, task: str) -> str:
 
 
 class RealtimeSimEngine(SimEngine):
-    backend_name = "sim"
-    model_name = "simulated"
-    needs_plan_text = True  # the planner attaches extra['plan_text'] from sim_plan_for
+    """SimEngine paced in wall-clock time; its info is SimEngine's (needs_plan_text: the planner
+    attaches extra['plan_text'] from :func:`sim_plan_for`)."""
 
     def __init__(self, config: SimEngineConfig | None = None, *, time_scale: float = 1.0) -> None:
         if not time_scale > 0:

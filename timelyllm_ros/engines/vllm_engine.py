@@ -29,12 +29,21 @@ import itertools
 import logging
 import os
 import time
-from collections import OrderedDict, deque
-from collections.abc import Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from timelyllm_ros.engines.base import Engine, EngineRequest, EngineStats, FinishReason, RawTokens
+from timelyllm_ros.engines.base import (  # noqa: F401 - SubmissionLog, SUBMISSION_LOG_LEN re-exported
+    SUBMISSION_LOG_LEN,
+    Engine,
+    EngineInfo,
+    EngineRequest,
+    EngineStats,
+    FinishReason,
+    RawTokens,
+    SubmissionLog,
+)
 from timelyllm_ros.engines.detok import IncrementalDetokenizer
 
 log = logging.getLogger(__name__)
@@ -67,8 +76,8 @@ _FINISH: dict[str, tuple[FinishReason, str]] = {
                                        "(SamplingParams.repetition_detection): a degenerate, looping generation"),
 }
 
-# Bounds on bookkeeping that would otherwise grow with every request of a long-running node.
-SUBMISSION_LOG_LEN = 4096  # per-(re)submission records kept in VllmEngine.submissions
+# Bounds on bookkeeping that would otherwise grow with every request of a long-running node
+# (VllmEngine.submissions is a SubmissionLog: its last SUBMISSION_LOG_LEN records).
 HISTORY_LEN = 4096  # generations (live or suspended) whose vLLM request ids are remembered
 RETIRED_LEN = 256  # ended generations still remembered (backend_has_request checks after an abort)
 
@@ -94,51 +103,6 @@ def finish_reason_from_vllm(reason: str | None, detail: object = None) -> tuple[
     if detail is not None and detail != "":
         msg += f" ({detail})"
     return code, msg
-
-
-class SubmissionLog(Sequence):
-    """Append-only log that keeps only its last ``maxlen`` records.
-
-    Indices are absolute (since the engine started) and ``len()`` counts every
-    record ever appended, so ``log[len_before:]`` still gives the records added
-    since ``len_before`` and ``log[-1]`` the latest. Iterating yields the kept
-    records; indexing a dropped one raises IndexError; a slice leaves dropped
-    ones out.
-    """
-
-    def __init__(self, maxlen: int = SUBMISSION_LOG_LEN) -> None:
-        self._items: deque[dict] = deque(maxlen=maxlen)
-        self._total = 0
-
-    def append(self, rec: dict) -> None:
-        self._items.append(rec)
-        self._total += 1
-
-    @property
-    def dropped(self) -> int:
-        return self._total - len(self._items)
-
-    def __len__(self) -> int:
-        return self._total
-
-    def __getitem__(self, i):  # type: ignore[override]
-        if isinstance(i, slice):
-            return [self._items[k - self.dropped] for k in range(*i.indices(self._total)) if k >= self.dropped]
-        k = i + self._total if i < 0 else i
-        if not 0 <= k < self._total:
-            raise IndexError("submission index out of range")
-        if k < self.dropped:
-            raise IndexError(f"submission {k} was dropped (only the last {self._items.maxlen} are kept)")
-        return self._items[k - self.dropped]
-
-    def __iter__(self) -> Iterator[dict]:
-        return iter(list(self._items))
-
-    def __reversed__(self) -> Iterator[dict]:
-        return reversed(list(self._items))
-
-    def __repr__(self) -> str:
-        return f"SubmissionLog({len(self._items)} kept of {self._total})"
 
 
 def apply_default_env(overrides: dict[str, str] | None = None) -> None:
@@ -200,15 +164,16 @@ class VllmEngine(Engine):
         cfg = self._llm.vllm_config
         self.max_batch = cfg.scheduler_config.max_num_seqs
         self.block_size = cfg.cache_config.block_size
-        self.max_model_len = cfg.model_config.max_model_len
-        self.model = cfg.model_config.model
+        self.info = EngineInfo(name="vllm", model=str(cfg.model_config.model),
+                               max_model_len=int(cfg.model_config.max_model_len), needs_plan_text=False,
+                               supports_prefix_cache=bool(cfg.cache_config.enable_prefix_caching))
         gen_cfg = cfg.model_config.try_get_generation_config() or {}
         eos = gen_cfg.get("eos_token_id", self.tokenizer.eos_token_id)
         self.eos_token_ids: set[int] = set(eos if isinstance(eos, list) else [eos]) - {None}
         self.default_regex = default_regex
         self._init_state()
         log.info("vLLM engine %s loaded in %.1f s (import %.1f s), block_size=%d, max_num_seqs=%d",
-                 self.model, self.load_s, self.import_s, self.block_size, self.max_batch)
+                 self.info.model, self.load_s, self.import_s, self.block_size, self.max_batch)
 
     def _init_state(self) -> None:
         """Per-request bookkeeping (no vLLM needed: unit tests call it on a bare instance)."""
@@ -221,9 +186,7 @@ class VllmEngine(Engine):
         self._retired: OrderedDict[str, list[str]] = OrderedDict()
         # gen_id -> (reason, what vLLM reported) for Engine._finish in the step that ran _backend_step
         self._finish_errors: dict[str, tuple[FinishReason, str]] = {}
-        # Per (re)submission record: gen_id, prompt tokens, cached tokens, time to first token (the last
-        # SUBMISSION_LOG_LEN kept; indices stay absolute, see SubmissionLog).
-        self.submissions = SubmissionLog()
+        # self.submissions (Engine.__init__): one record per (re)submission, with time to first token.
 
     # -- hooks -------------------------------------------------------------
     def _sampling_params(self, req: EngineRequest) -> Any:
@@ -255,8 +218,9 @@ class VllmEngine(Engine):
 
     def _backend_add(self, req: EngineRequest) -> None:
         ids = req.all_token_ids  # token ids, never re-tokenized text
-        if len(ids) >= self.max_model_len:
-            raise ValueError(f"{req.gen_id}: context of {len(ids)} tokens >= max_model_len={self.max_model_len}")
+        limit = self.info.max_model_len
+        if limit is not None and len(ids) >= limit:
+            raise ValueError(f"{req.gen_id}: context of {len(ids)} tokens >= max_model_len={limit}")
         ext = f"{req.gen_id}#{next(self._seq)}"
         params = self._sampling_params(req)
         # vllm.inputs.TokensPrompt is a TypedDict: calling it builds exactly this dict.
@@ -303,7 +267,8 @@ class VllmEngine(Engine):
                     if sub.n_out >= sub.max_tokens:
                         detail = None  # our own max_new_tokens budget ran out: the scheduler names that
                     else:
-                        detail = f"context {sub.prompt_len + sub.n_out} tokens, max_model_len={self.max_model_len}"
+                        detail = (f"context {sub.prompt_len + sub.n_out} tokens, "
+                                  f"max_model_len={self.info.max_model_len}")
                 finished, error = finish_reason_from_vllm(comp.finish_reason, detail)
                 if detail is None and finished is FinishReason.LENGTH:
                     error = ""

@@ -21,7 +21,6 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rcl_interfaces.msg import ParameterDescriptor, SetParametersResult
@@ -33,6 +32,8 @@ from rclpy.parameter import Parameter
 from rclpy.qos import QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
 
 from timelyllm_ros.action import PlanTask
+from timelyllm_ros.engines.factory import planner_engine
+from timelyllm_ros.engines.prompts import PromptRenderer, TaskPromptError
 from timelyllm_ros.model.clock import RealClock
 from timelyllm_ros.model.types import Segment, TaskResult, TaskSpec, TaskStatus
 from timelyllm_ros.msg import (
@@ -46,28 +47,30 @@ from timelyllm_ros.msg import (
     TaskRequest,
 )
 from timelyllm_ros.ros import topics
-from timelyllm_ros.ros.convert import ClockBridge, duration_msg, segment_msg, time_s, tuf_from_msg
+from timelyllm_ros.ros.convert import ClockBridge, duration_msg, segment_msg, status_code, time_s, tuf_from_msg
 from timelyllm_ros.ros.spin import run_nodes
 from timelyllm_ros.ros.topics import LATCHED, RELIABLE, TELEMETRY, segment_topic  # noqa: F401 - re-exported
 from timelyllm_ros.sched.hygiene import check_text, check_token_count
 from timelyllm_ros.sched.policies import POLICIES, make_policy
 from timelyllm_ros.sched.scheduler import CoreConfig, PlannerCore
+from timelyllm_ros.sim.records import result_robot_waiting
 from timelyllm_ros.srv import GetPlanResult, Plan
-
-STATUS_FROM_CORE = {
-    TaskStatus.DONE: PlanTask.Result.STATUS_SUCCEEDED,
-    TaskStatus.OVERDUE: PlanTask.Result.STATUS_OVERDUE,
-    TaskStatus.CANCELLED: PlanTask.Result.STATUS_CANCELED,
-    TaskStatus.FAILED: PlanTask.Result.STATUS_FAILED,
-    TaskStatus.ROBOT_FAILED: PlanTask.Result.STATUS_ROBOT_FAILED,
-}
-STATUS_NAME = {v: k.removeprefix("STATUS_").lower() for k, v in vars(PlanTask.Result).items()
-               if k.startswith("STATUS_")}
-CORE_FROM_NAME = {s.value: s for s in TaskStatus}
 
 
 def _status_code(res: TaskResult) -> int:
-    return STATUS_FROM_CORE.get(res.status, PlanTask.Result.STATUS_FAILED)
+    return status_code(res.status)
+
+
+def _status_of_record(rec: dict) -> TaskStatus:
+    """The terminal status of a journaled result; journals from before OVERDUE was split from INVALID
+    wrote the overdue policy's refusals as "rejected"."""
+    name = rec.get("status", "")
+    if name == "rejected":
+        return TaskStatus.OVERDUE
+    try:
+        return TaskStatus(name)
+    except ValueError:
+        return TaskStatus.FAILED
 
 
 @dataclass
@@ -108,8 +111,8 @@ class PlannerNode(Node):
         p["policy"] = policy
         self._bridge = ClockBridge()
         if engine is None:
-            engine, constrained = engine_from_config(p["engine_config"])
-            engine_factory = engine_factory or (lambda: engine_from_config(p["engine_config"])[0])
+            engine, constrained = planner_engine(p["engine_config"])
+            engine_factory = engine_factory or (lambda: planner_engine(p["engine_config"])[0])
         self.engine = engine
         self._engine_factory = engine_factory or self._reuse_engine
         from timelyllm_ros.sched.admission import make_admission
@@ -125,7 +128,7 @@ class PlannerNode(Node):
         self._arrivals: dict[int, float] = {}  # id(goal message) -> arrival (core clock), goal_cb -> accepted cb
         self._seg_pubs: dict[str, Any] = {}
         self._pub_lock = threading.Lock()
-        self._prompts = _PromptRenderer(engine, constrained)
+        self._prompts = PromptRenderer(engine, constrained)
         self._skillset_ids: dict[str, str] = {}
         self._oneshot = threading.BoundedSemaphore(p["max_oneshot_calls"])
         self._engine_error: str | None = None  # set while the engine is down (goals are refused)
@@ -182,26 +185,13 @@ class PlannerNode(Node):
     def _warm_up(self) -> None:
         """Prefill each robot type's shared prompt (skill catalogue, few-shot examples) once, before the
         first task: then even the first request of a burst pays only for its own scene and instruction,
-        and a fresh engine's slow first forward passes are out of the way."""
-        if getattr(self.engine, "needs_plan_text", False):
+        and a fresh engine's slow first forward passes are out of the way. Runs before the engine thread
+        starts, so this thread is the engine thread meanwhile."""
+        prompts, burst = self._prompts.warm_up_prompts(self._robot_types)
+        if not prompts:
             return  # the simulated engine has no prompt to warm
-        from timelyllm_ros.engines.base import EngineRequest
-
         t0 = time.monotonic()
-        for rt in self._robot_types:
-            ids = self._prompts.token_ids(rt, "Scene: [] Task: [A] warm-up")
-            self.engine.add(EngineRequest(f"warmup-{rt}", ids, self.core.hooks.stop_checker(rt), max_new_tokens=1))
-            while self.engine.has_work():
-                self.engine.step()
-        # A burst of requests at once: the engine's first multi-request prefill and decode batches are slow
-        # to set up, and the first real burst must not pay for that.
-        rt = self._robot_types[0]
-        for i in range(min(8, int(getattr(self.engine, "max_batch", 8)))):
-            ids = self._prompts.token_ids(rt, f"Scene: [] Task: [A] warm-up {i}: " + "look around " * i)
-            self.engine.add(EngineRequest(f"warmup-burst-{i}", ids, self.core.hooks.stop_checker(rt),
-                                          max_new_tokens=4, suspend_at_boundary=False))
-        while self.engine.has_work():
-            self.engine.step()
+        self.core.warm_up(prompts, burst)
         self.get_logger().info(f"warmed the prompts of {self._robot_types} in {time.monotonic() - t0:.2f} s")
 
     # -- parameters ---------------------------------------------------------------
@@ -297,22 +287,13 @@ class PlannerNode(Node):
         except ValueError as e:
             raise GoalError(str(e)) from None
         try:
-            check_token_count("task", len(self.engine.tokenize(task)), self._max_task_tokens)
+            check_token_count("task", self._prompts.count_tokens(task), self._max_task_tokens)
         except ValueError as e:
             raise GoalError(str(e)) from None
-        prompt_ids = self._prompts.token_ids(robot_type, task)
-        limit = getattr(self.engine, "max_model_len", None)
-        if limit and len(prompt_ids) + 16 > limit:
-            raise GoalError(f"task: the prompt is {len(prompt_ids)} tokens, too long for the model's context "
-                            f"of {limit} tokens")
-        extra = self._prompts.extras(robot_type)
-        if getattr(self.engine, "needs_plan_text", False):  # simulated engine: it writes a known plan
-            from timelyllm_ros.engines.sim_realtime import sim_plan_for
-
-            try:
-                extra["plan_text"] = sim_plan_for(robot_type, task)
-            except ValueError as e:
-                raise GoalError(str(e)) from None
+        try:
+            prompt_ids, extra = self._prompts.render(robot_type, task)
+        except TaskPromptError as e:
+            raise GoalError(str(e)) from None
         return TaskSpec(robot_id=robot_id, prompt=task, tuf=tuf, robot_type=robot_type,
                         task_id=task_id or f"{robot_id}-{uuid.uuid4().hex[:8]}", prompt_token_ids=prompt_ids,
                         extra=extra, arrival=arrival, sent=sent)
@@ -401,13 +382,13 @@ class PlannerNode(Node):
         try:
             tid, done = self._accept(g.task_id, g.robot_id, g.robot_type, g.task, g.tuf, arrival=arrival,
                                      stamp=g.stamp, handle=goal_handle)
-        except GoalError as e:
-            self._complete(goal_handle, PlanTask.Result(status=PlanTask.Result.STATUS_REJECTED, message=str(e),
-                                                        task_id=g.task_id), TaskStatus.FAILED)
+        except GoalError as e:  # refused (REJECTED on the wire, the code of INVALID), with the reason
+            self._complete(goal_handle, PlanTask.Result(status=status_code(TaskStatus.INVALID), message=str(e),
+                                                        task_id=g.task_id), TaskStatus.INVALID)
             return
         except Exception as e:  # noqa: BLE001 - the robot must hear why, whatever broke
             self.get_logger().error(f"goal from {g.robot_id!r} failed before planning: {e!r}")
-            self._complete(goal_handle, PlanTask.Result(status=PlanTask.Result.STATUS_FAILED,
+            self._complete(goal_handle, PlanTask.Result(status=status_code(TaskStatus.FAILED),
                                                         message=f"planner error: {e}", task_id=g.task_id),
                            TaskStatus.FAILED)
             return
@@ -432,7 +413,7 @@ class PlannerNode(Node):
     @staticmethod
     def _execute_noop(goal_handle) -> PlanTask.Result:  # every goal is completed through _complete
         goal_handle.abort()
-        return PlanTask.Result(status=PlanTask.Result.STATUS_FAILED, message="internal: goal executed twice")
+        return PlanTask.Result(status=status_code(TaskStatus.FAILED), message="internal: goal executed twice")
 
     def _cancel_cb(self, goal_handle) -> CancelResponse:
         with self._open_lock:
@@ -492,7 +473,7 @@ class PlannerNode(Node):
             segments=[segment_msg(res.task_id, res.robot_id, s, self._bridge, sid) for s in res.segments],
             response_time=duration_msg(res.response_time if res.response_time is not None else 0.0),
             response_time_from_send=_nan_if_none(res.response_time_from_send),
-            robot_waiting_time=duration_msg(_robot_waiting(res)), utility=_nan_if_none(res.utility))
+            robot_waiting_time=duration_msg(result_robot_waiting(res)), utility=_nan_if_none(res.utility))
 
     def _plan_result_msg(self, res: TaskResult) -> PlanResult:
         return PlanResult(
@@ -666,13 +647,12 @@ class PlannerNode(Node):
 
     def _publish_engine_state(self) -> None:
         try:
-            st = self.engine.stats()
+            st, info = self.engine.stats(), self.engine.info
         except Exception:  # noqa: BLE001
             return
         self._engine_pub.publish(EngineState(
-            stamp=self.get_clock().now().to_msg(),
-            backend=getattr(self.engine, "backend_name", type(self.engine).__name__),
-            model=str(getattr(self.engine, "model_name", "")), running=st.running, waiting=st.waiting,
+            stamp=self.get_clock().now().to_msg(), backend=info.name, model=info.model,
+            running=st.running, waiting=st.waiting,
             max_batch=st.max_batch, tokens_per_second=float(st.tokens_per_s), step_time_s=float(st.step_time_s),
             kv_cache_usage=float(st.kv_cache_usage)))
 
@@ -692,9 +672,9 @@ class PlannerNode(Node):
             try:
                 spec = self._validate(jt.task_id, jt.robot_id, jt.robot_type, s["task"], tuf_msg, arrival=arrival,
                                       sent=sent)
-            except GoalError as e:
-                self.journal.task_finished(jt.task_id, TaskStatus.FAILED.value,
-                                           {"status": TaskStatus.FAILED.value, "message": f"after restart: {e}",
+            except GoalError as e:  # e.g. its robot type is no longer served: refused as invalid now
+                self.journal.task_finished(jt.task_id, TaskStatus.INVALID.value,
+                                           {"status": TaskStatus.INVALID.value, "message": f"after restart: {e}",
                                             "robot_id": jt.robot_id}, now_wall)
                 ended += 1
                 continue
@@ -802,7 +782,7 @@ def _task_result_from_record(task_id: str, rec: dict) -> TaskResult:
     """A journaled result (from before a restart) as a TaskResult; its segments are not journaled with it."""
     key = rec.get("request_key")
     return TaskResult(task_id=task_id, robot_id=rec.get("robot_id", ""),
-                      status=CORE_FROM_NAME.get(rec.get("status", ""), TaskStatus.FAILED),
+                      status=_status_of_record(rec),
                       plan=rec.get("plan_text", ""), segments=[], response_time=rec.get("response_time"),
                       utility=rec.get("utility"),
                       reason=rec.get("message", ""), meta={"request_key": tuple(key) if key else None},
@@ -811,9 +791,9 @@ def _task_result_from_record(task_id: str, rec: dict) -> TaskResult:
 
 
 def _plan_result_from_record(rec: dict) -> PlanResult:
-    status = CORE_FROM_NAME.get(rec.get("status", ""), TaskStatus.FAILED)
+    status = _status_of_record(rec)
     return PlanResult(task_id=rec.get("task_id", ""), robot_id=rec.get("robot_id", ""),
-                      status=STATUS_FROM_CORE.get(status, PlanTask.Result.STATUS_FAILED),
+                      status=status_code(status),
                       message=rec.get("message") or status.value, plan_text=rec.get("plan_text", ""),
                       num_segments=int(rec.get("num_segments", 0)),
                       response_time=duration_msg(rec.get("response_time") or 0.0),
@@ -871,68 +851,9 @@ def _finite(x: float) -> float:
     return float(x) if math.isfinite(x) else 0.0
 
 
-def _robot_waiting(res: TaskResult) -> float:
-    """Sum of W(s_k): gaps in which the robot had nothing to execute (predicted where not reported)."""
-    total, prev_end = 0.0, None
-    for s in res.segments:
-        if s.dispatch is None:
-            break
-        if prev_end is None:
-            total += max(0.0, res.response_time or 0.0)
-        else:
-            total += max(0.0, (s.pred_start or s.dispatch) - prev_end)
-        prev_end = s.end
-    return total
-
-
 def _utility_estimate(core: PlannerCore, task_id: str) -> float:
     r = core.result(task_id)
     return float(r.utility) if r is not None and r.utility is not None else float("nan")
-
-
-class _PromptRenderer:
-    """Task text -> prompt token ids (and the constrained-decoding regex) per robot type."""
-
-    def __init__(self, engine: Any, constrained: bool = False) -> None:
-        self.engine = engine
-        self.constrained = constrained
-        self._builders: dict[str, Any] = {}
-        self._lock = threading.Lock()
-
-    def builder(self, robot_type: str):
-        with self._lock:
-            b = self._builders.get(robot_type)
-            if b is None:
-                from timelyllm_ros.engines.prompts import PromptBuilder
-
-                b = self._builders[robot_type] = PromptBuilder(self.engine.tokenizer, robot_type)
-            return b
-
-    def token_ids(self, robot_type: str, task: str) -> list[int]:
-        if getattr(self.engine, "needs_plan_text", False):  # simulated engine: only the length matters
-            return self.engine.tokenize(task)
-        return self.builder(robot_type).token_ids(task)
-
-    def extras(self, robot_type: str) -> dict:
-        if self.constrained and not getattr(self.engine, "needs_plan_text", False):
-            return {"regex": self.builder(robot_type).regex}  # re-evaluated at every resume
-        return {}
-
-
-def engine_from_config(name: str) -> tuple[Any, bool]:
-    """Engine from a YAML (name in config/ or a path); the simulated one is paced in wall-clock time here."""
-    from timelyllm_ros.engines.factory import load_engine_config, make_engine
-    from timelyllm_ros.paths import config_dir
-
-    path = name if Path(name).is_file() else config_dir() / name
-    cfg = load_engine_config(path)
-    if cfg.get("backend") == "sim":
-        from timelyllm_ros.engines.sim_engine import SimEngineConfig
-        from timelyllm_ros.engines.sim_realtime import RealtimeSimEngine
-
-        return RealtimeSimEngine(SimEngineConfig(**(cfg.get("sim_engine") or {})),
-                                 time_scale=float(cfg.get("time_scale", 1.0))), False
-    return make_engine(cfg), bool(cfg.get("constrained", False))
 
 
 def build_planner(parameter_overrides: list[Parameter] | None = None, engine: Any = None, constrained: bool = False,

@@ -337,6 +337,27 @@ class PlannerCore:
             self.engine = engine
         self.wake.set()
 
+    def warm_up(self, prompts: list[tuple[str, list[int]]], burst: list[tuple[str, list[int]]] | None = None) -> int:
+        """Throw-away generations before serving, so the first tasks pay neither for a fresh engine's slow
+        first passes nor for prefilling a shared prompt: each of ``prompts`` (robot type, prompt ids) alone
+        for one token, then ``burst`` together for a few (the backend's first multi-request batch is slow to
+        set up). Engine thread only, before :meth:`serve_forever` (it steps the engine itself); the steps
+        are not fed to the latency estimator. Returns the engine steps taken."""
+        with self._lock:
+            if self._running or self.engine.has_work():
+                raise RuntimeError("warm_up: the engine is already serving")
+        steps = 0
+        waves = [[(f"warmup-{rt}-{i}", rt, ids, 1, True)] for i, (rt, ids) in enumerate(prompts)]
+        waves.append([(f"warmup-burst-{i}", rt, ids, 4, False) for i, (rt, ids) in enumerate(burst or [])])
+        for wave in waves:
+            for gid, rt, ids, n, suspend in wave:
+                self.engine.add(EngineRequest(gid, list(ids), self.hooks.stop_checker(rt), max_new_tokens=n,
+                                              suspend_at_boundary=suspend))
+            while self.engine.has_work():
+                self.engine.step()
+                steps += 1
+        return steps
+
     def restore(self, spec: TaskSpec, segments: list[Segment], *, final: bool = False) -> str:
         """Re-open a task journaled by a planner that died: its segments were already sent (their
         dispatch/prediction times in this clock), so its generation resumes after the last one from
@@ -390,6 +411,11 @@ class PlannerCore:
     def result(self, task_id: str) -> TaskResult | None:
         with self._lock:
             return self._done.get(task_id)
+
+    def queued(self, task_id: str) -> Generation | None:
+        """The live state of a generation waiting to be ranked (queued or resumed), else None."""
+        with self._lock:
+            return self._cands.get(task_id)
 
     def pending(self) -> int:
         with self._lock:
@@ -569,7 +595,7 @@ class PlannerCore:
             G = g.tok_est * tpt + g.prefill_est_s
             if g.tuf.tuf0(now - g.arrival + G + self.cfg.comm_s) < 0:
                 self._finish(g, TaskStatus.OVERDUE,
-                             f"rejected: the first segment cannot arrive before the utility cutoff "
+                             f"overdue: the first segment cannot arrive before the utility cutoff "
                              f"({g.tuf.cutoff:.3f} s after arrival); waited {now - g.arrival:.3f} s")
 
     def _start(self, g: Generation, now: float) -> None:

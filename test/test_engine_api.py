@@ -1,0 +1,201 @@
+"""What every engine declares (EngineInfo), the one engine factory, prompt rendering per engine, and the
+core's warm-up. No weights, no ROS: a scripted backend stands in for a real engine."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from timelyllm_ros import paths
+from timelyllm_ros.engines.base import (
+    Engine,
+    EngineInfo,
+    EngineRequest,
+    EngineStats,
+    RawTokens,
+    SubmissionLog,
+)
+from timelyllm_ros.engines.factory import (
+    EngineConfigError,
+    find_engine_config,
+    load_engine_config,
+    make_engine,
+    planner_engine,
+)
+from timelyllm_ros.engines.prompts import PromptRenderer, TaskPromptError
+from timelyllm_ros.engines.sim_engine import SimEngine
+from timelyllm_ros.engines.sim_realtime import RealtimeSimEngine, sim_plan_for
+from timelyllm_ros.model.clock import SimClock
+from timelyllm_ros.sched.policies import make_policy
+from timelyllm_ros.sched.scheduler import PlannerCore
+
+CAT = "Scene: [] Task: [A] Could you find the cat? If so, go to it."
+
+
+class _CharTokenizer:
+    """Chat template and tokenizer of a real backend, one token per character."""
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) for c in text]
+
+
+class _ScriptedEngine(Engine):
+    """A 'real' backend (a prompt, no plan text) writing ``mf(50);`` one piece per step; records requests."""
+
+    PIECES = ["mf", "(", "50", ")", ";"]
+
+    def __init__(self, max_model_len: int | None = None, max_batch: int = 4) -> None:
+        super().__init__()
+        self.info = EngineInfo("scripted", "models/scripted", max_model_len=max_model_len)
+        self.tokenizer = _CharTokenizer()
+        self.max_batch = max_batch
+        self.requests: list[EngineRequest] = []
+        self.steps = 0
+
+    def _backend_add(self, req: EngineRequest) -> None:
+        self.requests.append(req)
+
+    def _backend_step(self):
+        self.steps += 1
+        out = []
+        for gid in self.running_ids():
+            n = len(self._live[gid].req.output_token_ids)
+            out.append(RawTokens(gid, [n], [self.PIECES[n % len(self.PIECES)]]))
+        return out, 0.01, 0
+
+    def _backend_suspend(self, gen_id: str) -> None:
+        pass
+
+    def _backend_abort(self, gen_id: str) -> None:
+        pass
+
+    def stats(self) -> EngineStats:
+        return EngineStats(len(self.running_ids()), 0, 0.0, 0.0, 0.0, self.max_batch)
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+
+# -- EngineInfo ------------------------------------------------------------------------------------
+def test_simulated_engines_declare_what_they_are():
+    for eng in (SimEngine(), RealtimeSimEngine()):
+        assert eng.info == EngineInfo("sim", "simulated", max_model_len=None, needs_plan_text=True,
+                                      supports_prefix_cache=True)
+    assert not make_engine({"backend": "sim", "prefix_caching": False}).info.supports_prefix_cache
+
+
+def test_info_is_frozen_and_a_backend_without_a_log_still_has_one():
+    info = SimEngine().info
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        info.model = "other"  # type: ignore[misc]
+    assert isinstance(SimEngine().submissions, SubmissionLog) and len(SimEngine().submissions) == 0
+    assert SimEngine().reset_prefix_cache() is False  # nothing to drop: a no-op, not an AttributeError
+
+
+# -- the factory -------------------------------------------------------------------------------------
+def test_factory_builds_the_planner_engine_of_every_sim_config():
+    eng, constrained = planner_engine("engine_sim.yaml")  # a bare name is looked up in config/
+    assert type(eng) is RealtimeSimEngine and constrained is False
+    cfg = load_engine_config("config/engine_sim.yaml")
+    assert eng.time_scale == cfg["time_scale"] and eng.cfg.decode_s == cfg["sim_engine"]["decode_s"]
+    # the discrete-event simulator's engine from the same file: not paced, same latency model
+    sim = make_engine("engine_sim.yaml")
+    assert type(sim) is SimEngine and sim.cfg == eng.cfg
+    # a top-level mapping: time_scale and constrained are the factory's, not SimEngineConfig fields
+    rt = make_engine({"backend": "sim", "decode_s": 0.01, "time_scale": 0.5, "constrained": False}, realtime=True)
+    assert rt.time_scale == 0.5 and rt.cfg.decode_s == 0.01
+
+
+def test_factory_finds_configs_by_name_or_path_and_says_what_is_missing():
+    assert find_engine_config("engine_sim.yaml") == paths.config_dir() / "engine_sim.yaml"
+    # relative to the working directory, else to the share folder
+    assert find_engine_config("config/engine_sim.yaml").resolve() == paths.config_dir() / "engine_sim.yaml"
+    absolute = paths.config_dir() / "engine_vllm_cpu.yaml"
+    assert find_engine_config(absolute) == absolute
+    with pytest.raises(EngineConfigError, match="not found"):
+        make_engine("engine_nothing.yaml")
+    with pytest.raises(EngineConfigError, match="backend must be one of"):
+        make_engine({"backend": "tensorrt"})
+    # constrained is read from the file for every backend (the vLLM configs say false)
+    for name in ("engine_vllm_cpu.yaml", "engine_vllm_gpu.yaml", "engine_transformers_cpu.yaml"):
+        assert load_engine_config(name)["constrained"] is False
+
+
+# -- prompt rendering --------------------------------------------------------------------------------
+def test_renderer_for_the_simulated_engine_attaches_the_plan_and_has_no_prompt():
+    eng = RealtimeSimEngine()
+    r = PromptRenderer(eng, constrained=True)  # constrained means nothing to a simulated engine
+    ids, extra = r.render("drone", CAT)
+    assert ids == eng.tokenize(CAT) and r.count_tokens(CAT) == len(ids)
+    assert extra == {"plan_text": sim_plan_for("drone", CAT)}
+    assert r.warm_up_prompts(["drone", "arm"]) == ([], [])
+    with pytest.raises(TaskPromptError, match="robot_type"):
+        r.render("submarine", CAT)
+
+
+def test_renderer_for_a_real_engine_renders_the_chat_prompt_and_checks_the_context():
+    eng = _ScriptedEngine()
+    r = PromptRenderer(eng, constrained=True)
+    ids, extra = r.render("drone", CAT)
+    assert ids == r.builder("drone").token_ids(CAT) and "".join(map(chr, ids)).endswith("<assistant>")
+    assert callable(extra["regex"]) and set(extra) == {"regex"}  # re-evaluated at every resume
+    assert PromptRenderer(eng).render("drone", CAT)[1] == {}
+    eng.info = dataclasses.replace(eng.info, max_model_len=len(ids) + 15)  # no room for a first segment
+    with pytest.raises(TaskPromptError, match=f"the prompt is {len(ids)} tokens, too long"):
+        r.render("drone", CAT)
+    # a replaced engine (after a restart) gets builders of its own
+    r.engine = _ScriptedEngine()
+    assert r.builder("drone").tokenizer is r.engine.tokenizer
+
+
+def test_warm_up_prompts_are_one_per_robot_type_and_a_burst_no_larger_than_the_batch():
+    r = PromptRenderer(_ScriptedEngine(max_batch=3))
+    singles, burst = r.warm_up_prompts(["drone", "arm"])
+    assert [rt for rt, _ in singles] == ["drone", "arm"] and [rt for rt, _ in burst] == ["drone"] * 3
+    assert len({tuple(ids) for _, ids in burst}) == 3  # different lengths
+    assert len(PromptRenderer(_ScriptedEngine(max_batch=64)).warm_up_prompts(["arm"])[1]) == 8
+
+
+# -- the core's warm-up -------------------------------------------------------------------------------
+def test_core_warm_up_runs_throw_away_generations_and_leaves_the_core_untouched():
+    eng = _ScriptedEngine()
+    core = PlannerCore(eng, make_policy("pud"), SimClock())
+    singles, burst = PromptRenderer(eng).warm_up_prompts(["drone", "arm"])
+    steps = core.warm_up(singles, burst)
+    assert steps == eng.steps and not eng.has_work()
+    assert [(r.max_new_tokens, r.suspend_at_boundary) for r in eng.requests] == (
+        [(1, True)] * 2 + [(4, False)] * len(burst))
+    assert [r.prompt_token_ids for r in eng.requests] == [ids for _, ids in singles + burst]
+    assert all(len(r.output_token_ids) == r.max_new_tokens for r in eng.requests)
+    assert core.step_count == 0 and core.snapshot()["tasks"] == 0 and core.pending() == 0
+    assert core.warm_up([]) == 0
+
+
+def test_core_warm_up_refuses_a_busy_engine():
+    eng = _ScriptedEngine()
+    core = PlannerCore(eng, make_policy("pud"), SimClock())
+    from timelyllm_ros.skills.segmenter import make_stop_checker
+
+    eng.add(EngineRequest("busy", [1, 2], make_stop_checker("drone"), max_new_tokens=3))
+    with pytest.raises(RuntimeError, match="already serving"):
+        core.warm_up([("drone", [1, 2, 3])])
+    assert [r.gen_id for r in eng.requests] == ["busy"]
+
+
+def test_no_engine_attribute_is_probed_outside_the_engines():
+    """Callers read Engine.info; getattr/hasattr on an engine is how a capability goes undeclared."""
+    root = Path(__file__).resolve().parent.parent
+    offenders = []
+    for py in [*root.joinpath("timelyllm_ros").rglob("*.py"), *root.joinpath("bench").glob("*.py")]:
+        if "engines" in py.parts:
+            continue
+        for i, line in enumerate(py.read_text().splitlines(), 1):
+            if any(f"{fn}({obj}" in line for fn in ("getattr", "hasattr")
+                   for obj in ("engine", "eng,", "self.engine", "self._engine")):
+                offenders.append(f"{py.relative_to(root)}:{i}: {line.strip()}")
+    assert not offenders, offenders

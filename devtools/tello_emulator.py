@@ -7,7 +7,9 @@ to that client's port 8890 ten times a second, as the real drone does.
 
 Control commands reply ``ok`` when the motion is over, after the duration of
 the execution-time model (design §7) times ``speed`` (tests use a small
-factor). ``stop`` (hover) and ``emergency`` act at once, also during a motion:
+factor); the model is that of the skill performing the motion, found by
+operation in the skill set (:mod:`timelyllm_ros.robots.tello_sdk`), so the
+emulator names no skill. ``stop`` (hover) and ``emergency`` act at once, also during a motion:
 an interrupted motion is answered ``ok`` after ``stop`` (the drone is hovering,
 the command is over) and ``error Motor stop`` after ``emergency``. Read
 commands (``battery?``, ``height?`` ...) answer values; anything else answers
@@ -35,14 +37,15 @@ import threading
 import time
 from pathlib import Path
 
+from timelyllm_ros.robots.tello_sdk import SDK_MOVES, SDK_TURNS, motion_seconds
 from timelyllm_ros.skills.exec_model import ExecTimeModel
-from timelyllm_ros.skills.schema import load_skill_set
+from timelyllm_ros.skills.schema import SkillSet, load_skill_set
 
 CONTROL_PORT = 8889
 STATE_PORT = 8890
 TAKEOFF_S = 5.0  # a real Tello needs ~5 s to take off and ~3 s to land (not in the paper's model)
 LAND_S = 3.0
-MOVE_SKILL = {"forward": "mf", "back": "mb", "left": "ml", "right": "mr", "up": "mu", "down": "md"}
+UNMODELLED_MOTION_S = 2.0  # a motion no skill of the set performs (a custom skill set): some plausible time
 READS = ("battery?", "speed?", "time?", "height?", "temp?", "attitude?", "baro?", "acceleration?", "tof?",
          "wifi?", "sdk?", "sn?")
 
@@ -52,7 +55,8 @@ class TelloEmulator:
 
     def __init__(self, bind_ip: str = "0.0.0.0", port: int = CONTROL_PORT, *, state_port: int = STATE_PORT,
                  speed: float = 1.0, log_path: str | Path | None = None, battery: int = 87,
-                 drop: dict[str, int] | None = None, state_period_s: float = 0.1) -> None:
+                 drop: dict[str, int] | None = None, state_period_s: float = 0.1,
+                 skill_set: SkillSet | str = "drone") -> None:
         if speed <= 0:
             raise ValueError(f"speed must be > 0, got {speed}")
         self.bind_ip, self.port, self.state_port = bind_ip, port, state_port
@@ -60,8 +64,7 @@ class TelloEmulator:
         self.battery = battery
         self.drop = dict(drop or {})
         self.state_period_s = state_period_s
-        self.model = ExecTimeModel(load_skill_set("drone"), learn=False)
-        self._skills = self.model.skillset
+        self.model = ExecTimeModel(load_skill_set(skill_set) if isinstance(skill_set, str) else skill_set, learn=False)
         self.log_path = Path(log_path) if log_path else None
         self.log: list[dict] = []
         self._log_lock = threading.Lock()
@@ -197,30 +200,32 @@ class TelloEmulator:
             return "ok"
         if word == "speed" and len(args) == 1 and _int(args[0]) is not None and 10 <= _int(args[0]) <= 100:
             return "ok"
-        if word in MOVE_SKILL and len(args) == 1:
+        if word in SDK_MOVES and len(args) == 1:
             v = _int(args[0])
             if v is None or not 20 <= v <= 500:
                 return "error"
             if not self.flying:
                 return "error Not flying"
-            if not self._sleep(self._duration(f"{MOVE_SKILL[word]}({v})")):
+            if not self._sleep(self.motion_s(word, v)):
                 return self._interrupt_reply
             self._apply_move(word, v)
             return "ok"
-        if word in ("cw", "ccw") and len(args) == 1:
+        if word in SDK_TURNS and len(args) == 1:
             v = _int(args[0])
             if v is None or not 1 <= v <= 360:
                 return "error"
             if not self.flying:
                 return "error Not flying"
-            if not self._sleep(self._duration(f"{'tc' if word == 'cw' else 'tu'}({v})")):
+            if not self._sleep(self.motion_s(word, v)):
                 return self._interrupt_reply
-            self.yaw = _wrap(self.yaw + (v if word == "cw" else -v))
+            self.yaw = _wrap(self.yaw + (v if SDK_TURNS[word] else -v))
             return "ok"
         return "error"
 
-    def _duration(self, skill_text: str) -> float:
-        return self.model.estimate(self._skills.parse(skill_text)).typical_s
+    def motion_s(self, word: str, value: int) -> float:
+        """Modelled duration (s, before ``speed``) of SDK motion ``<word> <value>``."""
+        t = motion_seconds(self.model, word, value)
+        return UNMODELLED_MOTION_S if t is None else t
 
     def _apply_move(self, word: str, v: int) -> None:
         if word in ("up", "down"):
@@ -275,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--speed", type=float, default=1.0, help="time factor on the modelled durations")
     ap.add_argument("--log", default=None, help="JSON-lines command log")
     ap.add_argument("--battery", type=int, default=87)
+    ap.add_argument("--skills", default="drone", help="skill set whose execution-time models time the motions")
     ap.add_argument("--drop", action="append", default=[], help="WORD:N ignore the first N packets of WORD")
     ap.add_argument("--max-lifetime", type=float, default=3600.0, help="exit after this many seconds (a bound)")
     a = ap.parse_args(argv)
@@ -282,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     for d in a.drop:
         w, _, n = d.partition(":")
         drop[w] = int(n or 1)
-    emu = TelloEmulator(a.bind, a.port, speed=a.speed, log_path=a.log, battery=a.battery, drop=drop).start()
+    emu = TelloEmulator(a.bind, a.port, speed=a.speed, log_path=a.log, battery=a.battery, drop=drop,
+                        skill_set=a.skills).start()
     print(f"ready {a.bind} {a.port}", flush=True)
     try:
         time.sleep(a.max_lifetime)

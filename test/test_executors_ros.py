@@ -189,6 +189,54 @@ def test_segment_zero_of_another_task_preempts_the_running_one(tmp_path):
     assert cmds == ["command", "battery?", "takeoff", "forward 500", "stop", "cw 90", "land"]
 
 
+@needs_netns
+def test_a_plan_ended_with_blocks_open_is_refused_and_a_balanced_one_runs(tmp_path):
+    """The planner's side through the public topics, a real drone executor and an emulated Tello: the end of
+    the plan (its segment flagged is_final, or an end marker after it) with a block still open is refused."""
+    from devtools.emulated_fleet import start_emulated_fleet
+
+    reports: dict[str, list[tuple[int, bool, str]]] = {}
+    with start_emulated_fleet(["drone_f"], speed=0.02, scenes={"drone_f": "Scene: [cat x:0.5 y:0.5]"},
+                              log_dir=tmp_path) as fleet:
+        planner = Planner(["drone_f"])
+
+        def plan(task: str, segments: list[str], *, marker: bool, reported: int) -> None:
+            """Send one plan (its end: the last segment's is_final, or an end marker) and wait for its reports
+            (one task at a time: segment 0 of the next would otherwise preempt it)."""
+            for i, text in enumerate(segments):
+                planner.send("drone_f", task, i, text, final=not marker and i == len(segments) - 1)
+            if marker:
+                planner.send("drone_f", task, len(segments), "", final=True)
+            planner.wait_done(reported, task=task)
+            reports[task] = _done_of(planner, task)
+
+        try:
+            plan("open-final", ["mf(50);", "?iv('cat')==True{", "mu(20);"], marker=False, reported=3)
+            plan("open-marker", ["2{", "tc(90);"], marker=True, reported=3)
+            plan("closed-final", ["?iv('cat')==True{", "mf(20);", "};"], marker=False, reported=3)
+            plan("closed-marker", ["2{", "tu(30);", "}"], marker=True, reported=3)
+            plan("last", ["d(0);"], marker=False, reported=1)  # after every marker above was handled
+            _acked(planner, 3 + 3 + 3 + 4 + 1)
+        finally:
+            planner.close()
+        history = list(fleet.nodes["drone_f"].history)
+    unclosed = "unclosed '{' (1 block(s) of earlier text still open)"
+    # a final segment that leaves a block open is refused as a whole: its mu(20) never flew
+    assert reports["open-final"][:2] == [(0, True, ""), (1, True, "")]
+    idx, ok, err = reports["open-final"][2]
+    assert (idx, ok) == (2, False) and err.startswith("refused: invalid segment: ") and unclosed in err, err
+    # an end marker after an open loop: the body ran once as it came, the plan's end is refused on the marker
+    assert reports["open-marker"][:2] == [(0, True, ""), (1, True, "")]
+    idx, ok, err = reports["open-marker"][2]
+    assert (idx, ok) == (2, False) and err.startswith("refused end of plan: ") and unclosed in err, err
+    assert reports["closed-final"] == [(0, True, ""), (1, True, ""), (2, True, "")]
+    assert reports["closed-marker"] == [(0, True, ""), (1, True, ""), (2, True, "")]  # the marker: no report
+    assert reports["last"] == [(0, True, "")]
+    assert [h for h in history if h[0] == "closed-marker"] == [("closed-marker", i, True, "") for i in range(3)]
+    assert fleet.drones["drone_f"].commands() == ["command", "battery?", "takeoff", "forward 50", "cw 90",
+                                                  "forward 20", "ccw 30", "ccw 30", "land"]
+
+
 def test_arm_executor_drives_the_simulated_controller_and_stops_on_emergency():
     from rclpy.parameter import Parameter
 
@@ -244,13 +292,17 @@ def test_arm_executor_drives_the_simulated_controller_and_stops_on_emergency():
 # -- delivery contract: acks, duplicates, reordering, end markers (no network namespaces needed) -------------------
 
 class _Runner:
-    """A robot that records what it ran; ``slow`` blocks until ``gate`` is set or the robot is stopped."""
+    """A robot that records what it ran; ``slow`` blocks until ``gate`` is set or the robot is stopped;
+    ``refuse_end`` (a reason) makes it refuse to end a plan at an end marker."""
 
     def __init__(self) -> None:
         from timelyllm_ros.robots.base import StopSignal
 
         self.stop = StopSignal()
         self.ran: list[str] = []
+        self.finals: list[bool] = []  # the final flag of each run
+        self.ends = 0  # end markers reached
+        self.refuse_end = ""
         self.begun: list[str] = []
         self.gate = threading.Event()
         self.in_slow = threading.Event()
@@ -258,8 +310,9 @@ class _Runner:
     def begin_task(self, task_id: str) -> None:
         self.begun.append(task_id)
 
-    def run(self, text: str) -> str:
+    def run(self, text: str, *, final: bool = False) -> str:
         self.ran.append(text)
+        self.finals.append(final)
         if text == "slow":
             self.in_slow.set()
             end = time.monotonic() + 60  # bounded: a broken test must not hang
@@ -267,6 +320,13 @@ class _Runner:
                 self.stop.check()
         self.stop.check()
         return "ok"
+
+    def end_plan(self) -> None:
+        from timelyllm_ros.robots.base import RefusedError
+
+        self.ends += 1
+        if self.refuse_end:
+            raise RefusedError(self.refuse_end)
 
     def halt(self) -> None:
         pass
@@ -344,6 +404,28 @@ def test_executor_acks_every_copy_runs_each_segment_once_in_index_order_and_an_e
         acks = [(a.task_id, a.segment_index) for a in planner.acks]
         assert sorted(acks) == sorted([("t-dup", i) for i, _, _ in sent] + [("t-next", 0)])
         assert all(a.robot_id == "bot_d" and (a.stamp.sec, a.stamp.nanosec) > (0, 0) for a in planner.acks)
+
+
+def test_the_final_flag_reaches_the_runner_and_a_refused_end_marker_is_reported_on_its_index():
+    with _robot("bot_f") as (node, planner):
+        planner.send("bot_f", "t-fin", 0, "a")
+        planner.send("bot_f", "t-fin", 1, "b", final=True)
+        planner.wait_done(2, task="t-fin")
+        node.runner.refuse_end = "1 block(s) still open"
+        planner.send("bot_f", "t-open", 0, "c")
+        planner.send("bot_f", "t-open", 1, "", final=True)  # end marker: the runner refuses to end the plan there
+        planner.wait_done(2, task="t-open")
+        planner.send("bot_f", "t-open", 1, "", final=True)  # re-sent: its report again, no second check
+        assert wait_until(lambda: len([d for d in planner.done if d.task_id == "t-open"]) >= 3, timeout=20)
+        node.runner.refuse_end = ""
+        planner.send("bot_f", "t-after", 0, "d", final=True)
+        planner.wait_done(1, task="t-after")
+        _acked(planner, 6)
+        assert node.runner.ran == ["a", "b", "c", "d"] and node.runner.finals == [False, True, False, True]
+        assert node.runner.ends == 1  # only the marker asks the runner to end the plan
+        assert _done_of(planner, "t-fin") == [(0, True, ""), (1, True, "")]
+        assert _done_of(planner, "t-open") == [(0, True, ""), (1, False, "refused end of plan: 1 block(s) still open")]
+        assert _done_of(planner, "t-after") == [(0, True, "")]
 
 
 def test_a_late_or_duplicate_segment_of_an_old_task_never_preempts_nor_restarts_anything():

@@ -90,3 +90,34 @@ def test_connection_loss_is_a_clear_error_after_the_retries():
             assert time.monotonic() - t0 < 30.0  # bounded by the retries, no hang
         finally:
             backend.close(land=False)
+
+
+def test_a_renamed_skill_set_flies_the_same_and_the_backend_times_it_the_same():
+    import yaml
+
+    from timelyllm_ros.skills.schema import skill_set_from_dict, skills_dir
+
+    raw = yaml.safe_load((skills_dir() / "drone_minispec.yaml").read_text())
+    names = {"mf": "fwd", "tc": "turn_right", "tu": "turn_left", "mu": "climb"}
+    for s in raw["skills"]:
+        if s["name"] in names:
+            s.update(name=names[s["name"]], long_name=names[s["name"]], aliases=[])
+    renamed = skill_set_from_dict(raw)
+    motions = [("forward", 500), ("up", 30), ("cw", 360), ("ccw", 45), ("down", 20)]
+    with emulated_drones(1, speed=SPEED) as (drone,):
+        timeouts = []
+        for ss in ("drone", renamed):  # never connected, real time (so the timeouts differ): only their timeouts
+            b = TelloBackend(drone.host, skillset=ss)
+            timeouts.append([b.motion_timeout(w, v) for w, v in motions])
+            b.close(land=False)
+        assert timeouts[0] == timeouts[1] == [8, 5, 9, 4, 4], timeouts  # ceil(modelled s + 2 s margin)
+        backend = TelloBackend(drone.host, time_scale=SPEED, skillset=renamed)
+        try:
+            backend.connect()
+            it = MiniSpecInterpreter(renamed, backend, ScriptedScene())
+            for seg in ["fwd(50);", "2{", "climb(30)", "};", "turn_right(90);turn_left(45);"]:
+                it.execute_segment(seg)
+        finally:
+            backend.close()
+        assert drone.commands() == ["command", "battery?", "takeoff", "forward 50", "up 30", "up 30", "cw 90",
+                                    "ccw 45", "land"]

@@ -19,7 +19,9 @@ djitellopy facts this relies on (djitellopy 2.5.0, read from its source):
 Motions go through ``send_control_command`` with the same SDK strings that
 ``move_forward``/``rotate_clockwise`` send, but with a timeout sized to the
 motion (the library's fixed 7 s is too short for a 500 cm move at some speeds
-and far too long to notice a lost drone quickly).
+and far too long to notice a lost drone quickly). The motion's duration is the
+execution-time model of the skill that performs it, found by operation in the
+skill set (:mod:`.tello_sdk`), so no skill name is written here.
 """
 
 from __future__ import annotations
@@ -32,13 +34,13 @@ import time
 from djitellopy import Tello, TelloException
 
 from timelyllm_ros.robots.base import ExecutionError, RobotConnectionError, StopSignal
+from timelyllm_ros.robots.tello_sdk import SDK_MOVES, motion_seconds
 from timelyllm_ros.skills.exec_model import ExecTimeModel
-from timelyllm_ros.skills.schema import load_skill_set
+from timelyllm_ros.skills.schema import SkillSet, load_skill_set
 
 log = logging.getLogger(__name__)
 Tello.LOGGER.setLevel(logging.WARNING)  # djitellopy logs every command at INFO
 
-_MOVE_SKILL = {"forward": "mf", "back": "mb", "left": "ml", "right": "mr", "up": "mu", "down": "md"}
 _NO_REPLY = "did not receive a response"  # djitellopy's timeout text, lower-cased
 
 
@@ -47,11 +49,12 @@ class TelloBackend:
     :meth:`emergency_land` may be called from another (they send without waiting)."""
 
     def __init__(self, host: str, *, retry_count: int = Tello.RETRY_COUNT, time_scale: float = 1.0,
-                 timeout_margin_s: float = 2.0, min_timeout_s: int = 1, takeoff_timeout_s: int = Tello.TAKEOFF_TIMEOUT
-                 ) -> None:
+                 timeout_margin_s: float = 2.0, min_timeout_s: int = 1, takeoff_timeout_s: int = Tello.TAKEOFF_TIMEOUT,
+                 skillset: SkillSet | str = "drone") -> None:
         """``time_scale``: expected durations are multiplied by it (an emulator run faster than real time);
         a command's reply timeout is ``expected * time_scale + timeout_margin_s`` seconds (at least
-        ``min_timeout_s``)."""
+        ``min_timeout_s``); ``skillset``: whose execution-time models give the expected durations (a motion
+        no skill performs gets djitellopy's fixed timeout)."""
         if retry_count < 1:
             raise ValueError(f"retry_count must be >= 1, got {retry_count}")
         if time_scale <= 0:
@@ -62,7 +65,7 @@ class TelloBackend:
         self.min_timeout_s = min_timeout_s
         self.takeoff_timeout_s = takeoff_timeout_s
         self.tello = Tello(host=host, retry_count=retry_count)
-        self.model = ExecTimeModel(load_skill_set("drone"), learn=False)
+        self.model = ExecTimeModel(load_skill_set(skillset) if isinstance(skillset, str) else skillset, learn=False)
         self._flying = False
         self._lock = threading.Lock()  # one SDK command in flight from the executor thread
         self.connected = False
@@ -100,15 +103,18 @@ class TelloBackend:
         self.tello.is_flying = False
 
     def move(self, direction: str, cm: int) -> None:
-        skill = _MOVE_SKILL.get(direction)
-        if skill is None:
+        if direction not in SDK_MOVES:
             raise ExecutionError(f"unknown direction {direction!r}")
-        self._command(f"{direction} {int(cm)}", self._timeout(self._expected(f"{skill}({int(cm)})")))
+        self._motion(direction, int(cm))
 
     def rotate(self, degrees: int, clockwise: bool) -> None:
-        skill = "tc" if clockwise else "tu"
-        cmd = f"{'cw' if clockwise else 'ccw'} {int(degrees)}"
-        self._command(cmd, self._timeout(self._expected(f"{skill}({int(degrees)})")))
+        self._motion("cw" if clockwise else "ccw", int(degrees))
+
+    def motion_timeout(self, word: str, value: int) -> int:
+        """Reply timeout (s) of SDK motion ``<word> <value>``: its modelled duration, scaled, plus the margin;
+        djitellopy's fixed timeout for a motion no skill of the set performs."""
+        expected = motion_seconds(self.model, word, value)
+        return Tello.RESPONSE_TIMEOUT if expected is None else self._timeout(expected)
 
     def hover(self, seconds: float, stop: StopSignal) -> None:
         """Stay in place. The Tello lands by itself after 15 s without a command: keep it alive."""
@@ -152,8 +158,8 @@ class TelloBackend:
         tello_mod.drones.pop(self.host, None)
 
     # -- helpers --------------------------------------------------------------------
-    def _expected(self, skill_text: str) -> float:
-        return self.model.estimate(self.model.skillset.parse(skill_text)).typical_s
+    def _motion(self, word: str, value: int) -> None:
+        self._command(f"{word} {value}", self.motion_timeout(word, value))
 
     def _timeout(self, expected_s: float) -> int:
         return max(self.min_timeout_s, int(math.ceil(expected_s * self.time_scale + self.timeout_margin_s)))

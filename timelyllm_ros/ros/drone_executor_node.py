@@ -24,7 +24,7 @@ from timelyllm_ros.robots.perception import ScriptedScene
 from timelyllm_ros.robots.tello_backend import TelloBackend
 from timelyllm_ros.ros.executor_base import RobotExecutorNode
 from timelyllm_ros.ros.spin import run_nodes
-from timelyllm_ros.skills.schema import load_skill_set
+from timelyllm_ros.skills.schema import SkillSet, load_skill_set
 
 SCENE_QOS = QoSProfile(depth=1, reliability=QoSReliabilityPolicy.RELIABLE,
                        durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
@@ -37,25 +37,32 @@ def scene_topic(robot_id: str) -> str:
 class _DroneRunner:
     """Connects lazily (a drone switched on after the executor is fine), then runs MiniSpec."""
 
-    def __init__(self, node: DroneExecutorNode, backend: TelloBackend, scene: ScriptedScene) -> None:
+    def __init__(self, node: DroneExecutorNode, backend: TelloBackend, scene: ScriptedScene,
+                 skillset: SkillSet) -> None:
         self.node = node
         self.backend = backend
         self.stop = StopSignal()
-        self.interp = MiniSpecInterpreter(load_skill_set("drone"), backend, scene, stop=self.stop,
+        self.interp = MiniSpecInterpreter(skillset, backend, scene, stop=self.stop,
                                           on_log=lambda m: node.get_logger().info(f"{node.robot_id}: {m}"))
 
     def begin_task(self, task_id: str) -> None:
         self.interp.reset()
 
-    def run(self, text: str) -> str:
-        self.interp.validate(text)  # refuse before even connecting
+    def run(self, text: str, *, final: bool = False) -> str:
+        """``final``: the plan ends with this segment, so it is refused (nothing runs) if blocks stay open."""
+        self.interp.validate(text, final=final)  # refuse before even connecting
         if not self.backend.connected:
             bat = self.backend.connect()
             self.node.get_logger().info(f"{self.node.robot_id}: connected to Tello {self.backend.host}, "
                                         f"battery {bat} %")
-        res = self.interp.execute_segment(text)
+        res = self.interp.execute_segment(text, final=final)
         self.stop.check()  # a stop that interrupted the last motion makes the segment fail
         return f"ran {res.executed}" + (f", skipped {res.skipped}" if res.skipped else "")
+
+    def end_plan(self) -> None:
+        """An end marker: the plan ended after the last segment that ran. RefusedError if blocks are still
+        open (e.g. a loop whose repeats never came); nothing runs either way."""
+        self.interp.validate("", final=True)
 
     def halt(self) -> None:
         if self.backend.connected:
@@ -76,8 +83,9 @@ class DroneExecutorNode(RobotExecutorNode):
                  scene: str = "", **kw) -> None:
         super().__init__(robot_id, "drone_executor", **kw)
         self.scene = ScriptedScene(scene)
-        self.backend = TelloBackend(host, retry_count=retry_count, time_scale=time_scale)
-        self.runner = _DroneRunner(self, self.backend, self.scene)
+        skillset = load_skill_set("drone")  # one skill set: the interpreter runs it, the backend times by it
+        self.backend = TelloBackend(host, retry_count=retry_count, time_scale=time_scale, skillset=skillset)
+        self.runner = _DroneRunner(self, self.backend, self.scene, skillset)
         self.create_subscription(String, scene_topic(robot_id), self._scene, SCENE_QOS)
         self.start_executor()
         self.get_logger().info(f"{robot_id}: Tello executor for {host} (time_scale={time_scale})")

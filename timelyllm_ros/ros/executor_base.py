@@ -10,7 +10,10 @@ One node per robot, in the robot's namespace (``/<robot_id>/...``):
   (task_id, segment_index), releases a task's segments strictly by index, holds early ones, and
   refuses held ones whose gap did not fill within the ``reorder_timeout_s`` parameter (default
   5 s; checked by a timer). An end marker (is_final, empty text) closes the task once every
-  earlier segment has run; it is neither run nor reported;
+  earlier segment has run; it runs nothing and is reported only when the runner refuses to end the
+  plan there (``end_plan``: e.g. MiniSpec blocks still open), with ``success=False`` and the reason;
+* end of plan: the segment flagged ``is_final`` runs with ``final=True``, so the runner refuses it
+  (nothing runs) when the plan would end incomplete;
 * publishes ``/segment_done`` with the real start and finish wall times; a refused or failed
   segment is reported with ``success=False`` and the reason, and the task's later segments are
   reported failed too (the planner ends the task at the first failure);
@@ -48,7 +51,9 @@ class SegmentRunner(Protocol):
 
     def begin_task(self, task_id: str) -> None: ...
 
-    def run(self, text: str) -> str: ...  # what ran, for the log
+    def run(self, text: str, *, final: bool = False) -> str: ...  # what ran, for the log; final: the plan ends here
+
+    def end_plan(self) -> None: ...  # an end marker: RefusedError when the plan may not end after what ran
 
     def halt(self) -> None: ...  # from another thread: stop moving now, stay (hover / hold)
 
@@ -189,8 +194,7 @@ class RobotExecutorNode(Node):
                     return
                 msg = self._queue.popleft()
                 if is_end_marker(msg.text, msg.is_final):  # every earlier segment has run: the plan is over
-                    if self._task == msg.task_id:
-                        self._task_open = False
+                    self._end_plan(msg, current)
                     self._cv.notify_all()
                     continue
                 self._running = msg
@@ -202,7 +206,7 @@ class RobotExecutorNode(Node):
             start = time.time()
             ok, err = True, ""
             try:
-                summary = self.runner.run(msg.text)
+                summary = self.runner.run(msg.text, final=msg.is_final)
                 self.get_logger().info(f"{self.robot_id}: {msg.task_id}[{msg.segment_index}] {msg.text!r} -> "
                                        f"{summary} in {time.time() - start:.2f} s")
             except Interrupted as e:
@@ -232,6 +236,24 @@ class RobotExecutorNode(Node):
                 self._cv.notify_all()
             if not ok:
                 self.get_logger().warning(f"{self.robot_id}: {msg.task_id}[{msg.segment_index}] failed: {err}")
+
+    def _end_plan(self, marker: PlanSegment, current: str | None) -> None:
+        """An end marker reached the worker (caller holds the lock; ``end_plan`` is a check, no motion): close
+        the task, and report the marker failed when the runner says the plan may not end after what ran."""
+        if self._task == marker.task_id:
+            self._task_open = False
+        if marker.task_id != current or self.runner is None:
+            return  # nothing of the task ran here (its segment 0 always runs first): nothing to check
+        start = time.time()
+        try:
+            self.runner.end_plan()
+            return
+        except RefusedError as e:
+            err = f"refused end of plan: {e}"
+        except Exception as e:  # noqa: BLE001 - a bug must still say why the plan did not end cleanly
+            err = f"executor error at end of plan: {e!r}"
+        self.get_logger().warning(f"{self.robot_id}: {marker.task_id}[{marker.segment_index}] (end of plan): {err}")
+        self._report(marker, start, time.time(), False, err)
 
     def _report(self, msg: PlanSegment, start: float, finish: float, ok: bool, error: str) -> None:
         self.history.append((msg.task_id, msg.segment_index, ok, error))

@@ -118,7 +118,7 @@ class GoalPlan:
 def make_schedule(goals: int, duration: float, burst: int, robots: list[str], seed: int) -> list[GoalPlan]:
     """``goals`` Poisson arrivals over ``duration`` (scaled to end within it) + ``burst`` goals within one
     second in the middle; each a random drone task of data/plans.yaml for a random robot."""
-    from timelyllm_ros.sim.workloads import plan_templates
+    from timelyllm_ros.model.plans import plan_templates
 
     rng = random.Random(seed)
     tpls = [t for t in plan_templates().values() if t.robot_type == "drone"]

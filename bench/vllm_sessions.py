@@ -46,7 +46,7 @@ from timelyllm_ros.engines.base import EngineRequest
 from timelyllm_ros.engines.detok import IncrementalDetokenizer
 from timelyllm_ros.engines.factory import make_engine
 from timelyllm_ros.engines.prompts import PromptBuilder
-from timelyllm_ros.sim.workloads import plan_templates
+from timelyllm_ros.model.plans import plan_templates
 from timelyllm_ros.skills.segmenter import make_stop_checker
 
 TERMINATORS = ";}){"

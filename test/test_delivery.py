@@ -33,6 +33,7 @@ from test_planner_node import CAT, DOG, NORMAL, URGENT, Stack, _wait  # noqa: E4
 
 from timelyllm_ros.action import PlanTask  # noqa: E402
 from timelyllm_ros.engines.sim_realtime import RealtimeSimEngine  # noqa: E402
+from timelyllm_ros.model.plans import plan_templates  # noqa: E402
 from timelyllm_ros.model.types import TaskStatus  # noqa: E402
 from timelyllm_ros.msg import (  # noqa: E402
     PlanResult,
@@ -46,7 +47,6 @@ from timelyllm_ros.ros import topics  # noqa: E402
 from timelyllm_ros.ros.convert import duration_s, time_s  # noqa: E402
 from timelyllm_ros.ros.planner_node import PlannerNode, SchedulerNode  # noqa: E402
 from timelyllm_ros.ros.sim_fleet_node import SimFleetNode  # noqa: E402
-from timelyllm_ros.sim.workloads import plan_templates  # noqa: E402
 from timelyllm_ros.srv import GetPlanResult  # noqa: E402
 
 pytestmark = pytest.mark.ros

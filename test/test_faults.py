@@ -39,10 +39,10 @@ from rclpy.action import ActionClient  # noqa: E402
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 
 from timelyllm_ros.action import PlanTask  # noqa: E402
+from timelyllm_ros.model.plans import plan_templates  # noqa: E402
 from timelyllm_ros.msg import PlanResult, PlanSegment, SegmentAck, SegmentDone, TimeUtility  # noqa: E402
 from timelyllm_ros.paths import config_dir  # noqa: E402
 from timelyllm_ros.ros import topics  # noqa: E402
-from timelyllm_ros.sim.workloads import plan_templates  # noqa: E402
 from timelyllm_ros.srv import GetPlanResult  # noqa: E402
 
 pytestmark = pytest.mark.ros

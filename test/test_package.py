@@ -64,6 +64,41 @@ def test_core_never_imports_rclpy():
     assert not offenders, f"core modules import ROS: {offenders}"
 
 
+# Lower layers never import higher ones (imports inside functions included; TYPE_CHECKING-only annotations
+# excepted), and the product never imports the developer tooling outside the package.
+LAYERS = {"paths": 0, "model": 0, "skills": 1, "engines": 2, "sched": 3, "sim": 4, "robots": 4, "bags": 5,
+          "ros": 6, "msg": 6, "srv": 6, "action": 6, "demo": 7, "cli": 7, "launch_graph": 7, "__init__": 0}
+
+
+def _runtime_imports(py: Path) -> list[str]:
+    tree = ast.parse(py.read_text())
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
+    out = []
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.append(node.module)
+    return out
+
+
+def test_no_upward_imports_and_no_tooling_in_the_package():
+    pkg = ROOT / "timelyllm_ros"
+    offenders = []
+    for py in pkg.rglob("*.py"):
+        layer = LAYERS[py.relative_to(pkg).parts[0].removesuffix(".py")]
+        for mod in _runtime_imports(py):
+            top = mod.split(".")
+            if top[0] in ("bench", "devtools"):
+                offenders.append(f"{py.relative_to(ROOT)} imports tooling {mod}")
+            elif top[0] == "timelyllm_ros" and len(top) > 1 and LAYERS[top[1]] > layer:
+                offenders.append(f"{py.relative_to(ROOT)} imports {mod} from a higher layer")
+    assert not offenders, offenders
+
+
 def test_installed_interfaces_match_sources():
     share = ROOT / "install" / "share" / "timelyllm_ros"
     for kind in ("msg", "srv", "action"):

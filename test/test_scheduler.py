@@ -162,3 +162,16 @@ def test_fcfs_holds_a_plan_back_when_a_later_segment_is_invalid():
     drain(core, clock)
     assert segs == []  # fcfs sends the whole plan at the end, so nothing of it was sent
     assert results[0].status is TaskStatus.FAILED
+
+
+def test_a_plan_whose_segments_parse_but_whose_whole_does_not_ends_failed():
+    """Each segment is valid alone; a plan that ends with a block still open is not a plan (never DONE)."""
+    clock = SimClock()
+    core, segs, results = make_core(clock=clock)
+    core.submit(spec(0, plan="?iv('cat')==True{mf(50);"))
+    core.submit(spec(1, plan="?iv('cat')==True{mf(50);}"))
+    drain(core, clock)
+    by_id = {r.task_id: r for r in results}
+    assert by_id["t0"].status is TaskStatus.FAILED and "invalid plan at its end" in by_id["t0"].reason
+    assert by_id["t1"].status is TaskStatus.DONE
+    assert "".join(s[2] for s in segs if s[0] == "t0") == "?iv('cat')==True{mf(50);"  # streamed before the end

@@ -1,6 +1,7 @@
 import json
 
-from timelyllm_ros.sim.workloads import generate, load_trace, load_workload, plan_templates
+from timelyllm_ros.model.plans import plan_templates
+from timelyllm_ros.sim.workloads import generate, load_trace, load_workload
 from timelyllm_ros.skills.schema import load_skill_set
 
 

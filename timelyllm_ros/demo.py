@@ -139,7 +139,7 @@ def run_policy(engine: Any, constrained: bool, policy: str, jobs: list[Job], arg
     def task_done(rec: TaskRecord) -> None:
         done_count[0] += 1
         progress.update(bar, completed=done_count[0])
-        if rec.status != "done":
+        if not rec.done:
             progress.console.print(f"[yellow]{robot_label(rec)} {rec.task_type}: {rec.status} ({rec.reason})")
 
     client = WorkloadClient(jobs, speed=args.speed, on_segment=show_segment, on_done=task_done, context=ctx)

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from timelyllm_ros.model.plans import plan_templates
 from timelyllm_ros.model.tuf import LEVELS, TimeUtility
-from timelyllm_ros.sim.workloads import Job, Workload, load_trace, plan_templates
+from timelyllm_ros.sim.workloads import Job, Workload, load_trace
 
 from .io import BagError, BagWriter, custom_data, read_bag, stamp_ns, time_msg
 from .records import resolve_tuf, task_type

@@ -16,12 +16,13 @@ from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.node import Node
 
 from timelyllm_ros.action import PlanTask
+from timelyllm_ros.model.plans import plan_templates
 from timelyllm_ros.model.types import TaskStatus
 from timelyllm_ros.msg import SegmentDone
 from timelyllm_ros.ros.convert import ClockBridge, status_from_code, tuf_to_msg
 from timelyllm_ros.ros.topics import RELIABLE
 from timelyllm_ros.sim.records import SegRecord, TaskRecord
-from timelyllm_ros.sim.workloads import Job, plan_templates
+from timelyllm_ros.sim.workloads import Job
 
 
 def robot_type_of(job: Job) -> str:

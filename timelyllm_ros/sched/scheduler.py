@@ -112,6 +112,10 @@ class _SkillHooks:
         """None if ``text`` is a valid segment of the robot's skill set, else the reason."""
         return self.skillset(robot_type).validate(text)
 
+    def validate_plan(self, robot_type: str, text: str) -> str | None:
+        """None if ``text`` is a valid complete plan of the robot's skill set, else the reason."""
+        return self.skillset(robot_type).validate_plan(text)
+
     def parse(self, robot_type: str, text: str) -> list[Any]:
         if not text.strip():
             return []
@@ -651,7 +655,12 @@ class PlannerCore:
             g.segments[-1].final = True
         if ev.reason is FinishReason.STOP:
             self._release_held(g, now)
-            self._finish(g, TaskStatus.DONE, "")
+            # Each segment was valid alone; the whole plan must be too (blocks closed, variables set).
+            err = self.hooks.validate_plan(g.robot_type, "".join(s.text for s in g.segments))
+            if err is not None:
+                self._finish(g, TaskStatus.FAILED, f"invalid plan at its end: {err}")
+            else:
+                self._finish(g, TaskStatus.DONE, "")
         else:
             what = {FinishReason.LENGTH: f"plan exceeded max_new_tokens={g.spec.max_new_tokens}",
                     FinishReason.ABORTED: "generation aborted by the engine"}.get(ev.reason, ev.reason.value)

@@ -82,7 +82,7 @@ def summarize_group(name: str, recs: Sequence[TaskRecord]) -> Summary:
     us = [r.utility() for r in served]
     un = [r.utility() / r.beta for r in served]
     tot = [u for u in (r.total_utility() for r in served) if u is not None]
-    misses = sum(1 for r in recs if not r.segments or r.response_time > r.ert)
+    misses = sum(1 for r in recs if r.missed)
     n = len(recs)
     return Summary(
         group=name, n=n, served=len(served), failed=sum(1 for r in recs if not r.done),

@@ -149,6 +149,11 @@ class TaskRecord:
         """Robot waiting time, see :func:`robot_waiting_time`; None when nothing was executed."""
         return robot_waiting_time(self.arrival, (s.span for s in self.segments)) if self.segments else None
 
+    @property
+    def missed(self) -> bool:
+        """The first segment started after its deadline (TimeUtility.deadline), or never started."""
+        return not self.segments or self.segments[0].start > self.tuf.deadline(0, self.arrival)
+
     def utility(self) -> float | None:
         """TUF_0(W(s_0)), raw (negative past the cut-off); None when nothing was executed."""
         rt = self.response_time

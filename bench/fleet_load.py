@@ -236,9 +236,10 @@ def _ms(x: float) -> str:
 def summarize(recs: list[GoalRecord], rss: dict[str, int | None], extra: dict[str, Any]) -> dict[str, Any]:
     sent = [r for r in recs if r.sent_wall == r.sent_wall]
     terminal = [r for r in sent if r.status]
-    # refused by the planner (at capacity, invalid): STATUS_REJECTED on the wire, TaskStatus.INVALID
-    accepted = [r for r in terminal if r.status != TaskStatus.INVALID]
-    rejected = [r for r in sent if r.status == TaskStatus.INVALID or r.error_kind == "not_accepted"]
+    # refused by the planner: INVALID (what it asked) or BUSY (at capacity, engine restarting)
+    refused = (TaskStatus.INVALID, TaskStatus.BUSY)
+    accepted = [r for r in terminal if r.status not in refused]
+    rejected = [r for r in sent if r.status in refused or r.error_kind == "not_accepted"]
     with_segments = [r for r in accepted if r.n_segments > 0]
     reasons = Counter(_reason(r.message or r.error_kind) for r in rejected)
     s: dict[str, Any] = {

@@ -41,7 +41,8 @@ def _tuf(level="normal", alpha=0.0, beta=0.0, ert=0.0):
 def _req(ns, task_id, robot="drone_0", accepted=True, level="normal", task=CAT):
     return msg_class(REQUESTS.msgtype)(stamp=time_msg(ns), task_id=task_id, robot_id=robot, robot_type="drone",
                                        task=task, tuf=_tuf(level), accepted=accepted,
-                                       error="" if accepted else "robot_type: unknown")
+                                       error="" if accepted else "robot_type: unknown",
+                                       status=0 if accepted else 1)  # PlanResult.STATUS_REJECTED: invalid
 
 
 def _seg(ns, task_id, k, text, final, robot="drone_0"):

@@ -171,3 +171,23 @@ def test_an_ack_of_a_later_segment_resends_a_lost_earlier_one_at_once():
     d.ack("a", 1, now=0.3)  # ... but the robot has 1 and not 0: 0 was lost
     d.due(0.3)
     assert sent == [0, 1, 0] and d.pending() == 1
+
+
+def test_delivery_waits_longer_for_a_robot_it_has_not_discovered_yet():
+    """Silence of a robot whose reader never matched says nothing (nothing could reach it): it gets the hard
+    bound (4x give_up_s), a discovered silent robot gets give_up_s."""
+    d = SegmentDelivery(lambda robot, msg: None, period_s=0.1, max_period_s=0.4, give_up_s=5.0)
+
+    class M:
+        def __init__(self, t, i):
+            self.task_id, self.segment_index = t, i
+
+    matched = {"near": True, "far": False}
+    d.send("near", M("a", 0), now=0.0)
+    d.send("far", M("b", 0), now=0.0)
+    assert d.due(5.5, matched.__getitem__) == [("a", 0, "near")]
+    assert d.due(19.0, matched.__getitem__) == [] and d.pending() == 1
+    matched["far"] = True  # discovered late: now it is judged like any robot
+    d.heard("far", 19.0)
+    assert d.due(19.5, matched.__getitem__) == [] and d.pending() == 1
+    assert d.due(20.5, matched.__getitem__) == [("b", 0, "far")]  # past the hard bound, whatever it says

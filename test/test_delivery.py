@@ -259,7 +259,8 @@ def test_1000_concurrent_goals_from_100_robots_are_all_held_and_answered_once(ma
         # settled: every segment acknowledged, every task reported by its robot or ended otherwise
         assert wait_until(lambda: s.planner.delivery.pending() == 0 and all(
             s.all_reported(t) or core.task_status(t) is not TaskStatus.DONE for t in ids), 90), \
-            (s.planner.delivery.pending(), sum(s.all_reported(t) for t in ids))
+            (s.planner.delivery.pending(), sum(s.all_reported(t) for t in ids),
+             Counter(core.result(t).robot_id for t in ids if not s.all_reported(t)))
         assert fleet.poll() is None, "the fleet process died"
     # a healthy fleet ran every plan: nothing may have been failed on its behalf
     ended = Counter(core.result(t).status.value for t in ids)
@@ -284,20 +285,20 @@ def test_goals_beyond_max_active_tasks_are_rejected_naming_capacity_and_none_is_
     handles = [f.result() for f in futs]
     assert all(h.accepted for h in handles)
     res_futs = [h.get_result_async() for h in handles]
-    # while the engine is held, exactly the overflow is answered (REJECTED), the rest stay open
+    # while the engine is held, exactly the overflow is answered (BUSY: retry later), the rest stay open
     assert wait_until(lambda: sum(f.done() for f in res_futs) == n - 20, 30), sum(f.done() for f in res_futs)
     assert s.planner.core.pending() == 20
     s.engine.gate.set()
     assert wait_until(lambda: all(f.done() for f in res_futs), 60)
     outs = [f.result().result for f in res_futs]
     by = Counter(o.status for o in outs)
-    assert by == {R.STATUS_SUCCEEDED: 20, R.STATUS_REJECTED: 10}, by
+    assert by == {R.STATUS_SUCCEEDED: 20, R.STATUS_BUSY: 10}, by
     for o in outs:
-        if o.status == R.STATUS_REJECTED:
+        if o.status == R.STATUS_BUSY:
             assert "capacity" in o.message and "max_active_tasks=20" in o.message, o.message
     assert wait_until(lambda: len(s.requests) >= n, 10)
     assert sum(q.accepted for q in s.requests) == 20
-    assert all("capacity" in q.error for q in s.requests if not q.accepted)
+    assert all("capacity" in q.error and q.status == R.STATUS_BUSY for q in s.requests if not q.accepted)
     # the slots came back: a new goal is served
     _, h = s.send_id("drone_0", CAT, task_id="mx-after")
     assert s.full_result(h)[1].status == R.STATUS_SUCCEEDED
@@ -470,7 +471,7 @@ def test_engine_failure_fails_open_tasks_refuses_goals_while_restarting_then_ser
         # while the engine is being rebuilt, goals are refused with the reason
         _, hr = s.send_id("drone_0", CAT, task_id="ef-during")
         r = s.full_result(hr)[1]
-        assert r.status == R.STATUS_REJECTED and "engine unavailable" in r.message, r.message
+        assert r.status == R.STATUS_BUSY and "engine unavailable" in r.message, r.message
         assert s.get_plan_result("ef-during").state == GetPlanResult.Response.STATE_UNKNOWN
     finally:
         restart_gate.set()

@@ -214,7 +214,8 @@ def test_action_cancel(two_nodes):
 
 # The message constant each terminal status travels as (names differ where the wire predates the enum).
 _WIRE_NAME = {"done": "STATUS_SUCCEEDED", "invalid": "STATUS_REJECTED", "failed": "STATUS_FAILED",
-              "cancelled": "STATUS_CANCELED", "overdue": "STATUS_OVERDUE", "robot_failed": "STATUS_ROBOT_FAILED"}
+              "cancelled": "STATUS_CANCELED", "overdue": "STATUS_OVERDUE", "robot_failed": "STATUS_ROBOT_FAILED",
+              "busy": "STATUS_BUSY"}
 
 
 @pytest.mark.parametrize("msg_cls", [PlanResult, PlanTask.Result], ids=["PlanResult", "PlanTask.Result"])

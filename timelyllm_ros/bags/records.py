@@ -29,7 +29,7 @@ from typing import Any
 
 from timelyllm_ros.model.plans import plan_templates
 from timelyllm_ros.model.tuf import LEVELS
-from timelyllm_ros.model.types import STATUS_FROM_CODE, TaskStatus
+from timelyllm_ros.model.types import STATUS_CODE, STATUS_FROM_CODE, TaskStatus
 from timelyllm_ros.sim.metrics import Summary, summarize
 from timelyllm_ros.sim.records import SegRecord, TaskRecord
 from timelyllm_ros.skills.schema import load_skill_set
@@ -147,7 +147,8 @@ class RecordBuilder:
         rec = TaskRecord(job_id=t.seq, trace_id=trace_id, task_type=name, robot_type=r.robot_type, level=level,
                          agent_id=self._agents[r.robot_id], arrival=_s(r.stamp), alpha=alpha, beta=beta, ert=ert)
         if not r.accepted:
-            rec.status, rec.reason = TaskStatus.INVALID.value, r.error
+            busy = r.status == STATUS_CODE[TaskStatus.BUSY]
+            rec.status, rec.reason = (TaskStatus.BUSY if busy else TaskStatus.INVALID).value, r.error
             return rec
         texts = []
         for k in sorted(t.segments):

@@ -25,6 +25,7 @@ class TaskStatus(enum.StrEnum):
     SUSPENDED = "suspended"  # between segments
     DONE = "done"  # every segment generated (and, where reported, executed)
     INVALID = "invalid"  # the request itself was refused: malformed, unknown robot type, bad TUF, duplicate id
+    BUSY = "busy"  # refused for now, not for what it asked: planner at capacity or its engine restarting
     OVERDUE = "overdue"  # refused by the overdue policy: it could no longer earn positive utility
     FAILED = "failed"  # generation or validation failed, or the engine broke
     ROBOT_FAILED = "robot_failed"  # the robot reported a failed segment, or went silent
@@ -44,6 +45,7 @@ STATUS_CODE: dict[TaskStatus, int] = {
     TaskStatus.CANCELLED: 3,  # STATUS_CANCELED
     TaskStatus.OVERDUE: 4,  # STATUS_OVERDUE
     TaskStatus.ROBOT_FAILED: 5,  # STATUS_ROBOT_FAILED
+    TaskStatus.BUSY: 6,  # STATUS_BUSY
 }
 STATUS_FROM_CODE: dict[int, TaskStatus] = {v: k for k, v in STATUS_CODE.items()}
 TERMINAL_STATUSES: tuple[TaskStatus, ...] = tuple(STATUS_CODE)

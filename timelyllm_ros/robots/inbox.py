@@ -36,7 +36,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-DEFAULT_REORDER_TIMEOUT_S = 5.0
+# As long as the planner's default delivery_timeout_s: the planner keeps re-sending a missing segment that
+# long, so a robot that gave up sooner refused plans that were still on their way (seen with 5 s on a busy host).
+DEFAULT_REORDER_TIMEOUT_S = 30.0
 DEFAULT_MAX_TASKS = 512
 DEFAULT_MAX_PER_TASK = 1024
 

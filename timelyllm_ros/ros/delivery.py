@@ -82,15 +82,21 @@ class SegmentDelivery:
                         p.next_send = now
             return found
 
-    def due(self, now: float) -> list[tuple[str, int, str]]:
+    def due(self, now: float, reachable: Callable[[str], bool] | None = None) -> list[tuple[str, int, str]]:
         """Re-send what is due; returns (task_id, index, robot_id) of segments given up on (never acknowledged
-        within ``give_up_s``): the caller ends those tasks as robot failures."""
+        within ``give_up_s``): the caller ends those tasks as robot failures.
+
+        ``reachable(robot_id)``: whether the robot's reader has matched our writer. A robot not yet discovered
+        could not have received anything, so its silence says nothing: on a loaded machine discovery of a new
+        writer took longer than ``give_up_s``. Such a robot is given the hard bound (4x) instead."""
         resend, lost = [], []
         with self._lock:
             for key, p in list(self._pending.items()):
                 age = now - p.first_sent
                 silent = self._heard.get(p.robot_id, -1.0) < now - self.give_up_s
                 # Give up once the robot has been silent for give_up_s (or after 4x that, whatever it says).
+                if age > self.give_up_s and silent and reachable is not None and age <= 4 * self.give_up_s:
+                    silent = reachable(p.robot_id)
                 if age > self.give_up_s and (silent or age > 4 * self.give_up_s):
                     del self._pending[key]
                     lost.append((key[0], key[1], p.robot_id))

@@ -9,9 +9,10 @@ One node per robot, in the robot's namespace (``/<robot_id>/...``):
   acknowledged. A :class:`~timelyllm_ros.robots.inbox.SegmentInbox` drops duplicates by
   (task_id, segment_index), releases a task's segments strictly by index, holds early ones, and
   refuses held ones whose gap did not fill within the ``reorder_timeout_s`` parameter (default
-  5 s; checked by a timer). An end marker (is_final, empty text) closes the task once every
-  earlier segment has run; it runs nothing and is reported only when the runner refuses to end the
-  plan there (``end_plan``: e.g. MiniSpec blocks still open), with ``success=False`` and the reason;
+  30 s, the planner's delivery_timeout_s; checked by a timer). An end marker (is_final, empty
+  text) closes the task once every earlier segment has run; it runs nothing and is reported only
+  when the runner refuses to end the plan there (``end_plan``: e.g. MiniSpec blocks still open),
+  with ``success=False`` and the reason;
 * end of plan: the segment flagged ``is_final`` runs with ``final=True``, so the runner refuses it
   (nothing runs) when the plan would end incomplete;
 * publishes ``/segment_done`` with the real start and finish wall times; a refused or failed

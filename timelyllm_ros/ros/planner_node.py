@@ -88,7 +88,12 @@ class _OpenTask:
 
 
 class GoalError(ValueError):
-    """A goal that is refused; the message names the field and the problem."""
+    """A goal that is refused; the message names the field and the problem. ``status``: INVALID for what the
+    request asked, BUSY for the planner's state at the time (the same request may succeed later)."""
+
+    def __init__(self, message: str, status: TaskStatus = TaskStatus.INVALID) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def _request_key(robot_id: str, robot_type: str, task: str, tuf_msg) -> tuple:
@@ -127,6 +132,7 @@ class PlannerNode(Node):
         self._open_lock = threading.RLock()
         self._arrivals: dict[int, float] = {}  # id(goal message) -> arrival (core clock), goal_cb -> accepted cb
         self._seg_pubs: dict[str, Any] = {}
+        self._discovered: set[str] = set()  # robots whose reader matched their segment topic (one per publisher)
         self._pub_lock = threading.Lock()
         self._prompts = PromptRenderer(engine, constrained)
         self._skillset_ids: dict[str, str] = {}
@@ -320,10 +326,11 @@ class PlannerNode(Node):
                 if joined is not None:
                     return task_id, joined[1]
                 if self._engine_error is not None:
-                    raise GoalError(f"engine unavailable ({self._engine_error}); restarting, retry later")
+                    raise GoalError(f"engine unavailable ({self._engine_error}); restarting, retry later",
+                                    TaskStatus.BUSY)
                 if len(self._open) >= self._max_active:
                     raise GoalError(f"planner at capacity: {len(self._open)} active tasks "
-                                    f"(max_active_tasks={self._max_active}); retry later")
+                                    f"(max_active_tasks={self._max_active}); retry later", TaskStatus.BUSY)
                 spec = self._validate(task_id, robot_id, robot_type, task, tuf_msg, arrival=arrival, sent=sent)
                 req.task_id = spec.task_id
                 spec.meta["request_key"] = key
@@ -343,7 +350,7 @@ class PlannerNode(Node):
                     self._open.pop(spec.task_id, None)
                 raise GoalError(str(e)) from None
         except GoalError as e:
-            req.error = str(e)
+            req.error, req.status = str(e), status_code(e.status)
             self._requests.publish(req)
             self.get_logger().warning(f"request from {robot_id!r} refused: {e}")
             raise
@@ -382,9 +389,9 @@ class PlannerNode(Node):
         try:
             tid, done = self._accept(g.task_id, g.robot_id, g.robot_type, g.task, g.tuf, arrival=arrival,
                                      stamp=g.stamp, handle=goal_handle)
-        except GoalError as e:  # refused (REJECTED on the wire, the code of INVALID), with the reason
-            self._complete(goal_handle, PlanTask.Result(status=status_code(TaskStatus.INVALID), message=str(e),
-                                                        task_id=g.task_id), TaskStatus.INVALID)
+        except GoalError as e:  # refused (INVALID or BUSY), with the reason
+            self._complete(goal_handle, PlanTask.Result(status=status_code(e.status), message=str(e),
+                                                        task_id=g.task_id), e.status)
             return
         except Exception as e:  # noqa: BLE001 - the robot must hear why, whatever broke
             self.get_logger().error(f"goal from {g.robot_id!r} failed before planning: {e!r}")
@@ -425,7 +432,7 @@ class PlannerNode(Node):
 
     def _plan_srv(self, req: Plan.Request, resp: Plan.Response) -> Plan.Response:
         if not self._oneshot.acquire(blocking=False):
-            resp.status, resp.error = Plan.Response.STATUS_REJECTED, (
+            resp.status, resp.error = Plan.Response.STATUS_BUSY, (
                 "planner busy: too many one-shot /plan calls in progress (max_oneshot_calls); "
                 "use the PlanTask action")
             return resp
@@ -434,7 +441,9 @@ class PlannerNode(Node):
             try:
                 tid, done = self._accept("", req.robot_id, req.robot_type, req.task, req.tuf, waiter=box)
             except GoalError as e:
-                resp.status, resp.error = Plan.Response.STATUS_REJECTED, str(e)
+                busy = e.status is TaskStatus.BUSY
+                resp.status = Plan.Response.STATUS_BUSY if busy else Plan.Response.STATUS_REJECTED
+                resp.error = str(e)
                 return resp
             except Exception as e:  # noqa: BLE001
                 resp.status, resp.error = Plan.Response.STATUS_FAILED, f"planner error: {e}"
@@ -588,11 +597,25 @@ class PlannerNode(Node):
         if self.delivery.ack(msg.task_id, msg.segment_index, time.monotonic()) and self.journal is not None:
             self._jot("segment_acked", msg.task_id, msg.segment_index)
 
+    def _robot_reachable(self, robot_id: str) -> bool:
+        """The robot's reader has matched our writer at some point. One that matched and went away (a dead
+        executor) is judged by its silence; one never discovered is given delivery's hard bound."""
+        if robot_id in self._discovered:
+            return True
+        if self._segment_pub(robot_id).get_subscription_count() > 0:
+            self._discovered.add(robot_id)
+            return True
+        return False
+
     def _housekeeping(self) -> None:
-        for tid, index, robot_id in self.delivery.due(time.monotonic()):
-            self.get_logger().error(f"{robot_id} never acknowledged segment {index} of {tid}")
-            self.core.robot_failed(tid, f"robot {robot_id} never acknowledged segment {index} within "
-                                        f"{self.delivery.give_up_s:g} s")
+        for tid, index, robot_id in self.delivery.due(time.monotonic(), self._robot_reachable):
+            if self._robot_reachable(robot_id):
+                why = f"robot {robot_id} never acknowledged segment {index} within {self.delivery.give_up_s:g} s"
+            else:
+                why = (f"robot {robot_id} unreachable: no executor subscribed to {topics.segment_topic(robot_id)} "
+                       f"within {4 * self.delivery.give_up_s:g} s")
+            self.get_logger().error(f"task {tid}: {why}")
+            self.core.robot_failed(tid, why)
         for tid, robot_id, robot_type, seg in self.core.unreported():
             self._deliver(robot_id, segment_msg(tid, robot_id, seg, self._bridge, self._skillset_id(robot_type)))
         for tid in self.core.expire_silent():

@@ -332,7 +332,13 @@ def test_cli_record_in_its_own_process(stack, tmp_path):
         assert _wait(res.done, 30)
         stack.settle()
         proc.send_signal(signal.SIGINT)
-        text, _ = proc.communicate(timeout=30)
+        try:  # a liveness bound; on a timeout the recorder's threads are dumped (faulthandler on SIGUSR1)
+            text, _ = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(2)
+            proc.kill()
+            pytest.fail("the recorder did not stop within 120 s of Ctrl-C:\n" + proc.communicate()[0])
     finally:
         if proc.poll() is None:
             proc.kill()

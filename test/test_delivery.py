@@ -625,3 +625,31 @@ def test_response_time_runs_from_arrival_and_from_send_includes_the_goals_own_st
     _, h = s.send_id("drone_1", CAT, task_id="clock-2")
     r2 = s.full_result(h)[1]
     assert r2.status == R.STATUS_SUCCEEDED and math.isnan(r2.response_time_from_send)
+
+
+def test_a_failed_publish_is_logged_not_raised_into_the_callback():
+    """A full RELIABLE writer fails publish() on a loaded host; raised in a subscription callback it killed a
+    fleet process (CI). Segments, acks and reports are sent again by the protocol, so it is only logged."""
+    from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
+
+    class Pub:
+        def __init__(self, fail):
+            self.fail, self.sent = fail, []
+
+        def publish(self, msg):
+            if self.fail:
+                raise _rclpy.RCLError("Failed to publish: cannot publish data")
+            self.sent.append(msg)
+
+    class Log:
+        lines: list[str] = []
+
+        def warning(self, text):
+            self.lines.append(text)
+
+    log = Log()
+    assert topics.publish_or_log(Pub(False), "m", log, "a report") and not log.lines
+    assert not topics.publish_or_log(Pub(True), "m", log, "a report")
+    assert "could not publish a report" in log.lines[0] and "cannot publish data" in log.lines[0]
+    with pytest.raises(TypeError):  # anything but a failed publish still surfaces
+        topics.publish_or_log(type("P", (), {"publish": lambda self, m: None + 1})(), "m", log, "x")

@@ -13,6 +13,7 @@ info`` still works without a sourced ROS 2 environment.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import signal
 import sys
@@ -35,6 +36,7 @@ def _record(args: argparse.Namespace) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: where is a stuck recorder?
     try:
         handle = start_recorder(None, path, topics)
         print(f"recording to {handle.path} (Ctrl-C stops)", flush=True)

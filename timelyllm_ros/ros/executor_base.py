@@ -42,7 +42,15 @@ from timelyllm_ros.msg import PlanSegment, SegmentAck, SegmentDone
 from timelyllm_ros.robots.base import ExecutionError, Interrupted, RefusedError, StopSignal
 from timelyllm_ros.robots.inbox import DEFAULT_REORDER_TIMEOUT_S, ReportCache, Segment, SegmentInbox
 from timelyllm_ros.ros.convert import time_msg
-from timelyllm_ros.ros.topics import RELIABLE, REPORTS, SEGMENT_ACKS, SEGMENT_DONE, is_end_marker, segment_topic
+from timelyllm_ros.ros.topics import (
+    RELIABLE,
+    REPORTS,
+    SEGMENT_ACKS,
+    SEGMENT_DONE,
+    is_end_marker,
+    publish_or_log,
+    segment_topic,
+)
 
 EMERGENCY = "emergency stop"
 
@@ -114,7 +122,7 @@ class RobotExecutorNode(Node):
             self.get_logger().debug(f"{self.robot_id}: duplicate {task}[{index}] dropped")
             report = self._reports.get(task, index)
             if report is not None:  # the planner re-sent it: it has no report for it (e.g. it restarted)
-                self._done_pub.publish(report)
+                publish_or_log(self._done_pub, report, self.get_logger(), f"the report of {task}[{index}]")
             return
         if msg.robot_id and msg.robot_id != self.robot_id:
             reason = f"segment for {msg.robot_id!r} sent to {self.robot_id!r}"
@@ -261,15 +269,13 @@ class RobotExecutorNode(Node):
         report = SegmentDone(task_id=msg.task_id, robot_id=self.robot_id, segment_index=msg.segment_index,
                              start=time_msg(start), finish=time_msg(finish), success=ok, error=error)
         self._reports.put(msg.task_id, msg.segment_index, report)
-        self._done_pub.publish(report)
+        publish_or_log(self._done_pub, report, self.get_logger(), f"the report of {msg.task_id}[{msg.segment_index}]")
 
     def _ack(self, msg: PlanSegment, received: float) -> None:
         self.acks.append((msg.task_id, msg.segment_index))
-        try:  # a lost ack only means a re-send, which is acked again; it must not stop the robot
-            self._ack_pub.publish(SegmentAck(task_id=msg.task_id, robot_id=self.robot_id,
-                                             segment_index=msg.segment_index, stamp=time_msg(received)))
-        except Exception as e:  # noqa: BLE001
-            self.get_logger().warning(f"{self.robot_id}: ack of {msg.task_id}[{msg.segment_index}] not sent: {e}")
+        ack = SegmentAck(task_id=msg.task_id, robot_id=self.robot_id, segment_index=msg.segment_index,
+                         stamp=time_msg(received))
+        publish_or_log(self._ack_pub, ack, self.get_logger(), f"the ack of {msg.task_id}[{msg.segment_index}]")
 
     # -- safety services ------------------------------------------------------------------
     def emergency_stop(self) -> str:

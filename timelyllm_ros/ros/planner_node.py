@@ -541,7 +541,8 @@ class PlannerNode(Node):
             self.get_logger().error(f"could not {what}: {e!r}")
 
     def _publish_to_robot(self, robot_id: str, msg: PlanSegment) -> None:
-        self._segment_pub(robot_id).publish(msg)
+        topics.publish_or_log(self._segment_pub(robot_id), msg, self.get_logger(),
+                       f"segment {msg.segment_index} of {msg.task_id} to {robot_id}")
 
     def _deliver(self, robot_id: str, msg: PlanSegment) -> None:
         matched = self._segment_pub(robot_id).get_subscription_count() > 0

@@ -30,7 +30,15 @@ from timelyllm_ros.msg import PlanSegment, SegmentAck, SegmentDone
 from timelyllm_ros.robots.inbox import DEFAULT_REORDER_TIMEOUT_S, ReportCache, SegmentInbox
 from timelyllm_ros.ros.convert import time_msg
 from timelyllm_ros.ros.spin import run_nodes
-from timelyllm_ros.ros.topics import RELIABLE, REPORTS, SEGMENT_ACKS, SEGMENT_DONE, is_end_marker, segment_topic
+from timelyllm_ros.ros.topics import (
+    RELIABLE,
+    REPORTS,
+    SEGMENT_ACKS,
+    SEGMENT_DONE,
+    is_end_marker,
+    publish_or_log,
+    segment_topic,
+)
 from timelyllm_ros.skills.exec_model import ExecTimeModel
 from timelyllm_ros.skills.schema import load_skill_set
 
@@ -90,7 +98,8 @@ class SimFleetNode(Node):
                 if rob.inbox.is_duplicate(msg.task_id, msg.segment_index):
                     report = self._reports.get(msg.task_id, msg.segment_index)
                     if report is not None:  # re-sent: the planner has no report for it (e.g. it restarted)
-                        self._done_pub.publish(report)
+                        publish_or_log(self._done_pub, report, self.get_logger(),
+                                       f"{robot_id}'s report of {msg.task_id}[{msg.segment_index}]")
                     return
                 for seg in rob.inbox.offer(msg.task_id, msg.segment_index, msg.text, msg.is_final, now, payload=msg):
                     if seg.refused:
@@ -102,11 +111,10 @@ class SimFleetNode(Node):
                 self._lock.notify()
         finally:  # every received copy, duplicates and end markers included (silent robots too)
             rob.acks.append((msg.task_id, msg.segment_index))
-            try:  # a lost ack only means a re-send, which is acked again; it must not kill the fleet
-                self._ack_pub.publish(SegmentAck(task_id=msg.task_id, robot_id=robot_id,
-                                                 segment_index=msg.segment_index, stamp=time_msg(now)))
-            except Exception as e:  # noqa: BLE001
-                self.get_logger().warning(f"{robot_id}: ack of {msg.task_id}[{msg.segment_index}] not sent: {e}")
+            ack = SegmentAck(task_id=msg.task_id, robot_id=robot_id, segment_index=msg.segment_index,
+                             stamp=time_msg(now))
+            publish_or_log(self._ack_pub, ack, self.get_logger(),
+                           f"{robot_id}'s ack of {msg.task_id}[{msg.segment_index}]")
 
     def _expire(self) -> None:
         now = time.time()
@@ -145,7 +153,7 @@ class SimFleetNode(Node):
         report = SegmentDone(task_id=task_id, robot_id=rob.robot_id, segment_index=index, start=time_msg(start),
                              finish=time_msg(finish), success=ok, error=error)
         self._reports.put(task_id, index, report)
-        self._done_pub.publish(report)
+        publish_or_log(self._done_pub, report, self.get_logger(), f"{rob.robot_id}'s report of {task_id}[{index}]")
 
     def _run(self) -> None:
         with self._lock:

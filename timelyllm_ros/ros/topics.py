@@ -11,6 +11,9 @@ restarted executor must not be handed old plans from a history cache.
 
 from __future__ import annotations
 
+from typing import Any
+
+from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 from rclpy.qos import QoSDurabilityPolicy, QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
 
 RELIABLE = QoSProfile(depth=50, reliability=QoSReliabilityPolicy.RELIABLE, history=QoSHistoryPolicy.KEEP_LAST)
@@ -36,6 +39,20 @@ SEGMENT_DONE = "/segment_done"
 SEGMENT_ACKS = "/segment_acks"
 PLAN_REQUESTS = "/plan_requests"
 PLAN_RESULTS = "/plan_results"
+
+
+def publish_or_log(pub: Any, msg: Any, logger: Any, what: str) -> bool:
+    """Publish a message the delivery protocol sends again if it is lost (a segment, an ack, a robot report).
+
+    A RELIABLE writer whose history is full of unacknowledged samples fails ``publish()`` on a loaded host
+    (seen: a fleet process's report writer). Raised inside a subscription callback that kills the whole node;
+    logged, the planner re-sends the segment and the robot answers with its cached report."""
+    try:
+        pub.publish(msg)
+        return True
+    except _rclpy.RCLError as e:
+        logger.warning(f"could not publish {what} ({e}); it is sent again by the delivery protocol")
+        return False
 
 
 def segment_topic(robot_id: str) -> str:

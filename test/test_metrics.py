@@ -88,7 +88,7 @@ def test_all_tasks_columns_do_not_reward_refusing():
     assert refuses.total_utility_all == pytest.approx(0.5) and serves.total_utility_all == pytest.approx(0.6)
     assert (refuses.n, refuses.served, refuses.failed) == (8, 4, 4)
     assert refuses.statuses == {"done": 4, "invalid": 1, "overdue": 1, "failed": 1, "robot_failed": 0,
-                                "cancelled": 1, "other": 0}
+                                "cancelled": 1, "busy": 0, "other": 0}
     assert set(refuses.statuses) == {s.value for s in TERMINAL_STATUSES} | {"other"}
 
 

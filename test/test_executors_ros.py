@@ -33,9 +33,9 @@ class Planner:
         self.node = rclpy.create_node("fake_planner", context=self.ctx)
         self.pubs = {r: self.node.create_publisher(PlanSegment, segment_topic(r), RELIABLE) for r in robots}
         self.done: list[SegmentDone] = []
-        self.node.create_subscription(SegmentDone, "/segment_done", self.done.append, RELIABLE)
+        self._subs = [self.node.create_subscription(SegmentDone, "/segment_done", self.done.append, RELIABLE)]
         self.acks: list[SegmentAck] = []
-        self.node.create_subscription(SegmentAck, SEGMENT_ACKS, self.acks.append, REPORTS)
+        self._subs.append(self.node.create_subscription(SegmentAck, SEGMENT_ACKS, self.acks.append, REPORTS))
         self.ex = MultiThreadedExecutor(num_threads=2, context=self.ctx)
         self.ex.add_node(self.node)
         for n in extra_nodes:
@@ -46,6 +46,12 @@ class Planner:
         while any(p.get_subscription_count() == 0 for p in self.pubs.values()) and time.monotonic() < end:
             time.sleep(0.05)
         assert all(p.get_subscription_count() for p in self.pubs.values()), "executors never subscribed"
+        # Acks and reports are VOLATILE and this stand-in never re-sends (the real planner does): the robots'
+        # writers must have matched our readers before the first segment goes out, or its ack is gone (CI).
+        while time.monotonic() < end and not all(
+                s.get_publisher_count() >= max(1, self.node.count_publishers(s.topic_name)) for s in self._subs):
+            time.sleep(0.05)
+        assert all(s.get_publisher_count() for s in self._subs), "the executors' ack/report writers never matched"
 
     def send(self, robot: str, task: str, index: int, text: str, final: bool = False) -> None:
         self.pubs[robot].publish(PlanSegment(task_id=task, robot_id=robot, segment_index=index, text=text,

@@ -191,3 +191,32 @@ def test_delivery_waits_longer_for_a_robot_it_has_not_discovered_yet():
     d.heard("far", 19.0)
     assert d.due(19.5, matched.__getitem__) == [] and d.pending() == 1
     assert d.due(20.5, matched.__getitem__) == [("b", 0, "far")]  # past the hard bound, whatever it says
+
+
+def test_a_restored_planner_asks_for_missing_reports_at_once_and_judges_silence_from_the_restart():
+    """Reports sent while the planner was dead are lost. Judged from the segment's old predicted end, the
+    robot looked silent the moment the planner came back (CI: ROBOT_FAILED 1.5 s after a restart)."""
+    clock = SimClock(start=100.0)
+    core, _, results = make_core(clock=clock, robot_timeout_s=5.0)
+    seg = Segment(index=0, text="tc(30);", token_ids=[1], calls=[], gen_start=0.0, ready=0.0, dispatch=1.0,
+                  pred_start=1.0, pred_end=4.0)  # journaled long before: its predicted end + 5 s has passed
+    core.restore(spec(0, plan="tc(30);mf(50);"), [seg])
+    probes = core.unreported()
+    assert [(t, s.index) for t, _, _, s in probes] == [("t0", 0)]  # re-sent at once: the robot answers again
+    assert core.unreported() == [] and core.expire_silent() == []  # asked once; not silent yet
+    clock.set(104.0)
+    assert core.expire_silent() == []
+    core.report_segment_done("t0", 0, 50.0, start_time=10.0)  # the cached report comes back
+    clock.set(106.0)
+    assert core.expire_silent() == [] and not [r for r in results if r.status is TaskStatus.ROBOT_FAILED]
+
+
+def test_a_restored_segment_whose_robot_stays_silent_still_fails():
+    clock = SimClock(start=100.0)
+    core, _, results = make_core(clock=clock, robot_timeout_s=5.0)
+    seg = Segment(index=0, text="tc(30);", token_ids=[1], calls=[], gen_start=0.0, ready=0.0, dispatch=1.0,
+                  pred_start=1.0, pred_end=4.0, final=True)
+    core.restore(spec(0), [seg])
+    clock.set(105.5)
+    assert core.expire_silent() == ["t0"]
+    assert any(r.status is TaskStatus.ROBOT_FAILED and "robot silent" in r.reason for r in results)

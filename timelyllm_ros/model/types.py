@@ -86,6 +86,14 @@ class Segment:
     final: bool = False
     error: str = ""
     probed: bool = False  # its report was asked for again (see PlannerCore.unreported)
+    # Restored after a planner restart: reports sent while the planner was down are lost, so the robot's
+    # silence about this segment counts from here, not from its predicted end.
+    silence_from: float | None = None
+
+    def silence_base(self) -> float:
+        """Since when the robot's silence about this segment counts: its predicted end (or the restart)."""
+        assert self.pred_end is not None
+        return self.pred_end if self.silence_from is None else max(self.pred_end, self.silence_from)
 
     @property
     def end(self) -> float | None:

@@ -290,7 +290,7 @@ class PlannerCore:
                 if owner is not None and self._robot_heard.get(owner.robot_id, -math.inf) > heard_since:
                     continue  # it keeps reporting (other segments): busy or behind, not silent
                 limit = self.cfg.robot_timeout_s + self._report_lag
-                late = [s for s in pending if s.pred_end is not None and now > s.pred_end + limit]
+                late = [s for s in pending if s.pred_end is not None and now > s.silence_base() + limit]
                 if late:
                     s = late[0]
                     self._watch.pop(tid, None)
@@ -315,8 +315,10 @@ class PlannerCore:
                 if owner is None:
                     continue
                 half = self.cfg.robot_timeout_s / 2 + self._report_lag
-                for seg in pending:
-                    if not seg.probed and seg.pred_end is not None and now > seg.pred_end + half:
+                for seg in pending:  # a restored segment is asked for at once: its report may have been sent
+                    # while the planner was down
+                    if not seg.probed and seg.pred_end is not None and (
+                            seg.silence_from is not None or now > seg.pred_end + half):
                         seg.probed = True
                         out.append((tid, owner.robot_id, owner.robot_type, seg))
         return out
@@ -379,6 +381,9 @@ class PlannerCore:
             self._tasks[tid] = g
             unreported = [s for s in g.segments if s.dispatch is not None and s.real_end is None]
             if unreported:
+                restored_at = self.clock.now()
+                for s in unreported:
+                    s.silence_from, s.probed = restored_at, False
                 self._watch[tid] = unreported
             if final or (g.segments and g.segments[-1].final):
                 if g.segments:

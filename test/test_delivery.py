@@ -25,7 +25,6 @@ from waiting import wait_until
 
 rclpy = pytest.importorskip("rclpy")
 from builtin_interfaces.msg import Time  # noqa: E402
-from rclpy.action import ActionClient  # noqa: E402
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 from rclpy.qos import QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy  # noqa: E402
@@ -44,9 +43,11 @@ from timelyllm_ros.msg import (  # noqa: E402
     TaskRequest,
 )
 from timelyllm_ros.ros import topics  # noqa: E402
+from timelyllm_ros.ros.action_client import SafeActionClient  # noqa: E402
 from timelyllm_ros.ros.convert import duration_s, time_s  # noqa: E402
 from timelyllm_ros.ros.planner_node import PlannerNode, SchedulerNode  # noqa: E402
 from timelyllm_ros.ros.sim_fleet_node import SimFleetNode  # noqa: E402
+from timelyllm_ros.ros.spin import Spinner  # noqa: E402
 from timelyllm_ros.srv import GetPlanResult  # noqa: E402
 
 pytestmark = pytest.mark.ros
@@ -114,7 +115,7 @@ class DStack(Stack):
             Parameter("silent_robots", value=list(silent) or [""]),
             Parameter("time_scale", value=fleet_time_scale)])
         self.client = c = rclpy.create_node("robot_client", context=self.ctx)
-        self.action = ActionClient(c, PlanTask, topics.PLAN_TASK_ACTION, goal_service_qos_profile=DEEP,
+        self.action = SafeActionClient(c, PlanTask, topics.PLAN_TASK_ACTION, goal_service_qos_profile=DEEP,
                                    result_service_qos_profile=DEEP, cancel_service_qos_profile=DEEP,
                                    feedback_sub_qos_profile=DEEP)
         self.gpr = c.create_client(GetPlanResult, topics.GET_PLAN_RESULT_SERVICE)
@@ -132,7 +133,7 @@ class DStack(Stack):
         self.ex = MultiThreadedExecutor(num_threads=24, context=self.ctx)
         for n in self.nodes:
             self.ex.add_node(n)
-        self.thread = threading.Thread(target=self.ex.spin, daemon=True)
+        self.thread = Spinner(self.ex)
         self.thread.start()
         self._ready_or_close(lambda: self.action.wait_for_server(timeout_sec=30),
                              lambda: self.gpr.wait_for_service(timeout_sec=30))

@@ -35,7 +35,6 @@ from procs import OBSERVER_READY, Procs
 from waiting import wait_until
 
 rclpy = pytest.importorskip("rclpy")
-from rclpy.action import ActionClient  # noqa: E402
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 
 from timelyllm_ros.action import PlanTask  # noqa: E402
@@ -43,6 +42,8 @@ from timelyllm_ros.model.plans import plan_templates  # noqa: E402
 from timelyllm_ros.msg import PlanResult, PlanSegment, SegmentAck, SegmentDone, TimeUtility  # noqa: E402
 from timelyllm_ros.paths import config_dir  # noqa: E402
 from timelyllm_ros.ros import topics  # noqa: E402
+from timelyllm_ros.ros.action_client import SafeActionClient  # noqa: E402
+from timelyllm_ros.ros.spin import Spinner  # noqa: E402
 from timelyllm_ros.srv import GetPlanResult  # noqa: E402
 
 pytestmark = pytest.mark.ros
@@ -123,7 +124,7 @@ class Clients:
         self.ctx = rclpy.Context()
         rclpy.init(context=self.ctx)
         self.node = rclpy.create_node("fault_clients", context=self.ctx)
-        self.action = ActionClient(self.node, PlanTask, topics.PLAN_TASK_ACTION)
+        self.action = SafeActionClient(self.node, PlanTask, topics.PLAN_TASK_ACTION)
         self.get_result = self.node.create_client(GetPlanResult, topics.GET_PLAN_RESULT_SERVICE)
         self.lock = threading.Lock()
         self.results: list[PlanResult] = []
@@ -150,7 +151,7 @@ class Clients:
                                                  lambda m: self._segment(m, robot_copy=True), topics.RELIABLE)
         self.ex = MultiThreadedExecutor(num_threads=4, context=self.ctx)
         self.ex.add_node(self.node)
-        self.thread = threading.Thread(target=self.ex.spin, daemon=True)
+        self.thread = Spinner(self.ex)
         self.thread.start()
 
     def _on(self, sink: list):

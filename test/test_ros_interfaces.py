@@ -10,7 +10,7 @@ from waiting import wait_until
 
 rclpy = pytest.importorskip("rclpy", reason="rclpy missing: run scripts/setup.sh and `. env.sh`")
 from builtin_interfaces.msg import Duration, Time  # noqa: E402
-from rclpy.action import ActionClient, ActionServer, CancelResponse, GoalResponse  # noqa: E402
+from rclpy.action import ActionServer, CancelResponse, GoalResponse  # noqa: E402
 from rclpy.callback_groups import ReentrantCallbackGroup  # noqa: E402
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.qos import QoSDurabilityPolicy, QoSProfile, QoSReliabilityPolicy  # noqa: E402
@@ -27,6 +27,8 @@ from timelyllm_ros.msg import (  # noqa: E402
     TaskRequest,
     TimeUtility,
 )
+from timelyllm_ros.ros.action_client import SafeActionClient  # noqa: E402
+from timelyllm_ros.ros.spin import Spinner  # noqa: E402
 from timelyllm_ros.srv import EstimateExecTime, Plan  # noqa: E402
 
 pytestmark = pytest.mark.ros
@@ -43,7 +45,7 @@ def two_nodes():
     ex = MultiThreadedExecutor(num_threads=4, context=ctx)
     ex.add_node(a)
     ex.add_node(b)
-    t = threading.Thread(target=ex.spin, daemon=True)
+    t = Spinner(ex)
     t.start()
     yield a, b
     ex.shutdown()
@@ -170,7 +172,7 @@ def test_action_goal_feedback_result(two_nodes):
     release = threading.Event()
     release.set()
     _server = _action_server(a, release)  # noqa: F841 - must stay alive
-    client = ActionClient(b, PlanTask, "/iface_test/plan_task")
+    client = SafeActionClient(b, PlanTask, "/iface_test/plan_task")
     assert client.wait_for_server(timeout_sec=TIMEOUT)
     feedback = []
     goal = PlanTask.Goal(task_id="t-1", robot_id="drone_3", robot_type="drone", task="find the cat",
@@ -195,7 +197,7 @@ def test_action_cancel(two_nodes):
     a, b = two_nodes
     release = threading.Event()
     _server = _action_server(a, release)  # noqa: F841
-    client = ActionClient(b, PlanTask, "/iface_test/plan_task")
+    client = SafeActionClient(b, PlanTask, "/iface_test/plan_task")
     assert client.wait_for_server(timeout_sec=TIMEOUT)
     feedback = []
     send = client.send_goal_async(PlanTask.Goal(task_id="t-9", robot_id="arm_1", robot_type="arm", task="stack"),

@@ -64,6 +64,7 @@ from timelyllm_ros.action import PlanTask
 from timelyllm_ros.model.types import TaskStatus
 from timelyllm_ros.msg import PlanResult, PlanSegment, TimeUtility
 from timelyllm_ros.ros import topics
+from timelyllm_ros.ros.action_client import SafeActionClient
 from timelyllm_ros.ros.convert import duration_s, status_from_code, status_name, time_msg, time_s
 from timelyllm_ros.sched.hygiene import check_text
 from timelyllm_ros.srv import GetPlanResult
@@ -99,15 +100,6 @@ class PlanTimeoutError(PlanClientError, TimeoutError):
 
 # Phases of a handle.
 _WAIT_SERVER, _SENDING, _ACCEPTED, _FALLBACK, _DONE = "wait_server", "sending", "accepted", "fallback", "done"
-
-
-class _ActionClient(ActionClient):
-    """rclpy's ActionClient registers itself with the node before it creates its lock: an executor already
-    spinning the node can then call ``get_num_entities`` on a half-built client (AttributeError)."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        self._lock = threading.Lock()
-        super().__init__(*args, **kwargs)
 
 
 class _Attempt:
@@ -264,7 +256,7 @@ class PlanClient:
         self._results_topic, self._segments_topic = results_topic, segments_topic
         self._group = callback_group or ReentrantCallbackGroup()
         self._own_action = action_client is None
-        self._action = action_client or _ActionClient(
+        self._action = action_client or SafeActionClient(
             node, PlanTask, action_name, callback_group=self._group, goal_service_qos_profile=_DEEP,
             result_service_qos_profile=_DEEP, cancel_service_qos_profile=_DEEP, feedback_sub_qos_profile=_DEEP)
         self._srv = node.create_client(GetPlanResult, result_service, qos_profile=_DEEP, callback_group=self._group)

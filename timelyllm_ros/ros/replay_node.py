@@ -23,7 +23,6 @@ from typing import Any
 
 import rclpy
 from rcl_interfaces.msg import ParameterDescriptor
-from rclpy.action import ActionClient
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.node import Node
@@ -31,7 +30,9 @@ from rclpy.node import Node
 from timelyllm_ros.action import PlanTask
 from timelyllm_ros.bags.convert import DEFAULT_ROBOT_ID_FORMAT, ReplayRequest, load_requests
 from timelyllm_ros.msg import TimeUtility
+from timelyllm_ros.ros.action_client import SafeActionClient
 from timelyllm_ros.ros.convert import duration_s, status_name
+from timelyllm_ros.ros.spin import Spinner
 
 
 @dataclass
@@ -95,7 +96,7 @@ class Replayer:
         self.speed = float(speed)
         self.keep_task_ids = keep_task_ids
         self.task_id_suffix = task_id_suffix
-        self.client = ActionClient(node, PlanTask, action, callback_group=ReentrantCallbackGroup())
+        self.client = SafeActionClient(node, PlanTask, action, callback_group=ReentrantCallbackGroup())
         self._done = threading.Semaphore(0)
         self._t0 = 0.0
 
@@ -188,7 +189,7 @@ def run_replay(node: ReplayNode) -> ReplayReport:
     """Spin ``node`` in a background executor while the calling thread replays."""
     ex = MultiThreadedExecutor(num_threads=4, context=node.context)
     ex.add_node(node)
-    t = threading.Thread(target=ex.spin, daemon=True)
+    t = Spinner(ex, name="timelyllm-replay")
     t.start()
     try:
         return node.replay()

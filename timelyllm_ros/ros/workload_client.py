@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rclpy.action import ActionClient
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.node import Node
 
@@ -19,6 +18,7 @@ from timelyllm_ros.action import PlanTask
 from timelyllm_ros.model.plans import plan_templates
 from timelyllm_ros.model.types import TaskStatus
 from timelyllm_ros.msg import SegmentDone
+from timelyllm_ros.ros.action_client import SafeActionClient
 from timelyllm_ros.ros.convert import ClockBridge, status_from_code, tuf_to_msg
 from timelyllm_ros.ros.topics import RELIABLE
 from timelyllm_ros.sim.records import SegRecord, TaskRecord
@@ -47,7 +47,7 @@ class WorkloadClient(Node):
         self.jobs, self.speed = jobs, speed
         self.on_segment, self.on_done = on_segment, on_done
         self._group = ReentrantCallbackGroup()
-        self._action = ActionClient(self, PlanTask, action, callback_group=self._group)
+        self._action = SafeActionClient(self, PlanTask, action, callback_group=self._group)
         self._bridge = ClockBridge()
         tpl = plan_templates()
         self.records: dict[int, TaskRecord] = {}

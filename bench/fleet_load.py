@@ -447,6 +447,7 @@ def run(args: argparse.Namespace) -> int:
         from timelyllm_ros.ros import topics
         from timelyllm_ros.ros.client import PlanClient
         from timelyllm_ros.ros.convert import duration_s, status_name, time_s
+        from timelyllm_ros.ros.spin import Spinner
 
         ctx = rclpy.Context()
         rclpy.init(context=ctx, domain_id=domain)
@@ -455,7 +456,7 @@ def run(args: argparse.Namespace) -> int:
         pc = PlanClient(node, server_timeout=60.0, default_timeout=args.goal_timeout)
         ex = MultiThreadedExecutor(num_threads=4, context=ctx)
         ex.add_node(node)
-        spin_thread = threading.Thread(target=ex.spin, name="fleet-load-spin", daemon=True)
+        spin_thread = Spinner(ex, name="fleet-load-spin")
         spin_thread.start()
         if not pc.wait_for_server(60):
             raise RuntimeError(f"no PlanTask action server:\n{planner.tail()}")

@@ -14,7 +14,6 @@ down on exit, also when start-up fails half-way.
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from std_msgs.msg import String
 
 from devtools.netns import EmulatedDrone, emulated_drones
 from timelyllm_ros.ros.drone_executor_node import SCENE_QOS, DroneExecutorNode, build_drone_executors, scene_topic
+from timelyllm_ros.ros.spin import Spinner
 
 
 @dataclass
@@ -59,7 +59,7 @@ def start_emulated_fleet(robot_ids: Sequence[str], *, speed: float = 0.05, retry
         rclpy.init(context=ctx)
         nodes: list[DroneExecutorNode] = []
         ex = MultiThreadedExecutor(num_threads=4, context=ctx)
-        spinner = threading.Thread(target=ex.spin, name="emulated-fleet", daemon=True)
+        spinner = Spinner(ex, name="emulated-fleet")
         try:
             nodes = build_drone_executors(robot_ids, [e.host for e in emus], time_scale=speed,
                                           retry_count=retry_count, scenes=scenes, context=ctx)

@@ -210,6 +210,7 @@ def observe(argv: list[str] | None = None) -> int:
 
     from timelyllm_ros.msg import PlanSegment, SegmentAck, SegmentDone
     from timelyllm_ros.ros import topics
+    from timelyllm_ros.ros.spin import Spinner
 
     ap = argparse.ArgumentParser(prog="procs.py observe")
     ap.add_argument("--probe", action="append", default=[])
@@ -234,7 +235,7 @@ def observe(argv: list[str] | None = None) -> int:
     node.create_subscription(SegmentAck, topics.SEGMENT_ACKS, lambda m: emit("ack", m), topics.REPORTS)
     ex = MultiThreadedExecutor(num_threads=2)
     ex.add_node(node)
-    spinner = threading.Thread(target=ex.spin, daemon=True)
+    spinner = Spinner(ex)
     spinner.start()
     try:
         for robot in a.probe:

@@ -17,6 +17,7 @@ from std_srvs.srv import Trigger  # noqa: E402
 from waiting import wait_until  # noqa: E402
 
 from timelyllm_ros.msg import PlanSegment, SegmentAck, SegmentDone  # noqa: E402
+from timelyllm_ros.ros.spin import Spinner  # noqa: E402
 from timelyllm_ros.ros.topics import RELIABLE, REPORTS, SEGMENT_ACKS, segment_topic  # noqa: E402
 
 pytestmark = pytest.mark.ros
@@ -40,7 +41,7 @@ class Planner:
         self.ex.add_node(self.node)
         for n in extra_nodes:
             self.ex.add_node(n)
-        self.thread = threading.Thread(target=self.ex.spin, daemon=True)
+        self.thread = Spinner(self.ex)
         self.thread.start()
         end = time.monotonic() + 20
         while any(p.get_subscription_count() == 0 for p in self.pubs.values()) and time.monotonic() < end:
@@ -257,7 +258,7 @@ def test_arm_executor_drives_the_simulated_controller_and_stops_on_emergency():
     ex = MultiThreadedExecutor(num_threads=3, context=ctx)
     ex.add_node(ctrl)
     ex.add_node(arm)
-    spin = threading.Thread(target=ex.spin, daemon=True)
+    spin = Spinner(ex)
     spin.start()
     planner = Planner(["arm_x"])
     try:
@@ -360,7 +361,7 @@ def _robot(robot_id: str, reorder_timeout_s: float | None = None):
     node = FakeExecutor(context=ctx, parameter_overrides=over)
     ex = MultiThreadedExecutor(num_threads=2, context=ctx)
     ex.add_node(node)
-    spin = threading.Thread(target=ex.spin, daemon=True)
+    spin = Spinner(ex)
     spin.start()
     planner = None
     try:
@@ -502,7 +503,7 @@ def test_sim_fleet_dedups_reorders_and_acks_and_a_silent_robot_acks_without_repo
         Parameter("time_scale", value=0.01), Parameter("reorder_timeout_s", value=0.5)])
     ex = MultiThreadedExecutor(num_threads=2, context=ctx)
     ex.add_node(fleet)
-    spin = threading.Thread(target=ex.spin, daemon=True)
+    spin = Spinner(ex)
     spin.start()
     planner = Planner(["sim_a", "sim_mute"])
     try:

@@ -7,22 +7,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import threading
 import time
 
 import pytest
 from waiting import wait_until
 
 rclpy = pytest.importorskip("rclpy")
-from rclpy.action import ActionClient  # noqa: E402
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 
 from timelyllm_ros.action import PlanTask  # noqa: E402
 from timelyllm_ros.engines.sim_realtime import RealtimeSimEngine  # noqa: E402
 from timelyllm_ros.msg import TimeUtility  # noqa: E402
+from timelyllm_ros.ros.action_client import SafeActionClient  # noqa: E402
 from timelyllm_ros.ros.planner_node import build_planner  # noqa: E402
 from timelyllm_ros.ros.sim_fleet_node import SimFleetNode  # noqa: E402
+from timelyllm_ros.ros.spin import Spinner  # noqa: E402
 from timelyllm_ros.skills.schema import load_skill_set  # noqa: E402
 
 pytestmark = pytest.mark.ros
@@ -53,11 +53,11 @@ class Stack:
             Parameter("silent_robots", value=list(silent) or [""]),
             Parameter("time_scale", value=fleet_time_scale)])
         self.client = rclpy.create_node("robot_client", **kw)
-        self.action = ActionClient(self.client, PlanTask, "/plan_task")
+        self.action = SafeActionClient(self.client, PlanTask, "/plan_task")
         self.ex = MultiThreadedExecutor(num_threads=24, context=self.ctx)
         for n in self.nodes:
             self.ex.add_node(n)
-        self.thread = threading.Thread(target=self.ex.spin, daemon=True)
+        self.thread = Spinner(self.ex)
         self.thread.start()
         self._ready_or_close(lambda: self.action.wait_for_server(timeout_sec=30))
 
@@ -90,9 +90,12 @@ class Stack:
     def close(self) -> None:
         self.planner.shutdown()
         self.ex.shutdown(timeout_sec=5)
+        self.thread.stop()
         for n in reversed(self.nodes):
             n.destroy_node()
         rclpy.shutdown(context=self.ctx)
+        # The spinner logs a raising callback and goes on (rclpy's spin would have stopped every node here)
+        assert not self.thread.errors, f"{len(self.thread.errors)} callback(s) raised; first:\n{self.thread.errors[0]}"
 
     @property
     def nodes(self) -> list:

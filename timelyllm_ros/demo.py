@@ -17,7 +17,6 @@ import argparse
 import json
 import math
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
@@ -82,10 +81,12 @@ def pick_jobs(workload: Workload, events: int, per_event: int, max_gap_s: float,
 def _spinning(nodes: list[Any], ctx: Any) -> Iterator[Any]:
     from rclpy.executors import MultiThreadedExecutor
 
+    from timelyllm_ros.ros.spin import Spinner
+
     ex = MultiThreadedExecutor(num_threads=32, context=ctx)
     for n in nodes:
         ex.add_node(n)
-    t = threading.Thread(target=ex.spin, daemon=True)
+    t = Spinner(ex, name="timelyllm-demo")
     t.start()
     try:
         yield ex

@@ -37,7 +37,7 @@ from std_srvs.srv import SetBool
 
 from timelyllm_ros.bags.io import BagError, BagWriter
 from timelyllm_ros.bags.typestore import DEFAULT_TOPICS, TopicSpec, topic_spec
-from timelyllm_ros.ros.spin import run_nodes
+from timelyllm_ros.ros.spin import Spinner, run_nodes
 
 LATCHED = QoSProfile(depth=1, reliability=QoSReliabilityPolicy.RELIABLE,
                      durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
@@ -273,7 +273,7 @@ def start_recorder(node_or_context: Node | Context | None, path: str | Path,
         node = rclpy.create_node(f"timelyllm_recorder_{int(time.time() * 1000) % 10**8}", context=node_or_context)
         ex = SingleThreadedExecutor(context=node_or_context)
         ex.add_node(node)
-        thread = threading.Thread(target=ex.spin, name="timelyllm-recorder", daemon=True)
+        thread = Spinner(ex, name="timelyllm-recorder")
         rec = BagRecorder(node, topics)
         rec.start(path)
         thread.start()

@@ -5,12 +5,57 @@ from __future__ import annotations
 import signal
 import threading
 import time
+import traceback
+from collections import deque
 from collections.abc import Callable, Sequence
 
 import rclpy
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor, SingleThreadedExecutor
+import rclpy.logging
+from rclpy.executors import Executor, ExternalShutdownException, MultiThreadedExecutor, SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.signals import SignalHandlerOptions
+
+
+def spin_until(ex: Executor, stop: Callable[[], bool] = lambda: False, *,
+               on_error: Callable[[str], None] | None = None, period_s: float = 0.2) -> None:
+    """Spin ``ex`` until ``stop()``, the executor's shutdown or its context's.
+
+    rclpy's ``spin()`` re-raises an exception of any one callback and returns: every node of the executor
+    then stops answering (a planner that silently drops all goals). Here the traceback goes to ``on_error``
+    (default: the log) and the executor goes on serving the other callbacks.
+    """
+    log = on_error or rclpy.logging.get_logger("timelyllm.spin").error
+    # rclpy's own spin() reads the same private flag: spin_once after shutdown returns at once.
+    while not stop() and ex.context.ok() and not getattr(ex, "_is_shutdown", False):
+        try:
+            ex.spin_once(timeout_sec=period_s)  # bounded waits: ``stop`` is seen within period_s
+        except ExternalShutdownException:
+            return
+        except Exception:  # noqa: BLE001 - one broken callback must not stop the others
+            log(f"a callback raised (the executor goes on):\n{traceback.format_exc()}")
+
+
+class Spinner(threading.Thread):
+    """A daemon thread spinning ``ex`` with :func:`spin_until`; ``errors`` keeps the last tracebacks."""
+
+    def __init__(self, ex: Executor, name: str = "timelyllm-spin", max_errors: int = 100) -> None:
+        super().__init__(name=name, daemon=True)
+        self.ex = ex
+        self.errors: deque[str] = deque(maxlen=max_errors)
+        self._stop_event = threading.Event()
+        self._log = rclpy.logging.get_logger(f"timelyllm.{name}")
+
+    def _record(self, text: str) -> None:
+        self.errors.append(text)
+        self._log.error(text)
+
+    def run(self) -> None:
+        spin_until(self.ex, self._stop_event.is_set, on_error=self._record)
+
+    def stop(self, timeout: float | None = 5.0) -> None:
+        self._stop_event.set()
+        if self.is_alive():
+            self.join(timeout)
 
 
 def run_nodes(build: Callable[[], Sequence[Node]], args: list[str] | None = None, *, num_threads: int = 1,
@@ -32,8 +77,7 @@ def run_nodes(build: Callable[[], Sequence[Node]], args: list[str] | None = None
         nodes = build()
         for n in nodes:
             ex.add_node(n)
-        while not stop.is_set() and rclpy.ok():
-            ex.spin_once(timeout_sec=0.2)  # bounded waits: a signal is seen within 0.2 s
+        spin_until(ex, stop.is_set)  # a signal is seen within 0.2 s
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:

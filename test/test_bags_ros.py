@@ -20,7 +20,6 @@ import pytest
 from waiting import wait_until
 
 rclpy = pytest.importorskip("rclpy")
-from rclpy.action import ActionClient  # noqa: E402
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 from rclpy.qos import DurabilityPolicy, QoSProfile, QoSReliabilityPolicy  # noqa: E402
@@ -34,11 +33,13 @@ from timelyllm_ros.bags.io import stamp_ns  # noqa: E402
 from timelyllm_ros.bags.records import bag_metrics, records_from_bag  # noqa: E402
 from timelyllm_ros.engines.sim_realtime import RealtimeSimEngine  # noqa: E402
 from timelyllm_ros.msg import PlanResult, PlanSegment, SegmentDone, TaskRequest, TimeUtility  # noqa: E402
+from timelyllm_ros.ros.action_client import SafeActionClient  # noqa: E402
 from timelyllm_ros.ros.live_metrics import LiveMetrics  # noqa: E402
 from timelyllm_ros.ros.planner_node import build_planner  # noqa: E402
 from timelyllm_ros.ros.recorder_node import RecorderNode, start_recorder  # noqa: E402
 from timelyllm_ros.ros.replay_node import Replayer  # noqa: E402
 from timelyllm_ros.ros.sim_fleet_node import SimFleetNode  # noqa: E402
+from timelyllm_ros.ros.spin import Spinner  # noqa: E402
 
 pytestmark = pytest.mark.ros
 
@@ -62,6 +63,28 @@ def _wait(pred, timeout: float = 20.0) -> bool:
     return wait_until(pred, timeout)
 
 
+def _writers(stack) -> list:
+    """The writers whose messages a recording of one task must hold."""
+    p = stack.planner
+    return [p._requests, p._all_segments, p._results, stack.fleet._done_pub]
+
+
+def _readers_now(stack) -> list[int]:
+    """Readers each writer has matched, once none that has left is still counted (matched == graph): a
+    count taken while a just-destroyed recorder is still matched would make the next one look ready."""
+    ws = _writers(stack)
+    assert _wait(lambda: all(w.get_subscription_count() == stack.client.count_subscribers(w.topic_name)
+                             for w in ws), 60), "matched readers never settled"
+    return [w.get_subscription_count() for w in ws]
+
+
+def _one_more_reader(stack, before: list[int], timeout: float = 20.0, also=lambda: False) -> bool:
+    """Every writer has matched a reader more than ``before``: a new recorder will get what they send.
+    (The writer's side, not the recorder's: each side of a DDS match is made on its own.)"""
+    return _wait(lambda: also() or all(w.get_subscription_count() > b for w, b in zip(_writers(stack), before,
+                                                                                          strict=True)), timeout)
+
+
 class Stack:
     def __init__(self) -> None:
         self.ctx = rclpy.Context()
@@ -71,7 +94,7 @@ class Stack:
         self.fleet = SimFleetNode(context=self.ctx, parameter_overrides=[
             Parameter("robots", value=ROBOTS), Parameter("time_scale", value=0.05)])
         self.client = rclpy.create_node("bag_test_client", context=self.ctx)
-        self.action = ActionClient(self.client, PlanTask, "/plan_task")
+        self.action = SafeActionClient(self.client, PlanTask, "/plan_task")
         self.witness: list[tuple[str, object]] = []
         self._wlock = threading.Lock()
         for topic, typ in RELIABLE_TOPICS.items():
@@ -81,7 +104,7 @@ class Stack:
         self.ex = MultiThreadedExecutor(num_threads=16, context=self.ctx)
         for n in (self.planner, self.sched, self.fleet, self.client):
             self.ex.add_node(n)
-        self.thread = threading.Thread(target=self.ex.spin, daemon=True)
+        self.thread = Spinner(self.ex)
         self.thread.start()
         ok = False
         try:
@@ -120,10 +143,12 @@ class Stack:
     def close(self) -> None:
         self.planner.shutdown()
         self.ex.shutdown(timeout_sec=5)
+        self.thread.stop()
         for n in (self.client, self.fleet, self.sched, self.planner):
             n.destroy_node()
         rclpy.shutdown(context=self.ctx)
-        self.thread.join(timeout=5)
+        # The spinner logs a raising callback and goes on (rclpy's spin would have stopped every node here)
+        assert not self.thread.errors, f"{len(self.thread.errors)} callback(s) raised; first:\n{self.thread.errors[0]}"
 
 
 @pytest.fixture(scope="module")
@@ -137,9 +162,10 @@ def stack():
 def recorded(stack, tmp_path_factory):
     """One recorded run: (bag path, action results, witness snapshot)."""
     path = tmp_path_factory.mktemp("bags") / "run"
+    before = _readers_now(stack)
     handle = start_recorder(stack.ctx, path)  # own node and thread in the stack's context
     # the planner's publishers must see the recorder before the first goal
-    assert _wait(lambda: stack.planner._requests.get_subscription_count() >= 3, 10)
+    assert _one_more_reader(stack, before)
     results = stack.run_goals()
     stack.settle()
     counts = handle.counts
@@ -265,6 +291,7 @@ def test_replay_sends_the_same_requests_at_the_same_relative_times(recorded, sta
 
 
 def test_recorder_node_starts_and_stops_by_service_and_parameter(stack, tmp_path):
+    before = _readers_now(stack)  # the node subscribes at once; recording only opens a bag
     rec = RecorderNode(context=stack.ctx, parameter_overrides=[
         Parameter("output_dir", value=str(tmp_path)), Parameter("recording", value=False)])
     paths: list[str] = []
@@ -285,7 +312,7 @@ def test_recorder_node_starts_and_stops_by_service_and_parameter(stack, tmp_path
         assert r.success and rec.recorder.recording and r.message.startswith(str(tmp_path))
         first = r.message
         assert rec.recorder.wait_ready(5)
-        assert _wait(lambda: stack.planner._requests.get_subscription_count() >= 3, 10)
+        assert _one_more_reader(stack, before)
         fut = stack.action.send_goal_async(PlanTask.Goal(robot_id="drone_2", robot_type="drone", task=CAT,
                                                          tuf=TimeUtility(level="urgent")))
         assert _wait(fut.done)
@@ -314,6 +341,7 @@ def test_recorder_node_starts_and_stops_by_service_and_parameter(stack, tmp_path
 def test_cli_record_in_its_own_process(stack, tmp_path):
     """`timelyllm bags record` records over DDS from another process and prints the bag path."""
     out = tmp_path / "cli_bag"
+    before = _readers_now(stack)
     # Stopped with Ctrl-C once the task has ended, not after a fixed duration: on a busy machine a recorder
     # stopped by the clock could close its bag before the result arrived.
     proc = subprocess.Popen([sys.executable, "-m", "timelyllm_ros.cli", "bags", "record", "-o", str(out),
@@ -321,8 +349,7 @@ def test_cli_record_in_its_own_process(stack, tmp_path):
     try:
         # A liveness bound, not a speed figure: a fresh interpreter importing rclpy and rosbags on a loaded
         # machine took over 15 s to subscribe (the recorder exiting early fails at once instead).
-        assert _wait(lambda: stack.planner._requests.get_subscription_count() >= 3 or proc.poll() is not None,
-                     120), "recorder never matched"
+        assert _one_more_reader(stack, before, 120, also=lambda: proc.poll() is not None), "recorder never matched"
         assert proc.poll() is None, proc.communicate()[0]
         time.sleep(0.3)
         fut = stack.action.send_goal_async(PlanTask.Goal(robot_id="drone_1", robot_type="drone", task=BOOK,

@@ -38,7 +38,7 @@ def _record(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: where is a stuck recorder?
     try:
-        handle = start_recorder(None, path, topics)
+        handle = start_recorder(None, path, topics, wait_s=10.0)  # the planner's publishers, if running
         print(f"recording to {handle.path} (Ctrl-C stops)", flush=True)
         stop.wait(args.duration)
         counts = handle.counts
@@ -67,7 +67,7 @@ def _replay(args: argparse.Namespace) -> int:
             Parameter("task_id_suffix", value=args.task_id_suffix), Parameter("results", value=args.results or ""),
             Parameter("timeout_s", value=float(args.timeout))])
         if args.record:
-            handle = start_recorder(None, args.record)
+            handle = start_recorder(None, args.record, wait_s=10.0)
             print(f"recording to {handle.path}", flush=True)
         try:
             rep = run_replay(node)

@@ -33,7 +33,7 @@ from timelyllm_ros.bags.io import stamp_ns  # noqa: E402
 from timelyllm_ros.bags.records import bag_metrics, records_from_bag  # noqa: E402
 from timelyllm_ros.engines.sim_realtime import RealtimeSimEngine  # noqa: E402
 from timelyllm_ros.msg import PlanResult, PlanSegment, SegmentDone, TaskRequest, TimeUtility  # noqa: E402
-from timelyllm_ros.ros.action_client import SafeActionClient  # noqa: E402
+from timelyllm_ros.ros.actions import SafeActionClient  # noqa: E402
 from timelyllm_ros.ros.live_metrics import LiveMetrics  # noqa: E402
 from timelyllm_ros.ros.planner_node import build_planner  # noqa: E402
 from timelyllm_ros.ros.recorder_node import RecorderNode, start_recorder  # noqa: E402

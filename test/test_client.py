@@ -74,13 +74,21 @@ def collect(pc: PlanClient, g: PlanTask.Goal, **kw):
     return h, seen
 
 
+def how(h) -> str:
+    """What a failed assertion needs to say about a handle: where its segments and result came from."""
+    attempts = [(a.n, a.rejoin, a.responded, a.broken) for a in h._attempt_list]
+    return (f"{h!r} source={h.source} fallback={h.fallback_reason!r} segments from feedback/result/topic "
+            f"{h.from_feedback}/{h.from_result}/{h.from_topic} missing={h.missing} attempts={attempts} "
+            f"polls={h.polls}")
+
+
 def assert_once_in_order(h, seen) -> None:
     assert h.done() and h.result is not None, (h, h.error)
     idx = [s.segment_index for s in seen]
-    assert idx == list(range(len(seen))), idx
-    assert [s.text for s in seen] == [s.text for s in h.result.segments]
-    assert "".join(s.text for s in seen) == h.result.plan_text
-    assert h.complete
+    assert idx == list(range(len(seen))), (idx, how(h))
+    assert [s.text for s in seen] == [s.text for s in h.result.segments], how(h)
+    assert "".join(s.text for s in seen) == h.result.plan_text, how(h)
+    assert h.complete, how(h)
 
 
 class LossyFeedback(PlanClient):

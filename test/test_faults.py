@@ -42,7 +42,7 @@ from timelyllm_ros.model.plans import plan_templates  # noqa: E402
 from timelyllm_ros.msg import PlanResult, PlanSegment, SegmentAck, SegmentDone, TimeUtility  # noqa: E402
 from timelyllm_ros.paths import config_dir  # noqa: E402
 from timelyllm_ros.ros import topics  # noqa: E402
-from timelyllm_ros.ros.action_client import SafeActionClient  # noqa: E402
+from timelyllm_ros.ros.actions import SafeActionClient  # noqa: E402
 from timelyllm_ros.ros.spin import Spinner  # noqa: E402
 from timelyllm_ros.srv import GetPlanResult  # noqa: E402
 

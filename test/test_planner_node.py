@@ -19,7 +19,7 @@ from rclpy.parameter import Parameter  # noqa: E402
 from timelyllm_ros.action import PlanTask  # noqa: E402
 from timelyllm_ros.engines.sim_realtime import RealtimeSimEngine  # noqa: E402
 from timelyllm_ros.msg import TimeUtility  # noqa: E402
-from timelyllm_ros.ros.action_client import SafeActionClient  # noqa: E402
+from timelyllm_ros.ros.actions import SafeActionClient  # noqa: E402
 from timelyllm_ros.ros.planner_node import build_planner  # noqa: E402
 from timelyllm_ros.ros.sim_fleet_node import SimFleetNode  # noqa: E402
 from timelyllm_ros.ros.spin import Spinner  # noqa: E402

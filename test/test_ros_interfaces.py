@@ -27,7 +27,7 @@ from timelyllm_ros.msg import (  # noqa: E402
     TaskRequest,
     TimeUtility,
 )
-from timelyllm_ros.ros.action_client import SafeActionClient  # noqa: E402
+from timelyllm_ros.ros.actions import SafeActionClient  # noqa: E402
 from timelyllm_ros.ros.spin import Spinner  # noqa: E402
 from timelyllm_ros.srv import EstimateExecTime, Plan  # noqa: E402
 

@@ -64,7 +64,7 @@ from timelyllm_ros.action import PlanTask
 from timelyllm_ros.model.types import TaskStatus
 from timelyllm_ros.msg import PlanResult, PlanSegment, TimeUtility
 from timelyllm_ros.ros import topics
-from timelyllm_ros.ros.action_client import SafeActionClient
+from timelyllm_ros.ros.actions import SafeActionClient
 from timelyllm_ros.ros.convert import duration_s, status_from_code, status_name, time_msg, time_s
 from timelyllm_ros.sched.hygiene import check_text
 from timelyllm_ros.srv import GetPlanResult

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rcl_interfaces.msg import ParameterDescriptor, SetParametersResult
-from rclpy.action import ActionServer, CancelResponse, GoalResponse
+from rclpy.action import CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.event_handler import PublisherEventCallbacks
 from rclpy.node import Node
@@ -47,6 +47,7 @@ from timelyllm_ros.msg import (
     TaskRequest,
 )
 from timelyllm_ros.ros import topics
+from timelyllm_ros.ros.actions import BatchedActionServer
 from timelyllm_ros.ros.convert import ClockBridge, duration_msg, segment_msg, status_code, time_s, tuf_from_msg
 from timelyllm_ros.ros.spin import run_nodes
 from timelyllm_ros.ros.topics import LATCHED, RELIABLE, TELEMETRY, segment_topic  # noqa: F401 - re-exported
@@ -156,7 +157,7 @@ class PlannerNode(Node):
         goals = ReentrantCallbackGroup()
         deep = QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE, history=QoSHistoryPolicy.KEEP_LAST)
         # A burst of goals must not overflow the goal service's request queue (rclpy's default depth is 10).
-        self._action = ActionServer(self, PlanTask, topics.PLAN_TASK_ACTION, execute_callback=self._execute_noop,
+        self._action = BatchedActionServer(self, PlanTask, topics.PLAN_TASK_ACTION, execute_callback=self._execute_noop,
                                     goal_callback=self._goal_cb, handle_accepted_callback=self._accepted,
                                     cancel_callback=self._cancel_cb, callback_group=goals,
                                     goal_service_qos_profile=deep, result_service_qos_profile=deep,

@@ -30,7 +30,7 @@ from rclpy.node import Node
 from timelyllm_ros.action import PlanTask
 from timelyllm_ros.bags.convert import DEFAULT_ROBOT_ID_FORMAT, ReplayRequest, load_requests
 from timelyllm_ros.msg import TimeUtility
-from timelyllm_ros.ros.action_client import SafeActionClient
+from timelyllm_ros.ros.actions import SafeActionClient
 from timelyllm_ros.ros.convert import duration_s, status_name
 from timelyllm_ros.ros.spin import Spinner
 

@@ -18,7 +18,7 @@ from timelyllm_ros.action import PlanTask
 from timelyllm_ros.model.plans import plan_templates
 from timelyllm_ros.model.types import TaskStatus
 from timelyllm_ros.msg import SegmentDone
-from timelyllm_ros.ros.action_client import SafeActionClient
+from timelyllm_ros.ros.actions import SafeActionClient
 from timelyllm_ros.ros.convert import ClockBridge, status_from_code, tuf_to_msg
 from timelyllm_ros.ros.topics import RELIABLE
 from timelyllm_ros.sim.records import SegRecord, TaskRecord

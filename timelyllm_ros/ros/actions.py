@@ -1,0 +1,130 @@
+"""rclpy's ActionClient and ActionServer, fixed for load: every PlanTask client and server of ours uses them.
+
+rclpy's ``take_data`` (client and server) takes one message of each kind per
+executor wake-up. A node that sent 200 goals at once had 180 goal responses
+waiting in its reader when the planner had finished every task (test_client,
+busy host): retries went out for goals long accepted, and results were read
+tens of seconds late; the server read the retries just as slowly. Here every
+wake-up takes what is there (up to ``MAX_TAKE`` per kind).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from rclpy.action import ActionClient, ActionServer
+from rclpy.task import Future
+
+# Requests, responses and messages taken per kind and executor wake-up (bounded: other entities get their turn).
+MAX_TAKE = 256
+
+
+def _drain(takes: dict[str, Callable[[], Any]]) -> dict[str, list[Any]]:
+    """Call each ``take`` until it comes back empty (None, or (None, None) for a service message)."""
+    data: dict[str, list[Any]] = {}
+    for kind, take in takes.items():
+        got = []
+        while len(got) < MAX_TAKE:
+            item = take()
+            if item is None or (isinstance(item, tuple) and item[0] is None):
+                break
+            got.append(item)
+        if got:
+            data[kind] = got
+    return data
+
+
+class SafeActionClient(ActionClient):
+    """An ``ActionClient`` whose goal futures always complete.
+
+    - rclpy's ``__init__`` registers the client with its node before it creates ``_lock``: an executor
+      already spinning that node can call into the half-built client (AttributeError in the spin thread).
+    - rclpy 9.1.2's ``send_goal_async`` registers the goal's future under the lock, then registers a second
+      future for the same sequence number after releasing it, and returns the second. A goal response taken
+      by another executor thread in between completes the first one: the caller's future never completes
+      (a goal that was accepted, but whose sender never hears so), and every goal leaks a future into the
+      waitable. Here the one returned future is registered before the response can be taken (``take_data``
+      takes responses under the same lock), and a feedback callback is registered before the goal is sent.
+    - Batched takes (module doc). A goal's feedback is handed over before results taken in the same batch:
+      rclpy forgets a goal's feedback callback once its result is read, so a result handled first would
+      drop the feedback that arrived before it.
+    """
+
+    _ORDER = ("goal", "cancel", "feedback", "result", "status")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._lock = threading.Lock()
+        super().__init__(*args, **kwargs)
+
+    def send_goal_async(self, goal: Any, feedback_callback: Callable[[Any], None] | None = None,
+                        goal_uuid: Any = None) -> Future:
+        if not isinstance(goal, self._action_type.Goal):
+            raise TypeError(f"expected a {self._action_type.Goal.__name__} goal, got {type(goal).__name__}")
+        request = self._action_type.Impl.SendGoalService.Request()
+        request.goal_id = self._generate_random_uuid() if goal_uuid is None else goal_uuid
+        request.goal = goal
+        if feedback_callback is not None:
+            self._feedback_callbacks[bytes(request.goal_id.uuid)] = feedback_callback
+        future: Future = Future()
+        with self._lock:
+            seq = self._client_handle.send_goal_request(request)
+            if seq in self._pending_goal_requests:
+                raise RuntimeError(f"goal request sequence number {seq} is already pending")
+            self._pending_goal_requests[seq] = future
+            self._goal_sequence_number_to_goal_id[seq] = request.goal_id
+            future.add_done_callback(self._remove_pending_goal_request)
+            self.add_future(future)
+        return future
+
+    def take_data(self) -> dict[str, list[Any]]:
+        h, impl = self._client_handle, self._action_type.Impl
+        with self._lock:
+            return _drain({
+                "goal": lambda: h.take_goal_response(impl.SendGoalService.Response),
+                "cancel": lambda: h.take_cancel_response(impl.CancelGoalService.Response),
+                "result": lambda: h.take_result_response(impl.GetResultService.Response),
+                "feedback": lambda: h.take_feedback(impl.FeedbackMessage),
+                "status": lambda: h.take_status(impl.GoalStatusMessage),
+            })
+
+    async def execute(self, taken_data: dict[str, list[Any]]) -> None:
+        pending = {"goal": self._pending_goal_requests, "cancel": self._pending_cancel_requests,
+                   "result": self._pending_result_requests}
+        for kind in self._ORDER:
+            for item in taken_data.get(kind, ()):
+                if kind in pending:
+                    fut = pending[kind].get(item[0])
+                    if fut is not None and fut.done():
+                        # A second answer to one request (two servers on the action) in the same batch; rclpy
+                        # would raise "Two goals were accepted with the same ID" and stop the executor.
+                        self._node.get_logger().warning(
+                            f"ignoring a second {kind} response to request {item[0]}: is more than one server "
+                            f"serving {self._action_name}?")
+                        continue
+                await super().execute({kind: item})
+
+
+class BatchedActionServer(ActionServer):
+    """An ``ActionServer`` that takes every waiting goal, cancel and result request at each wake-up (module doc);
+    goal expiry as rclpy does it."""
+
+    def take_data(self) -> dict[str, Any]:
+        h, impl = self._handle, self._action_type.Impl
+        with self._lock:
+            data: dict[str, Any] = _drain({
+                "goal": lambda: h.take_goal_request(impl.SendGoalService.Request),
+                "cancel": lambda: h.take_cancel_request(impl.CancelGoalService.Request),
+                "result": lambda: h.take_result_request(impl.GetResultService.Request),
+            })
+            if self._is_goal_expired:
+                data["expired"] = h.expire_goals(len(self._goal_handles))
+        return data
+
+    async def execute(self, taken_data: dict[str, Any]) -> None:
+        for kind in ("goal", "cancel", "result"):
+            for item in taken_data.get(kind, ()):
+                await super().execute({kind: item})
+        if "expired" in taken_data:
+            await super().execute({"expired": taken_data["expired"]})

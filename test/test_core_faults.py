@@ -173,6 +173,28 @@ def test_an_ack_of_a_later_segment_resends_a_lost_earlier_one_at_once():
     assert sent == [0, 1, 0] and d.pending() == 1
 
 
+def test_matched_resends_back_off_to_their_cap():
+    """A robot whose reader matched gets a copy unless it died or is far behind: re-sends double from
+    matched_period_s up to matched_max_period_s (a fixed period fed a storm of duplicates under load)."""
+    sent = []
+
+    class M:
+        task_id, segment_index = "a", 0
+
+    d = SegmentDelivery(lambda robot, msg: sent.append(round(now, 1)), matched_period_s=3.0,
+                        matched_max_period_s=12.0, give_up_s=100.0)
+    now = 0.0
+    d.send("r0", M(), now, matched=True)
+    d.heard("r0", 0.0)
+    for k in range(1, 601):  # 60 s in steps of 0.1 s
+        now = k / 10
+        d.heard("r0", now)  # alive: never given up on
+        d.due(now)
+    assert sent == [0.0, 3.0, 9.0, 21.0, 33.0, 45.0, 57.0], sent
+    with pytest.raises(ValueError, match="matched_max_period_s"):
+        SegmentDelivery(lambda robot, msg: None, matched_period_s=3.0, matched_max_period_s=2.0)
+
+
 def test_delivery_waits_longer_for_a_robot_it_has_not_discovered_yet():
     """Silence of a robot whose reader never matched says nothing (nothing could reach it): it gets the hard
     bound (4x give_up_s), a discovered silent robot gets give_up_s."""

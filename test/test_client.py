@@ -331,35 +331,28 @@ def test_hundreds_of_goals_on_one_node(stack):
     assert not pc._action._futures and not pc._action._pending_goal_requests, len(pc._action._futures)
 
 
-def test_send_task_wrapper_and_blocking_plan():
-    """The old helper (spins the node itself) over a fresh stack whose client node is not spinning."""
-    s = Stack(robots=2)
-    try:
-        ctx = s.ctx
-        node = rclpy.create_node("script_client", context=ctx)  # not in any executor: plan() spins it
-        from rclpy.action import ActionClient
+def test_send_task_wrapper_and_blocking_plan(stack):
+    """The old helper (spins the node itself) over a client node that is in no executor."""
+    node = rclpy.create_node("script_client", context=stack.ctx)  # not in any executor: plan() spins it
+    from rclpy.action import ActionClient
 
-        fbs = []
-        r = send_task(node, ActionClient(node, PlanTask, "/plan_task"), goal("drone_1", DOG, URGENT), timeout=30,
-                      on_feedback=fbs.append)
-        assert r.status == S.STATUS_SUCCEEDED
-        assert [f.segment.segment_index for f in fbs] == list(range(len(r.segments)))
-        pc = PlanClient(node)
-        segs = []
-        r2 = pc.plan(goal("drone_0", CAT), timeout=30, on_segment=segs.append)
-        assert r2.status == S.STATUS_SUCCEEDED and "".join(x.text for x in segs) == r2.plan_text
-        pc.destroy()
-        node.destroy_node()
-    finally:
-        s.close()
+    fbs = []
+    r = send_task(node, ActionClient(node, PlanTask, "/plan_task"), goal("drone_1", DOG, URGENT), timeout=30,
+                  on_feedback=fbs.append)
+    assert r.status == S.STATUS_SUCCEEDED
+    assert [f.segment.segment_index for f in fbs] == list(range(len(r.segments)))
+    pc = PlanClient(node)
+    segs = []
+    r2 = pc.plan(goal("drone_0", CAT), timeout=30, on_segment=segs.append)
+    assert r2.status == S.STATUS_SUCCEEDED and "".join(x.text for x in segs) == r2.plan_text
+    pc.destroy()
+    node.destroy_node()
 
 
-def test_plan_client_cli_main(tmp_path):
-    s = Stack(robots=2)
-    try:
-        assert client_mod.main(["plan_client", "--robot-id", "drone_1", "--task", CAT, "--timeout", "30"]) == 0
-    finally:
-        s.close()
+def test_plan_client_cli_main(stack):
+    """The CLI in the default context, against the module's planner (one planner per domain: a second one
+    would answer the same goals)."""
+    assert client_mod.main(["plan_client", "--robot-id", "drone_1", "--task", CAT, "--timeout", "30"]) == 0
 
 
 # -- a planner process that is killed and restarts (journal) ----------------------------------------------------

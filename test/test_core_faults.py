@@ -195,6 +195,27 @@ def test_matched_resends_back_off_to_their_cap():
         SegmentDelivery(lambda robot, msg: None, matched_period_s=3.0, matched_max_period_s=2.0)
 
 
+def test_slow_acknowledgements_extend_the_silence_a_robot_is_allowed():
+    """While the robots that do answer take 25 s to acknowledge (a loaded host), a robot silent for 30 s is
+    behind, not dead: it is given up on only past give_up_s + that lag (and always by 4x give_up_s)."""
+
+    class M:
+        def __init__(self, t, i):
+            self.task_id, self.segment_index = t, i
+
+    d = SegmentDelivery(lambda robot, msg: None, give_up_s=30.0)
+    d.send("slow", M("s", 0), 0.0, matched=True)
+    d.send("quiet", M("q", 0), 0.0, matched=True)
+    assert d.ack("s", 0, now=25.0)
+    d.heard("slow", 25.0)
+    assert d.due(31.0, lambda r: True) == []  # quiet: 31 s silent, but acks take 25 s
+    assert d.due(56.0, lambda r: True) == [("q", 0, "quiet")]
+    # no lag known: 30 s of silence is enough
+    d2 = SegmentDelivery(lambda robot, msg: None, give_up_s=30.0)
+    d2.send("quiet", M("q", 0), 0.0, matched=True)
+    assert d2.due(31.0, lambda r: True) == [("q", 0, "quiet")]
+
+
 def test_delivery_waits_longer_for_a_robot_it_has_not_discovered_yet():
     """Silence of a robot whose reader never matched says nothing (nothing could reach it): it gets the hard
     bound (4x give_up_s), a discovered silent robot gets give_up_s."""

@@ -45,6 +45,8 @@ class SegmentDelivery:
         self.matched_period_s, self.matched_max_period_s = matched_period_s, matched_max_period_s
         self._pending: dict[tuple[str, int], _Pending] = {}
         self._heard: dict[str, float] = {}  # robot -> when it last acknowledged or reported anything
+        # The slowest acknowledgement of the last give_up_s (send -> ack): how far behind the robots are.
+        self._ack_lag, self._ack_lag_at = 0.0, float("-inf")
         self._lock = threading.Lock()
         self.resends = 0  # total re-sends (telemetry)
 
@@ -80,8 +82,13 @@ class SegmentDelivery:
         it is re-sent at the next :meth:`due`, not after a full re-send period."""
         index = int(index)
         with self._lock:
-            found = self._pending.pop((task_id, index), None) is not None
+            p = self._pending.pop((task_id, index), None)
+            found = p is not None
             if now is not None:
+                if p is not None:
+                    lag = now - p.first_sent
+                    if lag >= self._ack_lag or now - self._ack_lag_at > self.give_up_s:
+                        self._ack_lag, self._ack_lag_at = lag, now
                 for j in range(index):  # a task has a handful of segments: cheap, whatever is in flight
                     p = self._pending.get((task_id, j))
                     if p is not None and p.next_send > now:
@@ -94,16 +101,22 @@ class SegmentDelivery:
 
         ``reachable(robot_id)``: whether the robot's reader has matched our writer. A robot not yet discovered
         could not have received anything, so its silence says nothing: on a loaded machine discovery of a new
-        writer took longer than ``give_up_s``. Such a robot is given the hard bound (4x) instead."""
+        writer took longer than ``give_up_s``. Such a robot is given the hard bound (4x) instead.
+
+        While other robots' acknowledgements take long to come back (a loaded host: 100 robots in one busy
+        process were 30 s behind), silence means less: ``give_up_s`` is extended by the slowest
+        acknowledgement of the last ``give_up_s`` (never beyond the hard bound)."""
         resend, lost = [], []
         with self._lock:
+            lag = self._ack_lag if now - self._ack_lag_at <= self.give_up_s else 0.0
+            wait = self.give_up_s + lag
             for key, p in list(self._pending.items()):
                 age = now - p.first_sent
-                silent = self._heard.get(p.robot_id, -1.0) < now - self.give_up_s
-                # Give up once the robot has been silent for give_up_s (or after 4x that, whatever it says).
-                if age > self.give_up_s and silent and reachable is not None and age <= 4 * self.give_up_s:
+                silent = self._heard.get(p.robot_id, -1.0) < now - wait
+                # Give up once the robot has been silent that long (or after 4x give_up_s, whatever it says).
+                if age > wait and silent and reachable is not None and age <= 4 * self.give_up_s:
                     silent = reachable(p.robot_id)
-                if age > self.give_up_s and (silent or age > 4 * self.give_up_s):
+                if (age > wait and silent) or age > 4 * self.give_up_s:
                     del self._pending[key]
                     lost.append((key[0], key[1], p.robot_id))
                 elif now >= p.next_send:

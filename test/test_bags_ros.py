@@ -69,20 +69,30 @@ def _writers(stack) -> list:
     return [p._requests, p._all_segments, p._results, stack.fleet._done_pub]
 
 
-def _readers_now(stack) -> list[int]:
-    """Readers each writer has matched, once none that has left is still counted (matched == graph): a
-    count taken while a just-destroyed recorder is still matched would make the next one look ready."""
-    ws = _writers(stack)
-    assert _wait(lambda: all(w.get_subscription_count() == stack.client.count_subscribers(w.topic_name)
-                             for w in ws), 60), "matched readers never settled"
-    return [w.get_subscription_count() for w in ws]
+def _reader_nodes(stack, topic: str) -> set[str]:
+    infos = stack.client.get_subscriptions_info_by_topic(topic)
+    return {f"{i.node_namespace.rstrip('/')}/{i.node_name}" for i in infos}
 
 
-def _one_more_reader(stack, before: list[int], timeout: float = 20.0, also=lambda: False) -> bool:
-    """Every writer has matched a reader more than ``before``: a new recorder will get what they send.
-    (The writer's side, not the recorder's: each side of a DDS match is made on its own.)"""
-    return _wait(lambda: also() or all(w.get_subscription_count() > b for w, b in zip(_writers(stack), before,
-                                                                                          strict=True)), timeout)
+def _readers_now(stack) -> list[set[str]]:
+    """The nodes reading each writer's topic now (before a recorder starts)."""
+    return [_reader_nodes(stack, w.topic_name) for w in _writers(stack)]
+
+
+def _one_more_reader(stack, before: list[set[str]], timeout: float = 20.0, also=lambda: False) -> bool:
+    """A node that was not there before reads every topic, and each writer has matched every reader in the
+    graph: a new recorder will get what they send. (The writer's side, not the recorder's: each side of a DDS
+    match is made on its own.) Names, not counts: a recorder of an earlier test whose process has gone is
+    still counted until its discovery lease runs out, and a count taken before that made the next recorder
+    look never ready (seen: 120 s under a CPU hog)."""
+    def ready() -> bool:
+        for w, old in zip(_writers(stack), before, strict=True):
+            if not (_reader_nodes(stack, w.topic_name) - old):
+                return False
+            if w.get_subscription_count() < stack.client.count_subscribers(w.topic_name):
+                return False
+        return True
+    return _wait(lambda: also() or ready(), timeout)
 
 
 class Stack:
@@ -349,7 +359,9 @@ def test_cli_record_in_its_own_process(stack, tmp_path):
     try:
         # A liveness bound, not a speed figure: a fresh interpreter importing rclpy and rosbags on a loaded
         # machine took over 15 s to subscribe (the recorder exiting early fails at once instead).
-        assert _one_more_reader(stack, before, 120, also=lambda: proc.poll() is not None), "recorder never matched"
+        assert _one_more_reader(stack, before, 120, also=lambda: proc.poll() is not None), (
+            "recorder never matched", before, _readers_now(stack),
+            [(w.topic_name, w.get_subscription_count()) for w in _writers(stack)])
         assert proc.poll() is None, proc.communicate()[0]
         time.sleep(0.3)
         fut = stack.action.send_goal_async(PlanTask.Goal(robot_id="drone_1", robot_type="drone", task=BOOK,

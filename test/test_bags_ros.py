@@ -152,8 +152,8 @@ class Stack:
 
     def close(self) -> None:
         self.planner.shutdown()
+        self.thread.stop()  # before the executor's shutdown, which destroys what in-flight handlers still use
         self.ex.shutdown(timeout_sec=5)
-        self.thread.stop()
         for n in (self.client, self.fleet, self.sched, self.planner):
             n.destroy_node()
         rclpy.shutdown(context=self.ctx)

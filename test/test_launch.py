@@ -88,3 +88,58 @@ def test_timelyllm_up_starts_processes_and_stops_cleanly_on_ctrl_c(tmp_path):
     assert proc.returncode == 0, out
     assert "starting sim_fleet_node" in out and "starting exec_time_node" in out
     assert "killing" not in out
+
+
+def _stub_launch_modules(monkeypatch) -> dict:
+    """`launch` and `launch_ros` are not on the package index: stand-ins with their documented constructor
+    signatures (keyword names checked by Python), recording what the launch description builds."""
+    import types
+
+    made: dict[str, list] = {}
+
+    def cls(name):
+        def init(self, *args, **kw):
+            self.args, self.kw = args, kw
+            made.setdefault(name, []).append(self)
+        return type(name, (), {"__init__": init})
+
+    mods = {
+        "launch": {"LaunchDescription": cls("LaunchDescription")},
+        "launch.actions": {n: cls(n) for n in ("DeclareLaunchArgument", "EmitEvent", "OpaqueFunction",
+                                                 "RegisterEventHandler")},
+        "launch.events": {"matches_action": lambda action: ("matches", action)},
+        "launch.substitutions": {"LaunchConfiguration": cls("LaunchConfiguration")},
+        "launch_ros": {},
+        "launch_ros.actions": {n: cls(n) for n in ("LifecycleNode", "Node")},
+        "launch_ros.event_handlers": {"OnStateTransition": cls("OnStateTransition")},
+        "launch_ros.events": {},
+        "launch_ros.events.lifecycle": {"ChangeState": cls("ChangeState")},
+    }
+    for name, attrs in mods.items():
+        m = types.ModuleType(name)
+        m.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, name, m)
+    sys.modules["launch.substitutions"].LaunchConfiguration.perform = lambda self, ctx: "fleet_demo.yaml"
+    return made
+
+
+def test_launch_brings_the_managed_planner_up_in_order_then_the_other_nodes(monkeypatch):
+    from lifecycle_msgs.msg import Transition
+
+    from timelyllm_ros.launch_graph import launch_description
+
+    made = _stub_launch_modules(monkeypatch)
+    launch_description()
+    entities = made["OpaqueFunction"][0].kw["function"](object())
+    planner = made["LifecycleNode"][0]
+    assert planner.kw["name"] == "planner" and planner.kw["executable"] == "planner_node"
+    assert {"autostart": False} in planner.kw["parameters"]  # the launch drives the transitions
+    on_inactive, on_active = [h.kw for h in made["OnStateTransition"]]
+    assert (on_inactive["start_state"], on_inactive["goal_state"]) == ("configuring", "inactive")
+    assert [e.kw["event"].kw["transition_id"] for e in on_inactive["entities"]] == [Transition.TRANSITION_ACTIVATE]
+    assert (on_active["start_state"], on_active["goal_state"]) == ("activating", "active")
+    assert {n.kw["executable"] for n in on_active["entities"]} == {"exec_time_node", "sim_fleet_node"}
+    assert on_inactive["handle_once"] and on_active["handle_once"]  # a later re-activate starts nothing twice
+    # the configure request is emitted after the node is launched
+    assert entities[-2] is planner
+    assert entities[-1].kw["event"].kw["transition_id"] == Transition.TRANSITION_CONFIGURE

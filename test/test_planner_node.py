@@ -89,8 +89,8 @@ class Stack:
 
     def close(self) -> None:
         self.planner.shutdown()
+        self.thread.stop()  # before the executor's shutdown, which destroys what in-flight handlers still use
         self.ex.shutdown(timeout_sec=5)
-        self.thread.stop()
         for n in reversed(self.nodes):
             n.destroy_node()
         rclpy.shutdown(context=self.ctx)

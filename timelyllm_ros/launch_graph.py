@@ -64,17 +64,48 @@ def node_specs(config: str | Path, only: list[str] | None = None) -> list[NodeSp
 
 
 def launch_description(only: list[str] | None = None, default_config: str = "fleet_demo.yaml"):
-    """A ROS 2 LaunchDescription for the nodes of ``config:=...`` (launch is imported only here)."""
-    from launch.actions import DeclareLaunchArgument, OpaqueFunction
+    """A ROS 2 LaunchDescription for the nodes of ``config:=...`` (launch is imported only here).
+
+    The planner is a managed node: it is launched with ``autostart:=false`` and brought up in order,
+    configure (loads the engine), then activate; the other nodes start once the planner is active.
+    """
+    from launch.actions import DeclareLaunchArgument, EmitEvent, OpaqueFunction, RegisterEventHandler
+    from launch.events import matches_action
     from launch.substitutions import LaunchConfiguration
-    from launch_ros.actions import Node
+    from launch_ros.actions import LifecycleNode, Node
+    from launch_ros.event_handlers import OnStateTransition
+    from launch_ros.events.lifecycle import ChangeState
+    from lifecycle_msgs.msg import Transition
 
     from launch import LaunchDescription
 
     def nodes(context, *_):
         config = LaunchConfiguration("config").perform(context)
-        return [Node(package="timelyllm_ros", executable=s.executable, name=s.name, output="screen",
-                     parameters=[str(s.params_file)]) for s in node_specs(config, only)]
+        specs = node_specs(config, only)
+        # Processes hosting one node get its name; the planner's process also hosts the scheduler, which
+        # keeps its own name whatever the launch renames (see planner_node.scheduler_ros_args).
+        others = [Node(package="timelyllm_ros", executable=s.executable, name=s.name, output="screen",
+                       parameters=[str(s.params_file)]) for s in specs if s.executable != "planner_node"]
+        planner_spec = next((s for s in specs if s.executable == "planner_node"), None)
+        if planner_spec is None:
+            return others
+        planner = LifecycleNode(package="timelyllm_ros", executable="planner_node", name="planner", namespace="",
+                                output="screen", parameters=[str(planner_spec.params_file), {"autostart": False}])
+
+        def change(transition: int) -> EmitEvent:
+            return EmitEvent(event=ChangeState(lifecycle_node_matcher=matches_action(planner),
+                                               transition_id=transition))
+
+        return [
+            RegisterEventHandler(OnStateTransition(target_lifecycle_node=planner, start_state="configuring",
+                                                   goal_state="inactive",
+                                                   entities=[change(Transition.TRANSITION_ACTIVATE)],
+                                                   handle_once=True)),
+            RegisterEventHandler(OnStateTransition(target_lifecycle_node=planner, start_state="activating",
+                                                   goal_state="active", entities=others, handle_once=True)),
+            planner,
+            change(Transition.TRANSITION_CONFIGURE),
+        ]
 
     return LaunchDescription([DeclareLaunchArgument("config", default_value=default_config),
                               OpaqueFunction(function=nodes)])

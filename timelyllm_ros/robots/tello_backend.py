@@ -69,6 +69,9 @@ class TelloBackend:
         self._flying = False
         self._lock = threading.Lock()  # one SDK command in flight from the executor thread
         self.connected = False
+        self._heard: float | None = None  # monotonic time of the latest reply or new state packet
+        self._state_seen: object = None  # the state dict last seen by link_state (djitellopy replaces it per packet)
+        self._battery: int | None = None  # from the latest battery? reply
 
     # -- DroneBackend -----------------------------------------------------------
     @property
@@ -83,14 +86,34 @@ class TelloBackend:
         except TelloException as e:
             raise RobotConnectionError(f"tello {self.host}: connect failed: {_reason(e)}") from None
         self.connected = True
+        self._heard = time.monotonic()
         return self.battery()
 
     def battery(self) -> int:
         self._clear_replies()
         try:
-            return self.tello.query_battery()
+            self._battery = self.tello.query_battery()
         except (TelloException, ValueError) as e:
             raise RobotConnectionError(f"tello {self.host}: battery? failed: {_reason(e)}") from None
+        self._heard = time.monotonic()
+        return self._battery
+
+    def link_state(self) -> tuple[bool, float | None, int | None]:
+        """(connected, seconds since the drone was last heard, battery %) for diagnostics: cheap, sends nothing.
+
+        Heard: a reply, or a state packet (10 per second from a connected Tello). djitellopy replaces its state dict
+        with each packet; a new one is noticed when this is called, so the age is late by at most one call
+        period. Battery: the state packets' ``bat``, else the latest ``battery?`` reply; None before either."""
+        now = time.monotonic()
+        try:
+            state = self.tello.get_own_udp_object()["state"]
+        except KeyError:  # closed: djitellopy forgot this drone
+            return False, None if self._heard is None else now - self._heard, self._battery
+        if state and state is not self._state_seen:
+            self._state_seen, self._heard = state, now
+        bat = state.get("bat") if state else None
+        battery = int(bat) if isinstance(bat, (int, float)) else self._battery
+        return self.connected, None if self._heard is None else now - self._heard, battery
 
     def takeoff(self) -> None:
         self._command("takeoff", self.takeoff_timeout_s)
@@ -175,6 +198,7 @@ class TelloBackend:
             self._clear_replies()
             try:
                 self.tello.send_control_command(cmd, timeout=int(timeout))
+                self._heard = time.monotonic()
             except TelloException as e:
                 reason = _reason(e)
                 if _NO_REPLY in reason.lower():

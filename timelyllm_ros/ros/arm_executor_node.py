@@ -9,6 +9,7 @@ means "stop now" (the joint_trajectory_controller convention). The scene
 (object positions on the table) comes from ``/<robot_id>/scene`` like the
 drones'.
 
+    ros2 run timelyllm_ros arm_executor_node --ros-args --params-file config/arm_executor.yaml
     ros2 run timelyllm_ros arm_executor_node --ros-args -p robots:="[arm_0]" -p time_scale:=1.0
 """
 
@@ -27,8 +28,10 @@ from timelyllm_ros.robots.arm_backend import ArmExecutor, TrajectoryPlan
 from timelyllm_ros.robots.base import ExecutionError, StopSignal
 from timelyllm_ros.robots.perception import ScriptedScene
 from timelyllm_ros.ros.convert import time_msg
+from timelyllm_ros.ros.diagnostics import RobotLink
 from timelyllm_ros.ros.drone_executor_node import SCENE_QOS, scene_topic
 from timelyllm_ros.ros.executor_base import RobotExecutorNode
+from timelyllm_ros.ros.params import all_of, declare, distinct, non_empty
 from timelyllm_ros.ros.spin import run_nodes
 from timelyllm_ros.ros.topics import RELIABLE
 from timelyllm_ros.skills.schema import load_skill_set
@@ -98,6 +101,14 @@ class ArmExecutorNode(RobotExecutorNode):
             self._status[(msg.stamp.sec, msg.stamp.nanosec)] = msg.frame_id
             self._status_cv.notify_all()
 
+    def robot_link(self) -> RobotLink:
+        """/diagnostics: up while a controller reads this arm's trajectory topic (it answers only per trajectory,
+        so there is no contact age to judge; no battery)."""
+        topic = trajectory_topic(self.robot_id)
+        if self._traj_pub.get_subscription_count() > 0:
+            return RobotLink(True, f"controller on {topic}")
+        return RobotLink(False, f"no controller subscribed to {topic}")
+
     def follow(self, plan: TrajectoryPlan, stop: StopSignal) -> None:
         """Send one trajectory and wait for the controller (bounded: duration + status_timeout_s)."""
         msg = trajectory_msg(plan, time.time())
@@ -124,13 +135,27 @@ class ArmExecutorNode(RobotExecutorNode):
         self._traj_pub.publish(stop)  # empty trajectory: stop and hold (controller convention)
 
 
+class ArmExecutorsNode(Node):
+    """The process's node ``/arm_executor``: its parameters say which arms it serves; :meth:`build` makes
+    one :class:`ArmExecutorNode` per arm (``/<robot_id>/arm_executor``, whose own parameter is
+    ``reorder_timeout_s``). All are read at start-up (read-only)."""
+
+    def __init__(self, node_name: str = "arm_executor", **kw) -> None:
+        super().__init__(node_name, **kw)
+        self.robots = list(declare(self, "robots", ["arm_0"], "robot ids: one executor node each, in "
+                                   "/<robot_id>", read_only=True, check=all_of(non_empty, distinct),
+                                   constraints="non-empty, distinct"))
+        self.time_scale = float(declare(self, "time_scale", 1.0, "trajectory durations are multiplied by this "
+                                        "(< 1: faster than real time)", read_only=True, above=0.0))
+
+    def build(self) -> list[ArmExecutorNode]:
+        return [ArmExecutorNode(r, time_scale=self.time_scale, seed=i, context=self.context)
+                for i, r in enumerate(self.robots)]
+
+
 def _build() -> list[Node]:
-    params = Node("arm_executor")
-    robots = list(params.declare_parameter("robots", ["arm_0"]).value)
-    time_scale = float(params.declare_parameter("time_scale", 1.0).value)
-    if not robots or time_scale <= 0:
-        raise ValueError(f"parameters: robots must be non-empty and time_scale > 0, got {robots}, {time_scale}")
-    return [params, *(ArmExecutorNode(r, time_scale=time_scale, seed=i) for i, r in enumerate(robots))]
+    params = ArmExecutorsNode()
+    return [params, *params.build()]
 
 
 def main(args: list[str] | None = None) -> int:

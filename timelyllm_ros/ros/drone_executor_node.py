@@ -1,13 +1,15 @@
 """Drone executors: one node per Tello (namespace ``/<robot_id>``), all in one process.
 
 djitellopy binds UDP 8889 once per process and files replies by drone IP, so
-one process serves the whole fleet: the ``drone_executor`` parameter node reads
-``robots`` and ``hosts`` (same length) and starts a :class:`DroneExecutorNode`
-per drone. Perception reads ``/<robot_id>/scene`` (std_msgs/String with a
-``Scene: [...]`` text, transient-local) through the declared stand-in
+one process serves the whole fleet: the process's node ``/drone_executor``
+(:class:`DroneExecutorsNode`) reads ``robots`` and ``hosts`` (same length) and
+starts a :class:`DroneExecutorNode` per drone. Perception reads
+``/<robot_id>/scene`` (std_msgs/String with a ``Scene: [...]`` text,
+transient-local) through the declared stand-in
 :class:`~timelyllm_ros.robots.perception.ScriptedScene`; a real detector
 publishes on the same topic.
 
+    ros2 run timelyllm_ros drone_executor_node --ros-args --params-file config/drone_executor.yaml
     ros2 run timelyllm_ros drone_executor_node --ros-args \
         -p robots:="[drone_0, drone_1]" -p hosts:="[192.168.10.1, 192.168.10.2]"
 """
@@ -22,7 +24,9 @@ from timelyllm_ros.robots.base import Interrupted, StopSignal
 from timelyllm_ros.robots.interpreter import MiniSpecInterpreter
 from timelyllm_ros.robots.perception import ScriptedScene
 from timelyllm_ros.robots.tello_backend import TelloBackend
+from timelyllm_ros.ros.diagnostics import RobotLink
 from timelyllm_ros.ros.executor_base import RobotExecutorNode
+from timelyllm_ros.ros.params import all_of, declare, distinct, non_empty
 from timelyllm_ros.ros.spin import run_nodes
 from timelyllm_ros.skills.schema import SkillSet, load_skill_set
 
@@ -96,6 +100,13 @@ class DroneExecutorNode(RobotExecutorNode):
         except ValueError as e:
             self.get_logger().warning(f"{self.robot_id}: bad scene {msg.data!r}: {e}")
 
+    def robot_link(self) -> RobotLink:
+        """/diagnostics: the Tello's link (age of its latest reply or state packet) and battery."""
+        connected, age, battery = self.backend.link_state()
+        if not connected and age is None:  # the executor connects at the drone's first segment
+            return RobotLink(None, f"Tello {self.backend.host}: not connected yet (connects at the first segment)")
+        return RobotLink(connected, f"Tello {self.backend.host}", age, battery)
+
     def destroy_node(self) -> None:
         super().destroy_node()
         try:
@@ -115,15 +126,36 @@ def build_drone_executors(robots: list[str], hosts: list[str], *, time_scale: fl
             for r, h in zip(robots, hosts, strict=True)]
 
 
+class DroneExecutorsNode(Node):
+    """The process's node ``/drone_executor``: its parameters say which drones it serves; :meth:`build`
+    makes one :class:`DroneExecutorNode` per drone (``/<robot_id>/drone_executor``, whose own parameter is
+    ``reorder_timeout_s``). All are read at start-up (read-only)."""
+
+    def __init__(self, node_name: str = "drone_executor", **kw) -> None:
+        super().__init__(node_name, **kw)
+        self.robots = list(declare(self, "robots", ["drone_0"], "robot ids: one executor node each, in "
+                                   "/<robot_id>", read_only=True, check=all_of(non_empty, distinct),
+                                   constraints="non-empty, distinct"))
+        self.hosts = list(declare(self, "hosts", ["192.168.10.1"], "Tello IP address of each robot, in the "
+                                  "order of robots", read_only=True, check=distinct,
+                                  constraints="one per robot, distinct (djitellopy tells drones apart by IP)"))
+        if len(self.hosts) != len(self.robots):
+            raise ValueError(f"parameter hosts: one per robot, got {len(self.hosts)} hosts for "
+                             f"{len(self.robots)} robots {self.robots}")
+        self.time_scale = float(declare(self, "time_scale", 1.0, "expected motion durations are multiplied by "
+                                        "this to time out a command (< 1: an emulator faster than real time)",
+                                        read_only=True, above=0.0))
+        self.retry_count = int(declare(self, "retry_count", 3, "times djitellopy sends a command that gets no "
+                                       "answer", read_only=True, min=1))
+
+    def build(self) -> list[DroneExecutorNode]:
+        return build_drone_executors(self.robots, self.hosts, time_scale=self.time_scale,
+                                     retry_count=self.retry_count, context=self.context)
+
+
 def _build() -> list[Node]:
-    params = Node("drone_executor")
-    robots = list(params.declare_parameter("robots", ["drone_0"]).value)
-    hosts = list(params.declare_parameter("hosts", ["192.168.10.1"]).value)
-    time_scale = float(params.declare_parameter("time_scale", 1.0).value)
-    retry_count = int(params.declare_parameter("retry_count", 3).value)
-    if time_scale <= 0:
-        raise ValueError(f"parameter time_scale: must be > 0, got {time_scale}")
-    return [params, *build_drone_executors(robots, hosts, time_scale=time_scale, retry_count=retry_count)]
+    params = DroneExecutorsNode()
+    return [params, *params.build()]
 
 
 def main(args: list[str] | None = None) -> int:

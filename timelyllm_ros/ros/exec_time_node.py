@@ -23,6 +23,7 @@ from rclpy.node import Node
 
 from timelyllm_ros.msg import PlanSegment, SegmentDone
 from timelyllm_ros.ros.convert import time_s
+from timelyllm_ros.ros.params import declare, on_change
 from timelyllm_ros.ros.spin import run_nodes
 from timelyllm_ros.ros.topics import RELIABLE
 from timelyllm_ros.skills.exec_model import ExecTimeModel
@@ -36,7 +37,9 @@ class ExecTimeNode(Node):
     def __init__(self, *, models: Any = None, node_name: str = "exec_time", **kw) -> None:
         """``models``: callable robot_type -> ExecTimeModel to share (e.g. the planner core's)."""
         super().__init__(node_name, **kw)
-        self.learn = self.declare_parameter("learn", True).value
+        self.learn = declare(self, "learn", True, "learn execution times from SegmentDone reports (the node's "
+                             "own models; a model shared with the planner learns in the planner); settable at "
+                             "run time")
         self._own: dict[str, ExecTimeModel] = {}  # skill set id -> model
         self._models = models or self._own_model
         self._seen: OrderedDict[tuple[str, int], tuple[str, str]] = OrderedDict()  # -> (skillset_id, text)
@@ -48,6 +51,13 @@ class ExecTimeNode(Node):
         if models is None:  # a shared model already learns inside the planner core
             self.create_subscription(PlanSegment, ALL_SEGMENTS_TOPIC, self._segment, RELIABLE)
             self.create_subscription(SegmentDone, "/segment_done", self._done, RELIABLE)
+        on_change(self, {"learn": self._set_learn})
+
+    def _set_learn(self, value: bool) -> None:
+        with self._lock:
+            self.learn = bool(value)
+            for m in self._own.values():
+                m.learn = self.learn
 
     def _own_model(self, robot_type: str) -> ExecTimeModel:
         """The model of a robot type or skill set id: one per skill set, so that

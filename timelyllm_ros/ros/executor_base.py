@@ -42,6 +42,8 @@ from timelyllm_ros.msg import PlanSegment, SegmentAck, SegmentDone
 from timelyllm_ros.robots.base import ExecutionError, Interrupted, RefusedError, StopSignal
 from timelyllm_ros.robots.inbox import DEFAULT_REORDER_TIMEOUT_S, ReportCache, Segment, SegmentInbox
 from timelyllm_ros.ros.convert import time_msg
+from timelyllm_ros.ros.diagnostics import ExecutorState, RobotLink, Status, attach_executor_diagnostics, executor_status
+from timelyllm_ros.ros.params import declare
 from timelyllm_ros.ros.topics import (
     RELIABLE,
     REPORTS,
@@ -75,9 +77,10 @@ class RobotExecutorNode(Node):
     def __init__(self, robot_id: str, node_name: str, **kw) -> None:
         super().__init__(node_name, namespace=f"/{robot_id}", **kw)
         self.robot_id = robot_id
-        self.reorder_timeout_s = float(self.declare_parameter("reorder_timeout_s", DEFAULT_REORDER_TIMEOUT_S).value)
-        if not self.reorder_timeout_s > 0:
-            raise ValueError(f"parameter reorder_timeout_s: must be > 0, got {self.reorder_timeout_s}")
+        self.reorder_timeout_s = float(declare(
+            self, "reorder_timeout_s", float(DEFAULT_REORDER_TIMEOUT_S),
+            "seconds an early segment waits for the missing ones before it, then it is refused "
+            "(default: the planner's delivery_timeout_s)", read_only=True, above=0.0))
         self.runner: SegmentRunner | None = None
         self._cv = threading.Condition()
         # dedup, order and hold (bounded); also remembers why tasks ended, so a late or duplicate
@@ -94,6 +97,7 @@ class RobotExecutorNode(Node):
         self._done_pub = self.create_publisher(SegmentDone, SEGMENT_DONE, REPORTS)
         self._reports = ReportCache()
         self._ack_pub = self.create_publisher(SegmentAck, SEGMENT_ACKS, REPORTS)
+        self.diagnostics = attach_executor_diagnostics(self)  # /diagnostics: link, battery, state, e-stop
 
     def start_executor(self) -> None:
         group = ReentrantCallbackGroup()  # the emergency service must run while segments arrive
@@ -276,6 +280,21 @@ class RobotExecutorNode(Node):
         ack = SegmentAck(task_id=msg.task_id, robot_id=self.robot_id, segment_index=msg.segment_index,
                          stamp=time_msg(received))
         publish_or_log(self._ack_pub, ack, self.get_logger(), f"the ack of {msg.task_id}[{msg.segment_index}]")
+
+    # -- diagnostics --------------------------------------------------------------------
+    def diagnostic_status(self) -> Status:
+        """This robot's status on /diagnostics (ros/diagnostics.py): state, emergency stop, and the link and
+        battery of :meth:`robot_link`. A backend may extend it: ``st = super().diagnostic_status(); st.add(..)``."""
+        with self._cv:
+            run, last = self._running, self.history[-1] if self.history else None
+            state = ExecutorState(estopped=self._estopped, task=self._task if self._task_open else None,
+                                  running=(run.task_id, run.segment_index) if run is not None else None,
+                                  queued=len(self._queue), held=self.inbox.held_count(), last=last)
+        return executor_status(self, state, self.robot_link())
+
+    def robot_link(self) -> RobotLink | None:
+        """The link to the robot as the backend knows it (connected, last contact, battery); None: unknown."""
+        return None
 
     # -- safety services ------------------------------------------------------------------
     def emergency_stop(self) -> str:

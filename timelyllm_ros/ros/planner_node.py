@@ -2,8 +2,9 @@
 
 Two nodes share one process so that the decision path stays in-process:
 
-* ``planner`` owns the engine, the action server, the one-shot service, the
-  per-robot segment topics and the SegmentDone subscription;
+* ``planner`` (a lifecycle node) owns the engine, the action server, the
+  one-shot service, the per-robot segment topics and the SegmentDone
+  subscription;
 * ``scheduler`` owns the policy (``policy`` can be changed at run time) and
   publishes SchedulerState.
 
@@ -23,13 +24,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rcl_interfaces.msg import ParameterDescriptor, SetParametersResult
-from rclpy.action import CancelResponse, GoalResponse
+from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, SetParametersResult
+from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.event_handler import PublisherEventCallbacks
+from rclpy.exceptions import InvalidParameterValueException
+from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
+from rclpy.service import Service
+from rclpy.subscription import Subscription
+from rclpy.timer import Timer
 
 from timelyllm_ros.action import PlanTask
 from timelyllm_ros.engines.factory import planner_engine
@@ -49,6 +55,7 @@ from timelyllm_ros.msg import (
 from timelyllm_ros.ros import topics
 from timelyllm_ros.ros.actions import BatchedActionServer
 from timelyllm_ros.ros.convert import ClockBridge, duration_msg, segment_msg, status_code, time_s, tuf_from_msg
+from timelyllm_ros.ros.diagnostics import attach_planner_diagnostics
 from timelyllm_ros.ros.spin import run_nodes
 from timelyllm_ros.ros.topics import LATCHED, RELIABLE, TELEMETRY, segment_topic  # noqa: F401 - re-exported
 from timelyllm_ros.sched.hygiene import check_text, check_token_count
@@ -101,8 +108,17 @@ def _request_key(robot_id: str, robot_type: str, task: str, tuf_msg) -> tuple:
     return (robot_id, robot_type, task, tuf_msg.level, tuf_msg.alpha, tuf_msg.beta, tuf_msg.ert)
 
 
-class PlannerNode(Node):
+class PlannerNode(LifecycleNode):
     """Thin adapter: validates goals, hands them to the core, and delivers what the core produces.
+
+    A managed (lifecycle) node. ``configure`` loads the engine, warms its prompts and starts the engine
+    thread; ``activate`` opens the PlanTask action and the /plan and /get_plan_result services and accepts
+    goals; ``deactivate`` drains: new goals are refused (BUSY, with the reason), open tasks get up to
+    ``drain_timeout_s`` to finish and are then ended CANCELLED, each with a result its robot receives;
+    ``cleanup`` closes the servers and frees the engine. A configure that fails (e.g. the engine cannot
+    load) goes through error processing back to unconfigured, the reason in the log and in
+    ``lifecycle_error``. With ``autostart`` (default) the node configures and activates itself, as a plain
+    node would; launch files that drive the transitions set it to false.
 
     No thread waits per goal: a goal handle is kept until the core's result callback completes it
     (``ServerGoalHandle.execute`` with a callback that returns the finished result), so the number of
@@ -111,49 +127,131 @@ class PlannerNode(Node):
 
     def __init__(self, *, policy: str = "pud", engine: Any = None, constrained: bool = False,
                  core_config: CoreConfig | None = None, parameter_overrides: list[Parameter] | None = None,
-                 node_name: str = "planner", engine_factory: Callable[[], Any] | None = None, **node_kw) -> None:
+                 node_name: str = "planner", engine_factory: Callable[[], Any] | None = None,
+                 scheduler: SchedulerNode | None = None, **node_kw) -> None:
         super().__init__(node_name, parameter_overrides=parameter_overrides or [], **node_kw)
-        p = self._declare_params()
+        self._p = p = self._declare_params()
         p["policy"] = policy
+        self._scheduler = scheduler
+        self._given = (engine, constrained, engine_factory, core_config)
         self._bridge = ClockBridge()
-        if engine is None:
-            engine, constrained = planner_engine(p["engine_config"])
-            engine_factory = engine_factory or (lambda: planner_engine(p["engine_config"])[0])
-        self.engine = engine
-        self._engine_factory = engine_factory or self._reuse_engine
-        from timelyllm_ros.sched.admission import make_admission
-
-        robot_timeout = p["robot_timeout_s"] if p["robot_timeout_s"] > 0 else None
-        cfg = core_config or CoreConfig(comm_s=p["comm_s"], overdue=p["overdue"], slack_floor_s=p["slack_floor_s"],
-                                        resume_lead_s=p["resume_lead_s"], keep_results_s=p["keep_results_s"],
-                                        keep_results_max=p["keep_results_max"], robot_timeout_s=robot_timeout)
-        self.core = PlannerCore(engine, make_policy(p["policy"]), RealClock(), admission=make_admission(p["admission"]),
-                                config=cfg, on_segment=self._on_segment, on_result=self._on_result)
+        self.engine: Any = None
+        self.core: PlannerCore | None = None
+        self.delivery: Any = None
+        self.journal: Any = None
+        self._prompts: PromptRenderer | None = None
+        self._engine_factory: Callable[[], Any] = self._reuse_engine
+        self._owns_engine = False
         self._open: dict[str, _OpenTask] = {}
         self._open_lock = threading.RLock()
         self._arrivals: dict[int, float] = {}  # id(goal message) -> arrival (core clock), goal_cb -> accepted cb
         self._seg_pubs: dict[str, Any] = {}
         self._discovered: set[str] = set()  # robots whose reader matched their segment topic (one per publisher)
         self._pub_lock = threading.Lock()
-        self._prompts = PromptRenderer(engine, constrained)
         self._skillset_ids: dict[str, str] = {}
         self._oneshot = threading.BoundedSemaphore(p["max_oneshot_calls"])
         self._engine_error: str | None = None  # set while the engine is down (goals are refused)
         self._next_prune = 0.0
         self._journal_closed = False
+        self._recovered = False
+        self._active = False  # goals are accepted only while active
+        self._servers: list[Any] = []  # action server and services: open from the first activate to cleanup
+        self._configured: list[Any] = []  # subscriptions and timers of the configured state
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
         self.engine_restarts = 0
+        self.lifecycle_error: str | None = None  # why the last transition failed
+        # The report publishers live as long as the node: a drained task's result still goes out.
+        self._engine_pub = self.create_publisher(EngineState, "engine_state", topics.TELEMETRY)
+        self._all_segments = self.create_publisher(PlanSegment, topics.ALL_SEGMENTS, topics.REPORTS)
+        self._requests = self.create_publisher(TaskRequest, topics.PLAN_REQUESTS, topics.REPORTS)
+        self._results = self.create_publisher(PlanResult, topics.PLAN_RESULTS, topics.RESULTS_QOS)
+        self.journal_errors = 0
+        self.diagnostics = attach_planner_diagnostics(self)  # /diagnostics in every lifecycle state
+        if p["autostart"]:
+            for step, trigger in (("configure", self.trigger_configure), ("activate", self.trigger_activate)):
+                if trigger() != TransitionCallbackReturn.SUCCESS:
+                    why = self.lifecycle_error or "see the log"
+                    self.destroy_node()
+                    raise RuntimeError(f"planner could not {step}: {why}")
 
+    @property
+    def lifecycle_state(self) -> str:
+        """unconfigured | inactive | active | finalized (or a transition state while one runs)."""
+        return self._state_machine.current_state[1]
+
+    # -- lifecycle transitions ----------------------------------------------------------------------
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self.lifecycle_error = None
+        try:
+            self._configure()
+        except Exception as e:  # noqa: BLE001 - a failed engine start goes to error processing with its reason
+            self.lifecycle_error = f"configure failed: {e!r}"
+            self.get_logger().error(self.lifecycle_error)
+            return TransitionCallbackReturn.ERROR
+        return TransitionCallbackReturn.SUCCESS
+
+    def _configure(self) -> None:
+        p = self._p
+        engine, constrained, engine_factory, core_config = self._given
+        self._owns_engine = engine is None
+        if engine is None:
+            engine, constrained = planner_engine(p["engine_config"])
+            engine_factory = engine_factory or (lambda: planner_engine(p["engine_config"])[0])
+        self.engine = engine
+        self._engine_factory = engine_factory or self._reuse_engine
         from timelyllm_ros.ros.delivery import SegmentDelivery
+        from timelyllm_ros.sched.admission import make_admission
 
+        robot_timeout = p["robot_timeout_s"] if p["robot_timeout_s"] > 0 else None
+        cfg = core_config or CoreConfig(comm_s=p["comm_s"], overdue=p["overdue"], slack_floor_s=p["slack_floor_s"],
+                                        resume_lead_s=p["resume_lead_s"], keep_results_s=p["keep_results_s"],
+                                        keep_results_max=p["keep_results_max"], robot_timeout_s=robot_timeout)
+        policy = self._scheduler.policy_name if self._scheduler is not None else p["policy"]
+        self.core = PlannerCore(engine, make_policy(policy), RealClock(), admission=make_admission(p["admission"]),
+                                config=cfg, on_segment=self._on_segment, on_result=self._on_result)
         self.delivery = SegmentDelivery(self._publish_to_robot, period_s=p["resend_period_s"],
-                                        max_period_s=max(p["resend_period_s"], p["resend_max_period_s"]),
+                                        max_period_s=p["resend_max_period_s"],
                                         give_up_s=p["delivery_timeout_s"])
-        self.journal = None
+        self._prompts = PromptRenderer(engine, constrained)
+        self._skillset_ids = {}
         if p["state_dir"]:
             from timelyllm_ros.sched.journal import Journal
 
-            self.journal = Journal(p["state_dir"])
+            self.journal, self._journal_closed, self._recovered = Journal(p["state_dir"]), False, False
+        # Reports and acks in groups of their own: a burst of one never queues behind the other.
+        self._configured = [
+            self.create_subscription(SegmentDone, topics.SEGMENT_DONE, self._segment_done, topics.REPORTS_IN,
+                                     callback_group=MutuallyExclusiveCallbackGroup()),
+            self.create_subscription(SegmentAck, topics.SEGMENT_ACKS, self._segment_ack, topics.REPORTS_IN,
+                                     callback_group=MutuallyExclusiveCallbackGroup()),
+            self.create_timer(p["state_period_s"], self._publish_engine_state),
+            self.create_timer(p["resend_period_s"] / 2, self._housekeeping,
+                              callback_group=MutuallyExclusiveCallbackGroup())]
+        self._stop = threading.Event()
+        if p["warm_up"]:
+            self._warm_up()
+        self._thread = threading.Thread(target=self._engine_loop, name="timelyllm-engine", daemon=True)
+        self._thread.start()
+        if self._scheduler is not None:
+            self._scheduler.attach(self.core)
+        self.get_logger().info(
+            f"planner configured: policy={policy} admission={p['admission']} engine={type(engine).__name__} "
+            f"robot types={self._robot_types} journal={p['state_dir'] or 'off'}")
 
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        if not self._servers:
+            self._open_servers()
+        if self.journal is not None and not self._recovered:
+            self._recovered = True
+            self._recover()
+        with self._open_lock:
+            self._active = True
+        self.get_logger().info("planner ready: active, accepting goals")  # tests and tools wait for this line
+        return super().on_activate(state)
+
+    def _open_servers(self) -> None:
+        p = self._p
         goals = ReentrantCallbackGroup()
         deep = QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE, history=QoSHistoryPolicy.KEEP_LAST)
         # A burst of goals must not overflow the goal service's request queue (rclpy's default depth is 10).
@@ -164,30 +262,84 @@ class PlannerNode(Node):
                                     cancel_service_qos_profile=deep,
                                     feedback_pub_qos_profile=QoSProfile(depth=1000),
                                     result_timeout=int(p["action_result_timeout_s"]))
-        self.create_service(Plan, topics.PLAN_SERVICE, self._plan_srv, callback_group=goals)
-        self.create_service(GetPlanResult, topics.GET_PLAN_RESULT_SERVICE, self._get_result_srv, callback_group=goals)
-        # Reports and acks in groups of their own: a burst of one never queues behind the other.
-        self.create_subscription(SegmentDone, topics.SEGMENT_DONE, self._segment_done, topics.REPORTS_IN,
-                                 callback_group=MutuallyExclusiveCallbackGroup())
-        self.create_subscription(SegmentAck, topics.SEGMENT_ACKS, self._segment_ack, topics.REPORTS_IN,
-                                 callback_group=MutuallyExclusiveCallbackGroup())
-        self._engine_pub = self.create_publisher(EngineState, "engine_state", topics.TELEMETRY)
-        self._all_segments = self.create_publisher(PlanSegment, topics.ALL_SEGMENTS, topics.REPORTS)
-        self._requests = self.create_publisher(TaskRequest, topics.PLAN_REQUESTS, topics.REPORTS)
-        self._results = self.create_publisher(PlanResult, topics.PLAN_RESULTS, topics.RESULTS_QOS)
-        self.create_timer(p["state_period_s"], self._publish_engine_state)
-        self.create_timer(p["resend_period_s"] / 2, self._housekeeping, callback_group=MutuallyExclusiveCallbackGroup())
+        self._servers = [
+            self._action,
+            self.create_service(Plan, topics.PLAN_SERVICE, self._plan_srv, callback_group=goals),
+            self.create_service(GetPlanResult, topics.GET_PLAN_RESULT_SERVICE, self._get_result_srv,
+                                callback_group=goals)]
 
-        self._stop = threading.Event()
-        if p["warm_up"]:
-            self._warm_up()
-        if self.journal is not None:
-            self._recover()
-        self._thread = threading.Thread(target=self._engine_loop, name="timelyllm-engine", daemon=True)
-        self._thread.start()
-        self.get_logger().info(
-            f"planner ready: policy={p['policy']} admission={p['admission']} engine={type(engine).__name__} "
-            f"robot types={self._robot_types} journal={p['state_dir'] or 'off'}")
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        with self._open_lock:
+            self._active = False
+        self._drain(self._p["drain_timeout_s"], "planner deactivated before the task finished")
+        return super().on_deactivate(state)
+
+    def _drain(self, timeout_s: float, reason: str) -> None:
+        """Let open tasks finish for up to ``timeout_s``, then end the rest CANCELLED: every robot hears."""
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            with self._open_lock:
+                left = len(self._open)
+            if not left:
+                return
+            time.sleep(0.05)
+        if self.core is not None:
+            n = self.core.fail_all(reason, TaskStatus.CANCELLED)
+            self.get_logger().warning(f"drain: {n} open tasks ended CANCELLED after {timeout_s:g} s")
+
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._teardown()
+        return super().on_cleanup(state)
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self.shutdown()
+        return super().on_shutdown(state)
+
+    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Undo whatever a failed transition left, so the node is cleanly unconfigured (configure may be
+        tried again)."""
+        self.get_logger().error(f"error processing: {self.lifecycle_error or 'a transition failed'}; "
+                                "releasing the engine, back to unconfigured")
+        try:
+            self._teardown()
+        except Exception as e:  # noqa: BLE001
+            self.get_logger().error(f"releasing after the error failed: {e!r}")
+            return TransitionCallbackReturn.FAILURE  # -> finalized
+        return TransitionCallbackReturn.SUCCESS
+
+    def _teardown(self) -> None:
+        """Stop the engine thread, close servers, subscriptions and timers, the journal, and an engine this
+        node built. Open tasks are answered first (nothing is left hanging)."""
+        with self._open_lock:
+            self._active = False
+        if self.core is not None:
+            self.shutdown()
+        for ent in self._servers + self._configured:
+            try:
+                if isinstance(ent, ActionServer):
+                    ent.destroy()
+                else:
+                    self._destroy_entity(ent)
+            except Exception as e:  # noqa: BLE001 - a half-built entity must not keep the rest alive
+                self.get_logger().warning(f"closing {ent!r}: {e!r}")
+        self._servers, self._configured = [], []
+        if self._scheduler is not None:
+            self._scheduler.detach()
+        if self.engine is not None and self._owns_engine:
+            try:
+                self.engine.close()
+            except Exception as e:  # noqa: BLE001 - a broken engine may not close cleanly
+                self.get_logger().warning(f"closing the engine: {e!r}")
+        self.engine = self.core = self.delivery = self._prompts = None
+        self.journal = None
+
+    def _destroy_entity(self, ent: Any) -> None:
+        for kind, destroy in ((Subscription, self.destroy_subscription), (Timer, self.destroy_timer),
+                              (Service, self.destroy_service)):
+            if isinstance(ent, kind):
+                destroy(ent)
+                return
+        raise TypeError(f"unknown entity {ent!r}")
 
     def _warm_up(self) -> None:
         """Prefill each robot type's shared prompt (skill catalogue, few-shot examples) once, before the
@@ -203,51 +355,65 @@ class PlannerNode(Node):
 
     # -- parameters ---------------------------------------------------------------
     def _declare_params(self) -> dict:
-        d = ParameterDescriptor
+        """Every parameter is read once (at construction or configure): all are read-only, with ranges where
+        they apply, so a set at run time is refused with a reason instead of silently doing nothing."""
+        def declare(name: str, default: Any, description: str, lo: float | None = None, hi: float | None = None,
+                    integer: bool = False) -> Any:
+            d = ParameterDescriptor(description=description, read_only=True)
+            if lo is not None:
+                if integer:
+                    d.integer_range = [IntegerRange(from_value=int(lo), to_value=int(hi), step=1)]
+                else:
+                    d.floating_point_range = [FloatingPointRange(from_value=float(lo), to_value=float(hi), step=0.0)]
+            try:
+                return self.declare_parameter(name, default, d).value
+            except InvalidParameterValueException as e:  # the value set in a params file / override
+                raise ValueError(f"parameter {name}: {e}") from None
+
+        big = 1e9
         p = {
-            "engine_config": self.declare_parameter(
-                "engine_config", "engine_vllm_cpu.yaml",
-                d(description="engine YAML (file name in config/ or a path)")).value,
-            "admission": self.declare_parameter(
-                "admission", "latency", d(description="'latency' (latency-guided) or a fixed batch cap 1..16")).value,
-            "overdue": self.declare_parameter(
-                "overdue", "serve", d(description="'serve' overdue tasks last, or 'reject' them")).value,
-            "comm_s": self.declare_parameter("comm_s", 0.008, d(description="one network hop, s")).value,
-            "slack_floor_s": self.declare_parameter("slack_floor_s", 0.001).value,
-            "resume_lead_s": self.declare_parameter("resume_lead_s", 0.05).value,
-            "state_period_s": self.declare_parameter("state_period_s", 0.5).value,
-            "robot_types": self.declare_parameter("robot_types", ["drone", "arm", "chatbot"]).value,
-            "max_task_chars": self.declare_parameter("max_task_chars", 2000).value,
-            "max_task_tokens": self.declare_parameter(
-                "max_task_tokens", 1024, d(description="task text limit in tokens of the engine's tokenizer")).value,
-            "warm_up": self.declare_parameter(
-                "warm_up", True, d(description="prefill each robot type's shared prompt before serving")).value,
-            "max_active_tasks": self.declare_parameter(
-                "max_active_tasks", 5000, d(description="open tasks; goals beyond are REJECTED, never dropped")).value,
-            "max_oneshot_calls": self.declare_parameter(
-                "max_oneshot_calls", 8, d(description="concurrent /plan service calls (each holds a thread); "
-                                                      "more are refused: use the PlanTask action")).value,
-            "keep_results_s": self.declare_parameter(
-                "keep_results_s", 600.0, d(description="finished results kept this long (then the id is free)")).value,
-            "keep_results_max": self.declare_parameter(
-                "keep_results_max", 10000, d(description="at most this many finished results kept")).value,
-            "action_result_timeout_s": self.declare_parameter(
-                "action_result_timeout_s", 60, d(description="rclpy keeps an action result this long")).value,
-            "resend_period_s": self.declare_parameter(
-                "resend_period_s", 0.2, d(description="first re-send of an unacknowledged segment")).value,
-            "resend_max_period_s": self.declare_parameter(
-                "resend_max_period_s", 1.0, d(description="re-send backoff cap")).value,
-            "delivery_timeout_s": self.declare_parameter(
-                "delivery_timeout_s", 30.0, d(description="a segment unacknowledged this long fails its task "
-                                                          "(ROBOT_FAILED)")).value,
-            "robot_timeout_s": self.declare_parameter(
-                "robot_timeout_s", 10.0, d(description="a robot silent this long past a segment's predicted end "
-                                                       "fails its task (ROBOT_FAILED); 0: never")).value,
-            "state_dir": self.declare_parameter(
-                "state_dir", "", d(description="folder of the durable task journal (SQLite WAL); '' = none")).value,
-            "engine_restart_backoff_s": self.declare_parameter(
-                "engine_restart_backoff_s", 0.5, d(description="first wait before rebuilding a failed engine; "
-                                                               "doubles up to 30 s")).value,
+            "engine_config": declare("engine_config", "engine_vllm_cpu.yaml",
+                                     "engine YAML (file name in config/ or a path); loaded at configure"),
+            "admission": declare("admission", "latency", "'latency' (latency-guided) or a fixed batch cap 1..16"),
+            "overdue": declare("overdue", "serve", "'serve' overdue tasks last, or 'reject' them"),
+            "comm_s": declare("comm_s", 0.008, "one network hop, s", 0.0, 10.0),
+            "slack_floor_s": declare("slack_floor_s", 0.001, "smallest slack a generation is ranked by, s",
+                                     0.0, 10.0),
+            "resume_lead_s": declare("resume_lead_s", 0.05, "resume a suspended generation this long before its "
+                                                            "robot is predicted idle, s", 0.0, 60.0),
+            "state_period_s": declare("state_period_s", 0.5, "EngineState period, s", 0.01, 3600.0),
+            "robot_types": declare("robot_types", ["drone", "arm", "chatbot"], "robot types served (skill sets)"),
+            "max_task_chars": declare("max_task_chars", 2000, "task text limit in characters", 1, 10**7, True),
+            "max_task_tokens": declare("max_task_tokens", 1024, "task text limit in tokens of the engine's "
+                                                                "tokenizer", 1, 10**7, True),
+            "warm_up": declare("warm_up", True, "prefill each robot type's shared prompt at configure"),
+            "max_active_tasks": declare("max_active_tasks", 5000, "open tasks; goals beyond are refused BUSY, "
+                                                                  "never dropped", 1, 10**7, True),
+            "max_oneshot_calls": declare("max_oneshot_calls", 8, "concurrent /plan service calls (each holds a "
+                                                                 "thread); more are refused: use the PlanTask "
+                                                                 "action", 1, 1000, True),
+            "keep_results_s": declare("keep_results_s", 600.0, "finished results kept this long (then the id is "
+                                                               "free)", 0.001, big),
+            "keep_results_max": declare("keep_results_max", 10000, "at most this many finished results kept",
+                                        1, 10**8, True),
+            "action_result_timeout_s": declare("action_result_timeout_s", 60, "rclpy keeps an action result "
+                                                                              "this long, s", 1, 10**7, True),
+            "resend_period_s": declare("resend_period_s", 0.2, "first re-send of an unacknowledged segment, s",
+                                       0.001, 3600.0),
+            "resend_max_period_s": declare("resend_max_period_s", 1.0, "re-send backoff cap, s", 0.001, 3600.0),
+            "delivery_timeout_s": declare("delivery_timeout_s", 30.0, "a segment unacknowledged this long fails "
+                                                                      "its task (ROBOT_FAILED), s", 0.001, big),
+            "robot_timeout_s": declare("robot_timeout_s", 10.0, "a robot silent this long past a segment's "
+                                                                "predicted end fails its task (ROBOT_FAILED); "
+                                                                "0: never", 0.0, big),
+            "state_dir": declare("state_dir", "", "folder of the durable task journal (SQLite WAL); '' = none"),
+            "engine_restart_backoff_s": declare("engine_restart_backoff_s", 0.5, "first wait before rebuilding a "
+                                                                                 "failed engine; doubles up to "
+                                                                                 "30 s", 0.001, 3600.0),
+            "autostart": declare("autostart", True, "configure and activate at start-up; false: wait for the "
+                                                    "lifecycle transitions (launch files, a lifecycle manager)"),
+            "drain_timeout_s": declare("drain_timeout_s", 30.0, "deactivate lets open tasks finish this long, "
+                                                                "then ends them CANCELLED, s", 0.0, big),
         }
         for name in ("max_active_tasks", "max_oneshot_calls", "keep_results_max", "max_task_tokens",
                      "max_task_chars", "action_result_timeout_s"):
@@ -258,6 +424,11 @@ class PlannerNode(Node):
                 raise ValueError(f"parameter {name}: must be > 0, got {p[name]}")
         if float(p["robot_timeout_s"]) < 0:
             raise ValueError(f"parameter robot_timeout_s: must be >= 0 (0 = never), got {p['robot_timeout_s']}")
+        if float(p["resend_max_period_s"]) < float(p["resend_period_s"]):
+            raise ValueError(f"parameter resend_max_period_s: must be >= resend_period_s ({p['resend_period_s']}), "
+                             f"got {p['resend_max_period_s']}")
+        if p["overdue"] not in ("serve", "reject"):
+            raise ValueError(f"parameter overdue: must be 'serve' or 'reject', got {p['overdue']!r}")
         self._robot_types = list(p["robot_types"])
         self._max_task_chars = int(p["max_task_chars"])
         self._max_task_tokens = int(p["max_task_tokens"])
@@ -326,6 +497,9 @@ class PlannerNode(Node):
                 joined = self._join(task_id, key, handle, waiter)
                 if joined is not None:
                     return task_id, joined[1]
+                if not self._active:
+                    raise GoalError(f"planner not active (lifecycle state: {self.lifecycle_state}); retry later",
+                                    TaskStatus.BUSY)
                 if self._engine_error is not None:
                     raise GoalError(f"engine unavailable ({self._engine_error}); restarting, retry later",
                                     TaskStatus.BUSY)
@@ -571,14 +745,17 @@ class PlannerNode(Node):
 
     # -- robot reports -----------------------------------------------------------------------
     def _segment_done(self, msg: SegmentDone) -> None:
+        core, delivery = self.core, self.delivery
+        if core is None:  # cleaned up: a callback already in flight has nothing to do
+            return
         start = self._bridge.to_core(msg.start) if (msg.start.sec or msg.start.nanosec) else None
         finish = self._bridge.to_core(msg.finish) if (msg.finish.sec or msg.finish.nanosec) else None
         # A report implies receipt (its ack may have been lost), and that the robot is alive.
-        self.delivery.ack(msg.task_id, msg.segment_index)
-        self.delivery.heard(msg.robot_id, time.monotonic())
+        delivery.ack(msg.task_id, msg.segment_index)
+        delivery.heard(msg.robot_id, time.monotonic())
         if msg.finish.sec or msg.finish.nanosec:
-            self.core.note_report_lag(time.time() - time_s(msg.finish))
-        self.core.report_segment_done(msg.task_id, msg.segment_index, finish, msg.success, msg.error, start)
+            core.note_report_lag(time.time() - time_s(msg.finish))
+        core.report_segment_done(msg.task_id, msg.segment_index, finish, msg.success, msg.error, start)
         if self.journal is not None:
             self._jot("segment_reported", msg.task_id, msg.segment_index, msg.success,
                                           time_s(msg.start) or None, time_s(msg.finish) or None, msg.error)
@@ -590,13 +767,17 @@ class PlannerNode(Node):
         try:
             getattr(self.journal, what)(*args)
         except Exception as e:  # noqa: BLE001
+            self.journal_errors += 1
             self.get_logger().error(f"journal {what}{args[:2]} failed: {e!r}")
 
     def _segment_ack(self, msg: SegmentAck) -> None:
-        self.delivery.heard(msg.robot_id, time.monotonic())
+        core, delivery = self.core, self.delivery
+        if core is None:  # cleaned up: a callback already in flight has nothing to do
+            return
+        delivery.heard(msg.robot_id, time.monotonic())
         if msg.stamp.sec or msg.stamp.nanosec:
-            self.core.note_report_lag(time.time() - time_s(msg.stamp))
-        if self.delivery.ack(msg.task_id, msg.segment_index, time.monotonic()) and self.journal is not None:
+            core.note_report_lag(time.time() - time_s(msg.stamp))
+        if delivery.ack(msg.task_id, msg.segment_index, time.monotonic()) and self.journal is not None:
             self._jot("segment_acked", msg.task_id, msg.segment_index)
 
     def _robot_reachable(self, robot_id: str) -> bool:
@@ -610,22 +791,25 @@ class PlannerNode(Node):
         return False
 
     def _housekeeping(self) -> None:
-        for tid, index, robot_id in self.delivery.due(time.monotonic(), self._robot_reachable):
+        core, delivery = self.core, self.delivery
+        if core is None:  # cleaned up: a callback already in flight has nothing to do
+            return
+        for tid, index, robot_id in delivery.due(time.monotonic(), self._robot_reachable):
             if self._robot_reachable(robot_id):
-                why = f"robot {robot_id} never acknowledged segment {index} within {self.delivery.give_up_s:g} s"
+                why = f"robot {robot_id} never acknowledged segment {index} within {delivery.give_up_s:g} s"
             else:
                 why = (f"robot {robot_id} unreachable: no executor subscribed to {topics.segment_topic(robot_id)} "
-                       f"within {4 * self.delivery.give_up_s:g} s")
+                       f"within {4 * delivery.give_up_s:g} s")
             self.get_logger().error(f"task {tid}: {why}")
-            self.core.robot_failed(tid, why)
-        for tid, robot_id, robot_type, seg in self.core.unreported():
+            core.robot_failed(tid, why)
+        for tid, robot_id, robot_type, seg in core.unreported():
             self._deliver(robot_id, segment_msg(tid, robot_id, seg, self._bridge, self._skillset_id(robot_type)))
-        for tid in self.core.expire_silent():
+        for tid in core.expire_silent():
             self.get_logger().error(f"task {tid}: robot silent, ended ROBOT_FAILED")
         now = time.monotonic()
         if self.journal is not None and now >= self._next_prune:
             self._next_prune = now + 30.0
-            cfg = self.core.cfg
+            cfg = core.cfg
             self._jot("prune", cfg.keep_results_s, cfg.keep_results_max, time.time())
 
     # -- engine loop ------------------------------------------------------------------------------
@@ -764,9 +948,15 @@ class PlannerNode(Node):
         self.core.fail_all(reason, TaskStatus.CANCELLED)
 
     def shutdown(self) -> None:
+        """Stop the engine thread and answer every open task CANCELLED (idempotent; any lifecycle state)."""
+        with self._open_lock:
+            self._active = False
         self._stop.set()
+        if self.core is None:
+            return
         self.core.wake.set()
-        self._thread.join(timeout=10)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
         self.fail_all("planner shutting down")
         with self._open_lock:  # last resort: anything the core no longer knows
             leftovers = list(self._open.values())
@@ -778,7 +968,7 @@ class PlannerNode(Node):
                 self._complete(h, self._result_msg(res), res.status)
             for w in op.waiters:
                 w.put(res)
-        if self.journal is not None:
+        if self.journal is not None and not self._journal_closed:
             self._journal_closed = True
             self.journal.close()
 
@@ -837,13 +1027,23 @@ class SchedulerNode(Node):
             "policy", "pud", ParameterDescriptor(description=f"one of {sorted(POLICIES)}; settable at run time")).value
         if self.policy_name not in POLICIES:
             raise ValueError(f"parameter policy: unknown {self.policy_name!r}; known: {sorted(POLICIES)}")
-        self._period = self.declare_parameter("state_period_s", 0.5).value
+        self._period = self.declare_parameter("state_period_s", 0.5, ParameterDescriptor(
+            description="SchedulerState period, s", read_only=True,
+            floating_point_range=[FloatingPointRange(from_value=0.01, to_value=3600.0, step=0.0)])).value
         self.add_on_set_parameters_callback(self._on_params)
         self._pub = self.create_publisher(SchedulerState, "scheduler_state", TELEMETRY)
+        self._timer: Timer | None = None
 
     def attach(self, core: PlannerCore) -> None:
+        """The planner's core (on each configure); SchedulerState is published while one is attached."""
+        self.detach()
         self.core = core
-        self.create_timer(self._period, self.publish_state)
+        self._timer = self.create_timer(self._period, self.publish_state)
+
+    def detach(self) -> None:
+        if self._timer is not None:
+            self.destroy_timer(self._timer)
+        self._timer, self.core = None, None
 
     def _on_params(self, params: list[Parameter]) -> SetParametersResult:
         for prm in params:
@@ -854,21 +1054,25 @@ class SchedulerNode(Node):
                     return SetParametersResult(successful=False, reason=f"policy: {e}")
                 if self.core is not None:
                     self.core.set_policy(policy)
+                self.policy_name = prm.value
                 self.get_logger().info(f"policy -> {prm.value}")
         return SetParametersResult(successful=True)
 
     def publish_state(self) -> None:
-        now = self.core.clock.now()
-        ranked = self.core.queue_view(now)
-        snap = self.core.snapshot()
-        dts = self.core.decision_times
+        core = self.core
+        if core is None:  # detached by the planner's cleanup
+            return
+        now = core.clock.now()
+        ranked = core.queue_view(now)
+        snap = core.snapshot()
+        dts = core.decision_times
         self._pub.publish(SchedulerState(
-            stamp=self.get_clock().now().to_msg(), policy=self.core.policy.name,
+            stamp=self.get_clock().now().to_msg(), policy=core.policy.name,
             queue=[QueuedGeneration(task_id=q["task_id"], robot_id=q["robot_id"], segment_index=q["k"],
                                     suspended=q["k"] > 0, priority=_finite(q["priority"]),
                                     slack_s=_finite(q["slack_s"]), waiting_s=_finite(q["waiting_s"]))
                    for q in ranked],
-            running_task_ids=self.core.running_ids(), tasks_active=snap["tasks"], tasks_done=snap["done"],
+            running_task_ids=core.running_ids(), tasks_active=snap["tasks"], tasks_done=snap["done"],
             last_decision_time_s=dts[-1] if dts else 0.0))
 
 
@@ -882,24 +1086,53 @@ def _utility_estimate(core: PlannerCore, task_id: str) -> float:
 
 
 def build_planner(parameter_overrides: list[Parameter] | None = None, engine: Any = None, constrained: bool = False,
-                  **node_kw) -> tuple[PlannerNode, SchedulerNode]:
+                  scheduler_kw: dict | None = None, **node_kw) -> tuple[PlannerNode, SchedulerNode]:
     """The scheduler node owns ``policy``; the planner builds its core with it.
 
-    ``node_kw`` goes to both nodes (e.g. ``context=``).
+    ``node_kw`` goes to both nodes (e.g. ``context=``), ``scheduler_kw`` to the scheduler only.
     """
     overrides = parameter_overrides or []
     sched = SchedulerNode(parameter_overrides=[p for p in overrides if p.name in ("policy", "state_period_s")],
-                          **node_kw)
-    planner = PlannerNode(policy=sched.policy_name, engine=engine, constrained=constrained,
+                          **node_kw, **(scheduler_kw or {}))
+    planner = PlannerNode(policy=sched.policy_name, engine=engine, constrained=constrained, scheduler=sched,
                           parameter_overrides=[p for p in overrides if p.name != "policy"], **node_kw)
-    sched.attach(planner.core)
     return planner, sched
+
+
+def scheduler_ros_args(argv: list[str]) -> list[str]:
+    """The process's ROS arguments for the scheduler node, without a rename of the node.
+
+    ``ros2 launch`` starts this process as the lifecycle node ``planner`` with ``-r __node:=planner``, which
+    rcl applies to every node of the process: the scheduler would be renamed too (and miss its parameters).
+    So the scheduler ignores the global arguments and takes these instead."""
+    out: list[str] = []
+    ros = False
+    it = iter(argv)
+    for a in it:
+        if a == "--ros-args":
+            ros = True
+            continue
+        if a == "--":
+            ros = False
+            continue
+        if not ros:
+            continue
+        if a in ("-r", "--remap"):
+            rule = next(it, "")
+            if rule.split(":=")[0].split(":")[-1] not in ("__node", "__name"):
+                out += [a, rule]
+            continue
+        out.append(a)
+    return ["--ros-args", *out] if out else []
 
 
 def main(args: list[str] | None = None) -> int:
     # Parameters come from `--ros-args --params-file config/fleet_demo.yaml -p policy:=fcfs` as usual.
     # No callback blocks for long except the bounded one-shot /plan calls (max_oneshot_calls).
-    return run_nodes(lambda: build_planner()[::-1], args, num_threads=16,
+    import sys
+
+    sched_kw = {"cli_args": scheduler_ros_args(sys.argv if args is None else args), "use_global_arguments": False}
+    return run_nodes(lambda: build_planner(scheduler_kw=sched_kw)[::-1], args, num_threads=16,
                      before_destroy=lambda nodes: nodes[-1].shutdown())
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import rclpy
-from rcl_interfaces.msg import ParameterDescriptor, SetParametersResult
+from rcl_interfaces.msg import SetParametersResult
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.context import Context
 from rclpy.executors import SingleThreadedExecutor
@@ -37,6 +37,7 @@ from std_srvs.srv import SetBool
 
 from timelyllm_ros.bags.io import BagError, BagWriter
 from timelyllm_ros.bags.typestore import DEFAULT_TOPICS, TopicSpec, topic_spec
+from timelyllm_ros.ros.params import all_of, declare, non_empty, not_blank, refuse
 from timelyllm_ros.ros.spin import Spinner, run_nodes
 
 LATCHED = QoSProfile(depth=1, reliability=QoSReliabilityPolicy.RELIABLE,
@@ -140,30 +141,40 @@ class BagRecorder:
         self._subs = []
 
 
+def _new_path(path: str) -> str | None:
+    return f"{path} exists already" if path and Path(path).exists() else None
+
+
+def _known_topics(names: list[str]) -> str | None:
+    try:
+        for n in names:
+            topic_spec(n)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 class RecorderNode(Node):
-    """The recorder as a node: parameters ``recording``, ``output_dir``, ``bag_path``, ``topics``."""
+    """The recorder as a node: parameters ``recording``, ``output_dir`` and ``bag_path`` (settable at run time;
+    the last two apply to the next bag) and ``topics`` (read-only)."""
 
     def __init__(self, node_name: str = "recorder", **kw: Any) -> None:
         super().__init__(node_name, **kw)
-        d = ParameterDescriptor
-        self._output_dir = self.declare_parameter(
-            "output_dir", "bags", d(description="folder for new bags (named timelyllm_<date>-<time>)")).value
-        self._next_path = self.declare_parameter(
-            "bag_path", "", d(description="exact path of the first bag (empty: a new name in output_dir)")).value
-        names = list(self.declare_parameter(
-            "topics", [t.name for t in DEFAULT_TOPICS], d(description="topics to record (known planner topics)")).value)
-        try:
-            topics = [topic_spec(n) for n in names]
-        except ValueError as e:
-            raise ValueError(f"parameter topics: {e}") from None
-        want = self.declare_parameter("recording", True,
-                                      d(description="true records, false stops (each start opens a new bag)"))
+        self._output_dir = declare(self, "output_dir", "bags", "folder for new bags (named timelyllm_<date>-<time>)",
+                                   check=not_blank, constraints="not empty ('.' = the working folder)")
+        self._next_path = declare(self, "bag_path", "", "exact path of the next bag (must not exist); "
+                                  "'' = a new name in output_dir", check=_new_path, constraints="a new path")
+        names = list(declare(self, "topics", [t.name for t in DEFAULT_TOPICS], "topics to record (known planner "
+                             "topics); fixed at start-up", read_only=True, check=all_of(non_empty, _known_topics),
+                             constraints="known planner topics"))
+        topics = [topic_spec(n) for n in names]
+        want = declare(self, "recording", True, "true records, false stops (each start opens a new bag)")
         self.recorder = BagRecorder(self, topics)
         self._path_pub = self.create_publisher(String, "~/bag_path", LATCHED)
         self.create_service(SetBool, "~/set_recording", self._set_recording_srv)
         self.add_on_set_parameters_callback(self._check_params)
         self.add_post_set_parameters_callback(self._apply_params)
-        if want.value:
+        if want:
             self._start()
 
     def _start(self) -> Path:
@@ -186,14 +197,11 @@ class RecorderNode(Node):
         return p
 
     def _check_params(self, params: list[Parameter]) -> SetParametersResult:
+        """Starting a bag at ``bag_path`` (checked again: the path may have appeared since it was set)."""
         for p in params:
-            if p.name == "recording" and p.type_ != Parameter.Type.BOOL:
-                return SetParametersResult(successful=False, reason="recording: must be true or false")
             if p.name == "recording" and p.value and not self.recorder.recording and self._next_path \
                     and Path(self._next_path).exists():
-                return SetParametersResult(successful=False, reason=f"bag_path: {self._next_path} exists already")
-            if p.name == "topics":
-                return SetParametersResult(successful=False, reason="topics: fixed at start-up")
+                return refuse("bag_path", f"{self._next_path} exists already")
         return SetParametersResult(successful=True)
 
     def _apply_params(self, params: list[Parameter]) -> None:

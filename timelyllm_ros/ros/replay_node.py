@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import rclpy
-from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.node import Node
@@ -32,6 +31,7 @@ from timelyllm_ros.bags.convert import DEFAULT_ROBOT_ID_FORMAT, ReplayRequest, l
 from timelyllm_ros.msg import TimeUtility
 from timelyllm_ros.ros.actions import SafeActionClient
 from timelyllm_ros.ros.convert import duration_s, status_name
+from timelyllm_ros.ros.params import declare, not_blank
 from timelyllm_ros.ros.spin import Spinner
 
 
@@ -153,23 +153,32 @@ class Replayer:
         self.client.destroy()
 
 
+def _required(source: str) -> str | None:
+    return None if source.strip() else "a bag or LRTrace workload is required"
+
+
 class ReplayNode(Node):
-    """Parameters: source, speed, action, robot_id_format, keep_task_ids, task_id_suffix, results, timeout_s."""
+    """Parameters (read at start-up, read-only): source, speed, action, robot_id_format, keep_task_ids,
+    task_id_suffix, results, timeout_s."""
 
     def __init__(self, node_name: str = "replay", **kw: Any) -> None:
         super().__init__(node_name, **kw)
-        d = ParameterDescriptor
-        self.source = self.declare_parameter("source", "", d(description="bag folder / .mcap, or LRTrace")).value
-        self.speed = float(self.declare_parameter("speed", 1.0, d(description="time factor; 2 = twice as fast")).value)
-        self.action = self.declare_parameter("action", "plan_task").value
-        fmt = self.declare_parameter("robot_id_format", DEFAULT_ROBOT_ID_FORMAT,
-                                     d(description="robot id of an LRTrace agent, e.g. {robot_type}_{agent_id}")).value
-        self.keep_task_ids = bool(self.declare_parameter("keep_task_ids", False).value)
-        self.task_id_suffix = self.declare_parameter("task_id_suffix", "").value
-        self.results_path = self.declare_parameter("results", "", d(description="write results JSON here")).value
-        self.timeout_s = float(self.declare_parameter("timeout_s", 600.0).value)
-        if not self.source:
-            raise ValueError("parameter source: a bag or LRTrace workload is required")
+        self.source = declare(self, "source", "", "bag folder / .mcap, or LRTrace folder / jobs file (required)",
+                              read_only=True, check=_required, constraints="required")
+        self.speed = float(declare(self, "speed", 1.0, "time factor; 2 = twice as fast", read_only=True, above=0.0))
+        self.action = declare(self, "action", "plan_task", "PlanTask action of the planner", read_only=True,
+                              check=not_blank)
+        fmt = declare(self, "robot_id_format", DEFAULT_ROBOT_ID_FORMAT, "robot id of an LRTrace agent, e.g. "
+                      "{robot_type}_{agent_id}", read_only=True, check=not_blank)
+        self.keep_task_ids = bool(declare(self, "keep_task_ids", False, "send the recorded task ids (a planner "
+                                          "refuses an id it has already seen); false: the planner picks",
+                                          read_only=True))
+        self.task_id_suffix = declare(self, "task_id_suffix", "", "appended to kept task ids (replay a bag "
+                                      "against the planner that recorded it)", read_only=True)
+        self.results_path = declare(self, "results", "", "write the results JSON here; '' = nowhere",
+                                    read_only=True)
+        self.timeout_s = float(declare(self, "timeout_s", 600.0, "seconds to wait for the results after the last "
+                                       "goal was sent", read_only=True, above=0.0))
         self.requests = load_requests(self.source, robot_id_format=fmt)
         self.replayer = Replayer(self, self.requests, speed=self.speed, action=self.action,
                                  keep_task_ids=self.keep_task_ids, task_id_suffix=self.task_id_suffix)

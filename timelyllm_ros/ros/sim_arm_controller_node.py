@@ -6,6 +6,8 @@ the joint positions, kept in ``positions``), then ``succeeded`` is published
 on ``/<robot_id>/trajectory_status`` (std_msgs/Header, stamp = the
 trajectory's stamp). A new trajectory replaces the running one (``aborted:
 replaced``); an empty one stops it (``stopped``) and holds the position.
+
+    ros2 run timelyllm_ros sim_arm_controller_node --ros-args --params-file config/sim_arm_controller.yaml
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from std_msgs.msg import Header
 from trajectory_msgs.msg import JointTrajectory
 
 from timelyllm_ros.ros.arm_executor_node import status_topic, trajectory_topic
+from timelyllm_ros.ros.params import all_of, declare, distinct, non_empty
 from timelyllm_ros.ros.spin import run_nodes
 from timelyllm_ros.ros.topics import RELIABLE
 
@@ -36,9 +39,8 @@ class _Arm:
 class SimArmControllerNode(Node):
     def __init__(self, node_name: str = "sim_arm_controller", rate_hz: float = 50.0, **kw) -> None:
         super().__init__(node_name, **kw)
-        robots = list(self.declare_parameter("robots", ["arm_0"]).value)
-        if not robots:
-            raise ValueError("parameter robots: at least one arm is needed")
+        robots = list(declare(self, "robots", ["arm_0"], "arms to control: /<robot_id>/joint_trajectory each",
+                              read_only=True, check=all_of(non_empty, distinct), constraints="non-empty, distinct"))
         self.arms = {r: _Arm(r) for r in robots}
         self._lock = threading.Lock()
         self._pubs = {r: self.create_publisher(Header, status_topic(r), RELIABLE) for r in robots}

@@ -29,6 +29,7 @@ from rclpy.node import Node
 from timelyllm_ros.msg import PlanSegment, SegmentAck, SegmentDone
 from timelyllm_ros.robots.inbox import DEFAULT_REORDER_TIMEOUT_S, ReportCache, SegmentInbox
 from timelyllm_ros.ros.convert import time_msg
+from timelyllm_ros.ros.params import all_of, declare, distinct, non_empty, on_change
 from timelyllm_ros.ros.spin import run_nodes
 from timelyllm_ros.ros.topics import (
     RELIABLE,
@@ -55,21 +56,41 @@ class SimRobot:
     acks: deque = field(default_factory=lambda: deque(maxlen=10000))  # (task_id, index) acknowledged
 
 
+def _known_skill_set(robot_type: str) -> str | None:
+    try:
+        load_skill_set(robot_type)
+    except (OSError, ValueError) as e:
+        return f"no skill set {robot_type!r}: {e}"
+    return None
+
+
+def _subset(ids: list[str], robots: list[str]) -> str | None:
+    unknown = sorted(set(ids) - {""} - set(robots))
+    return f"unknown robot(s) {unknown}; robots are {robots}" if unknown else None
+
+
 class SimFleetNode(Node):
+    """Parameters: ``robots``, ``robot_type``, ``seed`` and ``reorder_timeout_s`` are read at start-up
+    (read-only); ``time_scale`` and ``silent_robots`` can change at run time."""
+
     def __init__(self, node_name: str = "sim_fleet", **kw) -> None:
         super().__init__(node_name, **kw)
-        robots = list(self.declare_parameter("robots", ["drone_0", "drone_1", "drone_2"]).value)
-        robot_type = self.declare_parameter("robot_type", "drone").value
-        silent = set(self.declare_parameter("silent_robots", [""]).value) - {""}
-        self.time_scale = float(self.declare_parameter("time_scale", 1.0).value)
-        seed = int(self.declare_parameter("seed", 0).value)
-        self.reorder_timeout_s = float(self.declare_parameter("reorder_timeout_s", DEFAULT_REORDER_TIMEOUT_S).value)
-        if not robots:
-            raise ValueError("parameter robots: at least one robot id is needed")
-        if self.time_scale <= 0:
-            raise ValueError(f"parameter time_scale: must be > 0, got {self.time_scale}")
-        if not self.reorder_timeout_s > 0:
-            raise ValueError(f"parameter reorder_timeout_s: must be > 0, got {self.reorder_timeout_s}")
+        robots = list(declare(self, "robots", ["drone_0", "drone_1", "drone_2"], "simulated robot ids (each "
+                              "listens on /<robot_id>/plan_segments)", read_only=True,
+                              check=all_of(non_empty, distinct), constraints="non-empty, distinct"))
+        robot_type = declare(self, "robot_type", "drone", "skill set of every robot (skills/<robot_type>.yaml)",
+                             read_only=True, check=_known_skill_set, constraints="a skill set in skills/")
+        silent = set(declare(self, "silent_robots", [""], "robots that acknowledge segments but never report "
+                             "SegmentDone (tests the planner's robot_timeout_s); [''] = none",
+                             check=lambda v: _subset(v, robots), constraints="ids from robots")) - {""}
+        self.time_scale = float(declare(self, "time_scale", 1.0, "sampled execution times are multiplied by this "
+                                        "(< 1: faster than real time); applies to segments started after a change",
+                                        above=0.0))
+        seed = int(declare(self, "seed", 0, "seed of the sampled execution times", read_only=True))
+        self.reorder_timeout_s = float(declare(
+            self, "reorder_timeout_s", float(DEFAULT_REORDER_TIMEOUT_S), "seconds an early segment waits for the "
+            "missing ones before it, then it is refused (default: the planner's delivery_timeout_s)",
+            read_only=True, above=0.0))
         self.skillset = load_skill_set(robot_type)
         self.model = ExecTimeModel(self.skillset, learn=False)
         self.rng = random.Random(seed)
@@ -88,7 +109,17 @@ class SimFleetNode(Node):
         self._stop = False
         self._worker = threading.Thread(target=self._run, name="sim-fleet", daemon=True)
         self._worker.start()
+        on_change(self, {"time_scale": self._set_time_scale, "silent_robots": self._set_silent})
         self.get_logger().info(f"{len(robots)} simulated {robot_type} robots: {', '.join(robots)}")
+
+    def _set_time_scale(self, value: float) -> None:
+        with self._lock:
+            self.time_scale = float(value)
+
+    def _set_silent(self, value: list[str]) -> None:
+        with self._lock:
+            for rob in self.robots.values():
+                rob.silent = rob.robot_id in value
 
     def _received(self, robot_id: str, msg: PlanSegment) -> None:
         now = time.time()

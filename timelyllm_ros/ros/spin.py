@@ -36,7 +36,10 @@ def spin_until(ex: Executor, stop: Callable[[], bool] = lambda: False, *,
 
 
 class Spinner(threading.Thread):
-    """A daemon thread spinning ``ex`` with :func:`spin_until`; ``errors`` keeps the last tracebacks."""
+    """A daemon thread spinning ``ex`` with :func:`spin_until`; ``errors`` keeps the last tracebacks.
+
+    Stop it before ``ex.shutdown()``: shutdown destroys the executor's guard condition, which handlers
+    already handed to its thread pool still trigger (rclpy raises that into the next spin_once)."""
 
     def __init__(self, ex: Executor, name: str = "timelyllm-spin", max_errors: int = 100) -> None:
         super().__init__(name=name, daemon=True)

@@ -1,0 +1,613 @@
+"""``/diagnostics`` (diagnostic_msgs/DiagnosticArray) for fleet operators: planner and executor health.
+
+One :class:`DiagnosticsPublisher` per node publishes, every ``diagnostics_period_s`` seconds (parameter,
+default 1.0, read at start; 0 turns it off), one DiagnosticArray on the absolute topic ``/diagnostics`` (the ROS
+convention; ``rqt_runtime_monitor`` and ``diagnostic_aggregator`` read it) with the statuses of its producers.
+Levels are OK / WARN / ERROR; STALE where a status has no data to judge (e.g. an engine not built yet). Status
+names are ``<node>: <what>`` (the node's fully qualified name without the leading ``/``), values are KeyValue
+strings. Every threshold is a node parameter with a description and a range, read at each publication, so
+``ros2 param set`` applies at once.
+
+Planner (:func:`attach_planner_diagnostics`), four statuses:
+
+``planner: engine``
+    backend, model, batch (running / max_batch), waiting, tokens/s, step time, KV cache usage, restarts.
+    ERROR while the engine is down (its loop crashed; goals are refused until the restart), when its stats
+    cannot be read or its thread is gone; WARN when it restarted within ``diagnostics_window_s``.
+``planner: queue``
+    generations waiting for the engine (``queue_length``), suspended ones (waiting for their robot), running,
+    active tasks, policy. WARN above ``diagnostics_queue_warn``, ERROR above ``diagnostics_queue_error``.
+``planner: deadlines``
+    results on ``/plan_results`` within the last ``diagnostics_window_s`` (default 60 s). A result *missed its
+    deadline* when it did not end DONE (OVERDUE, FAILED, ROBOT_FAILED, ...), or ended DONE with its first
+    segment later than its TUF's ERT (response time from arrival > ert, the ERT taken from its request on
+    ``/plan_requests``; a task whose request this node did not see, e.g. one restored from the journal, is judged
+    by its status alone). CANCELLED results are not counted (the robot's choice). A revised result (a robot failed
+    after DONE) replaces the task's earlier entry. miss_rate = missed / counted: WARN above
+    ``diagnostics_miss_rate_warn``, ERROR above ``diagnostics_miss_rate_error``.
+``planner: journal``
+    off (no ``state_dir``), open (file and size) or closed (ERROR while serving).
+
+Executors (:func:`attach_executor_diagnostics`, called by
+:class:`~timelyllm_ros.ros.executor_base.RobotExecutorNode`): one status per robot, ``hardware_id`` = robot id:
+link to the robot and last contact age (ERROR when down or silent beyond ``diagnostics_link_error_s``, WARN beyond
+``diagnostics_link_warn_s``), battery where the backend reports one (WARN at or below
+``diagnostics_battery_warn_pct``, ERROR at or below ``diagnostics_battery_error_pct``), state (idle / executing
+task and segment / waiting for the next segment), emergency stop (ERROR while active).
+
+Memory is bounded: the rolling window is a deque with a maximum length, the ERT lookup an LRU of fixed size.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import threading
+import time
+import traceback
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from rclpy.node import Node
+from rclpy.qos import QoSDurabilityPolicy, QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
+
+OK, WARN, ERROR, STALE = 0, 1, 2, 3
+LEVEL_NAMES = {OK: "OK", WARN: "WARN", ERROR: "ERROR", STALE: "STALE"}
+
+DIAGNOSTICS_TOPIC = "/diagnostics"
+# RELIABLE + VOLATILE: what diagnostic_updater publishes with; readers of either reliability match.
+DIAGNOSTICS_QOS = QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE,
+                             history=QoSHistoryPolicy.KEEP_LAST, durability=QoSDurabilityPolicy.VOLATILE)
+
+WINDOW_MAX_RESULTS = 100_000  # results kept in the rolling window at most (a burst beyond: the newest ones)
+ERT_CACHE_MAX = 20_000  # accepted requests whose ERT is remembered until their result arrives
+
+
+def level_name(level: int | bytes) -> str:
+    """"OK", "WARN", "ERROR" or "STALE" for a level (an int, or the bytes a DiagnosticStatus message holds)."""
+    n = level[0] if isinstance(level, (bytes, bytearray)) else int(level)
+    return LEVEL_NAMES.get(n, str(n))
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.3f}" if math.isfinite(value) else str(value)
+    return str(value)
+
+
+class Status:
+    """One DiagnosticStatus being built: the worst level raised wins, its reasons make the message.
+
+    ``st.add("battery_pct", 87).raise_to(WARN, "battery 20 %")``; ``summary`` is the message while OK."""
+
+    def __init__(self, name: str, hardware_id: str = "", summary: str = "") -> None:
+        self.name, self.hardware_id, self.summary = name, hardware_id, summary
+        self.level = OK
+        self.reasons: list[tuple[int, str]] = []
+        self.values: list[tuple[str, str]] = []
+
+    def add(self, key: str, value: Any) -> Status:
+        self.values.append((key, _fmt(value)))
+        return self
+
+    def raise_to(self, level: int, why: str) -> Status:
+        """At least ``level`` (never lowers it); ``why`` joins the message when it is of the final level."""
+        self.level = max(self.level, level)
+        self.reasons.append((level, why))
+        return self
+
+    @property
+    def message(self) -> str:
+        worst = [why for lvl, why in self.reasons if lvl == self.level and why]
+        return "; ".join(worst) if worst and self.level != OK else self.summary or LEVEL_NAMES[self.level]
+
+    def to_msg(self) -> DiagnosticStatus:
+        return DiagnosticStatus(level=bytes([self.level]), name=self.name, message=self.message,
+                                hardware_id=self.hardware_id,
+                                values=[KeyValue(key=k, value=v) for k, v in self.values])
+
+
+Producer = Callable[[], "Status | Iterable[Status] | None"]
+
+
+def declare_threshold(node: Node, name: str, default: float | int, description: str, lo: float | int,
+                      hi: float | int, *, read_only: bool = False) -> None:
+    """Declare a number parameter with its description and range (an int default: an integer range). Declaring
+    again is a no-op, so two helpers on one node may ask for the same threshold."""
+    if node.has_parameter(name):
+        return
+    d = ParameterDescriptor(description=description, read_only=read_only)
+    if isinstance(default, int) and not isinstance(default, bool):
+        d.integer_range = [IntegerRange(from_value=int(lo), to_value=int(hi), step=1)]
+    else:
+        d.floating_point_range = [FloatingPointRange(from_value=float(lo), to_value=float(hi), step=0.0)]
+    node.declare_parameter(name, default, d)
+
+
+class DiagnosticsPublisher:
+    """Publishes one DiagnosticArray of its producers' statuses on ``/diagnostics`` every period. Get it with
+    :func:`diagnostics_for` (one per node). A producer that raises is reported as an ERROR status of its own
+    (named after the producer), never raised into the executor."""
+
+    ATTR = "_timelyllm_diagnostics"
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        declare_threshold(node, "diagnostics_period_s", 1.0,
+                          "seconds between DiagnosticArray messages on /diagnostics (read at start); 0: off",
+                          0.0, 3600.0, read_only=True)
+        self.period_s = float(node.get_parameter("diagnostics_period_s").value)
+        self.prefix = node.get_fully_qualified_name().lstrip("/")
+        self._producers: list[tuple[str, Producer]] = []
+        self._lock = threading.Lock()
+        self.group = MutuallyExclusiveCallbackGroup()  # its timer and the helpers' subscriptions
+        self._pub = node.create_publisher(DiagnosticArray, DIAGNOSTICS_TOPIC, DIAGNOSTICS_QOS)
+        self._timer = (node.create_timer(self.period_s, self.publish, callback_group=self.group)
+                       if self.period_s > 0 else None)
+        self.published = 0
+
+    def name(self, what: str) -> str:
+        """A status name: ``<node>: <what>``."""
+        return f"{self.prefix}: {what}"
+
+    def value(self, parameter: str) -> Any:
+        """A threshold's current value (``ros2 param set`` applies at the next publication)."""
+        return self.node.get_parameter(parameter).value
+
+    def add(self, producer: Producer, what: str = "") -> None:
+        with self._lock:
+            self._producers.append((what or getattr(producer, "__name__", "status"), producer))
+
+    def collect(self) -> list[DiagnosticStatus]:
+        with self._lock:
+            producers = list(self._producers)
+        out: list[DiagnosticStatus] = []
+        for what, produce in producers:
+            try:
+                got = produce()
+                statuses = [] if got is None else [got] if isinstance(got, Status) else list(got)
+                out.extend(s.to_msg() for s in statuses)
+            except Exception as e:  # noqa: BLE001 - a broken producer must not hide the others
+                self.node.get_logger().error(f"diagnostics producer {what} raised:\n{traceback.format_exc()}")
+                out.append(Status(self.name(what)).raise_to(ERROR, f"diagnostics failed: {e!r}").to_msg())
+        return out
+
+    def publish(self) -> None:
+        msg = DiagnosticArray(status=self.collect())
+        msg.header.stamp = self.node.get_clock().now().to_msg()
+        try:
+            self._pub.publish(msg)
+            self.published += 1
+        except Exception as e:  # noqa: BLE001 - e.g. the context is going away: a missed array is harmless
+            self.node.get_logger().debug(f"could not publish /diagnostics: {e!r}")
+
+    def destroy(self) -> None:
+        if self._timer is not None:
+            self.node.destroy_timer(self._timer)
+            self._timer = None
+        self.node.destroy_publisher(self._pub)
+        if getattr(self.node, self.ATTR, None) is self:
+            delattr(self.node, self.ATTR)
+
+
+def diagnostics_for(node: Node) -> DiagnosticsPublisher:
+    """The node's DiagnosticsPublisher, made on first use: one publisher and one timer per node, however many
+    helpers add producers to it."""
+    d = getattr(node, DiagnosticsPublisher.ATTR, None)
+    if d is None:
+        d = DiagnosticsPublisher(node)
+        setattr(node, DiagnosticsPublisher.ATTR, d)
+    return d
+
+
+# -- rolling window ------------------------------------------------------------------------------------------------
+
+class RollingOutcomes:
+    """Outcomes (kind per key) of the last ``window_s`` seconds. Bounded: at most ``maxlen`` entries (beyond, the
+    oldest go first); a key seen again (a revised result) replaces its entry's kind instead of counting twice."""
+
+    def __init__(self, maxlen: int = WINDOW_MAX_RESULTS) -> None:
+        self._q: deque[list] = deque(maxlen=maxlen)  # [time, key, kind], oldest first
+        self._by_key: dict[str, list] = {}
+        self._lock = threading.Lock()
+
+    def add(self, key: str, kind: str, now: float) -> None:
+        with self._lock:
+            entry = self._by_key.get(key)
+            if entry is not None:
+                entry[2] = kind
+                return
+            if len(self._q) == self._q.maxlen:
+                old = self._q[0]
+                if self._by_key.get(old[1]) is old:
+                    del self._by_key[old[1]]
+            entry = [now, key, kind]
+            self._q.append(entry)
+            self._by_key[key] = entry
+
+    def counts(self, window_s: float, now: float) -> dict[str, int]:
+        with self._lock:
+            while self._q and self._q[0][0] < now - window_s:
+                old = self._q.popleft()
+                if self._by_key.get(old[1]) is old:
+                    del self._by_key[old[1]]
+            out: dict[str, int] = {}
+            for _, _, kind in self._q:
+                out[kind] = out.get(kind, 0) + 1
+            return out
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+
+class _Events:
+    """Times of events (restarts, journal failures) of the last window: a bounded deque."""
+
+    def __init__(self, maxlen: int = 1000) -> None:
+        self.times: deque[float] = deque(maxlen=maxlen)
+        self.seen = 0
+
+    def note_count(self, count: int, now: float) -> None:
+        """The counter ``count`` went up since the last call: one event per increment, at ``now``."""
+        for _ in range(min(max(0, count - self.seen), self.times.maxlen)):
+            self.times.append(now)
+        self.seen = max(self.seen, count)
+
+    def within(self, window_s: float, now: float) -> list[float]:
+        return [t for t in self.times if t >= now - window_s]
+
+
+# -- planner ---------------------------------------------------------------------------------------------------------
+
+class PlannerDiagnostics:
+    """The planner's statuses (see the module doc). Reads the same sources as EngineState / SchedulerState
+    (``planner.engine``, ``planner.core``) plus ``_engine_error``, ``engine_restarts`` and ``journal``; every one
+    read with ``getattr`` so that a planner still being configured (no engine or core yet) reports STALE."""
+
+    def __init__(self, planner: Node) -> None:
+        from timelyllm_ros.msg import PlanResult, TaskRequest
+        from timelyllm_ros.ros import topics
+
+        self.planner = planner
+        self.diag = diagnostics_for(planner)
+        n = planner
+        declare_threshold(n, "diagnostics_window_s", 60.0,
+                          "rolling window of the deadline-miss rate and of recent engine restarts, s", 1.0, 86400.0)
+        declare_threshold(n, "diagnostics_queue_warn", 50,
+                          "/diagnostics WARN when more generations than this wait for the engine", 0, 1_000_000)
+        declare_threshold(n, "diagnostics_queue_error", 500,
+                          "/diagnostics ERROR when more generations than this wait for the engine", 0, 1_000_000)
+        declare_threshold(n, "diagnostics_miss_rate_warn", 0.1,
+                          "/diagnostics WARN when the deadline-miss rate over the window is above this", 0.0, 1.0)
+        declare_threshold(n, "diagnostics_miss_rate_error", 0.5,
+                          "/diagnostics ERROR when the deadline-miss rate over the window is above this", 0.0, 1.0)
+        self.outcomes = RollingOutcomes()
+        self._erts: OrderedDict[str, float] = OrderedDict()  # task id -> ERT of its accepted request (LRU)
+        self._ert_lock = threading.Lock()
+        self._restarts = _Events()
+        self._restarts.seen = int(getattr(planner, "engine_restarts", 0) or 0)
+        self._journal_failures = _Events()
+        self._journal_failures.seen = int(getattr(planner, "journal_errors", 0) or 0)
+        self.host = socket.gethostname()
+        self._status_codes()
+        # Volatile readers of the planner's own topics: the transient-local history of /plan_results (results
+        # from before this reader existed) must not count as results of the last minute.
+        volatile = QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE,
+                              history=QoSHistoryPolicy.KEEP_LAST, durability=QoSDurabilityPolicy.VOLATILE)
+        self._subs = [
+            n.create_subscription(TaskRequest, topics.PLAN_REQUESTS, self._on_request, volatile,
+                                  callback_group=self.diag.group),
+            n.create_subscription(PlanResult, topics.PLAN_RESULTS, self._on_result, volatile,
+                                  callback_group=self.diag.group),
+        ]
+        for what, fn in (("engine", self.engine_status), ("queue", self.queue_status),
+                         ("deadlines", self.deadline_status), ("journal", self.journal_status)):
+            self.diag.add(fn, what)
+
+    def _status_codes(self) -> None:
+        from timelyllm_ros.msg import PlanResult
+
+        self._done = PlanResult.STATUS_SUCCEEDED
+        self._cancelled = PlanResult.STATUS_CANCELED
+        self._kind = {PlanResult.STATUS_OVERDUE: "overdue", PlanResult.STATUS_FAILED: "failed",
+                      PlanResult.STATUS_ROBOT_FAILED: "robot_failed", PlanResult.STATUS_REJECTED: "rejected",
+                      PlanResult.STATUS_BUSY: "busy"}
+
+    # -- inputs (subscription callbacks) -------------------------------------------------------------------
+    def _on_request(self, msg) -> None:
+        if not msg.accepted or not msg.task_id:
+            return
+        from timelyllm_ros.ros.convert import tuf_from_msg
+
+        try:
+            ert = tuf_from_msg(msg.tuf).ert
+        except ValueError:
+            return
+        with self._ert_lock:
+            self._erts[msg.task_id] = ert
+            self._erts.move_to_end(msg.task_id)
+            while len(self._erts) > ERT_CACHE_MAX:
+                self._erts.popitem(last=False)
+
+    def _on_result(self, msg) -> None:
+        with self._ert_lock:
+            ert = self._erts.pop(msg.task_id, None)
+            if ert is not None:  # a revision of this result may still come: keep the ERT (LRU-bounded)
+                self._erts[msg.task_id] = ert
+        if msg.status == self._cancelled:
+            kind = "cancelled"
+        elif msg.status == self._done:
+            rt = msg.response_time.sec + msg.response_time.nanosec * 1e-9
+            kind = "late" if ert is not None and rt > ert else "on_time"
+        else:
+            kind = self._kind.get(msg.status, "failed")
+        self.outcomes.add(msg.task_id, kind, time.monotonic())
+
+    # -- statuses ------------------------------------------------------------------------------------------
+    def engine_status(self) -> Status:
+        p, now = self.planner, time.monotonic()
+        window = float(self.diag.value("diagnostics_window_s"))
+        st = Status(self.diag.name("engine"), self.host)
+        restarts = int(getattr(p, "engine_restarts", 0) or 0)
+        self._restarts.note_count(restarts, now)
+        st.add("restarts", restarts)
+        try:
+            lifecycle = getattr(p, "lifecycle_state", None)  # a managed planner: unconfigured / inactive / active
+        except Exception:  # noqa: BLE001 - a state machine mid-teardown: no lifecycle value then
+            lifecycle = None
+        if lifecycle is not None:
+            st.add("lifecycle_state", lifecycle)
+        engine = getattr(p, "engine", None)
+        if engine is None:
+            return st.raise_to(STALE, f"no engine (planner {lifecycle or 'not configured'})")
+        error = getattr(p, "_engine_error", None)
+        try:
+            info, stats = engine.info, engine.stats()
+        except Exception as e:  # noqa: BLE001 - a broken engine must show as one
+            st.add("state", "down")
+            return st.raise_to(ERROR, f"engine stats unavailable: {e!r}")
+        st.add("backend", info.name).add("model", info.model)
+        st.add("batch", stats.running).add("max_batch", stats.max_batch).add("waiting", stats.waiting)
+        st.add("tokens_per_s", float(stats.tokens_per_s)).add("step_time_s", float(stats.step_time_s))
+        st.add("kv_cache_usage", float(stats.kv_cache_usage))
+        thread, stop = getattr(p, "_thread", None), getattr(p, "_stop", None)
+        stopping = stop is not None and stop.is_set()
+        if error is not None:
+            st.add("state", "down").add("error", error)
+            st.raise_to(ERROR, f"engine down, restarting ({error}); goals are refused meanwhile")
+        elif thread is not None and not thread.is_alive() and not stopping:
+            st.add("state", "down")
+            st.raise_to(ERROR, "engine thread not running")
+        else:
+            st.add("state", "stopping" if stopping else "serving")
+        if lifecycle is not None and lifecycle != "active" and not stopping:
+            st.raise_to(WARN, f"planner {lifecycle}: goals are refused")
+        recent = self._restarts.within(window, now)
+        if recent:
+            st.raise_to(WARN, f"engine restarted {len(recent)}x in the last {window:g} s "
+                              f"(latest {now - recent[-1]:.0f} s ago)")
+        st.summary = (f"{info.name} serving: batch {stats.running}/{stats.max_batch}, "
+                      f"{float(stats.tokens_per_s):.1f} tokens/s")
+        return st
+
+    def queue_status(self) -> Status:
+        st = Status(self.diag.name("queue"), self.host)
+        core = getattr(self.planner, "core", None)
+        if core is None:
+            return st.raise_to(STALE, "no scheduler core (planner not configured)")
+        snap = core.snapshot()
+        q = int(snap["queued"])
+        st.add("queue_length", q).add("suspended", snap["suspended"]).add("running", snap["running"])
+        st.add("tasks_active", snap["tasks"]).add("results_kept", snap["done"])
+        st.add("policy", snap["policy"]).add("admission", snap["admission"])
+        warn, err = int(self.diag.value("diagnostics_queue_warn")), int(self.diag.value("diagnostics_queue_error"))
+        st.add("queue_warn", warn).add("queue_error", err)
+        if q > err:
+            st.raise_to(ERROR, f"{q} generations wait for the engine (> diagnostics_queue_error={err})")
+        elif q > warn:
+            st.raise_to(WARN, f"{q} generations wait for the engine (> diagnostics_queue_warn={warn})")
+        st.summary = f"{q} waiting for the engine, {snap['running']} running, {snap['suspended']} suspended"
+        return st
+
+    def deadline_status(self) -> Status:
+        window = float(self.diag.value("diagnostics_window_s"))
+        c = self.outcomes.counts(window, time.monotonic())
+        counted = sum(v for k, v in c.items() if k != "cancelled")
+        missed = counted - c.get("on_time", 0)
+        rate = missed / counted if counted else 0.0
+        st = Status(self.diag.name("deadlines"), self.host)
+        st.add("window_s", window).add("results", counted).add("missed", missed).add("miss_rate", rate)
+        for kind in ("on_time", "late", "overdue", "failed", "robot_failed", "cancelled"):
+            st.add(kind, c.get(kind, 0))
+        for kind in ("rejected", "busy"):
+            if c.get(kind):
+                st.add(kind, c[kind])
+        st.add("definition", "missed: not DONE (cancelled not counted), or DONE with the first segment later than "
+                             "the TUF's ERT (response time from arrival > ert)")
+        warn, err = float(self.diag.value("diagnostics_miss_rate_warn")), float(
+            self.diag.value("diagnostics_miss_rate_error"))
+        what = f"{missed} of {counted} results in the last {window:g} s missed their deadline ({rate:.0%})"
+        if counted and rate > err:
+            st.raise_to(ERROR, f"{what} > diagnostics_miss_rate_error={err:g}")
+        elif counted and rate > warn:
+            st.raise_to(WARN, f"{what} > diagnostics_miss_rate_warn={warn:g}")
+        st.summary = what if counted else f"no results in the last {window:g} s"
+        return st
+
+    def journal_status(self) -> Status:
+        p, now = self.planner, time.monotonic()
+        st = Status(self.diag.name("journal"), self.host)
+        journal = getattr(p, "journal", None)
+        failures = getattr(p, "journal_errors", None)  # a write-failure counter, where the planner keeps one
+        if journal is None and getattr(p, "core", True) is None:
+            return st.raise_to(STALE, "planner not configured (the journal opens at configure)")
+        if journal is None:
+            st.add("state", "off")
+            st.summary = "no journal (state_dir not set): unfinished tasks are lost on a restart"
+            return st
+        path = getattr(journal, "file", "")
+        st.add("file", path)
+        closed = getattr(journal, "_conn", True) is None or bool(getattr(p, "_journal_closed", False))
+        st.add("state", "closed" if closed else "open")
+        size = 0
+        for f in (path, f"{path}-wal"):
+            try:
+                size += os.path.getsize(f)
+            except OSError:
+                pass
+        st.add("size_bytes", size)
+        if closed:
+            stop = getattr(p, "_stop", None)
+            if stop is None or not stop.is_set():
+                st.raise_to(ERROR, "journal closed while the planner serves: nothing is recorded")
+        if isinstance(failures, int):
+            self._journal_failures.note_count(failures, now)
+            st.add("write_failures", failures)
+            window = float(self.diag.value("diagnostics_window_s"))
+            recent = self._journal_failures.within(window, now)
+            if recent:
+                st.raise_to(ERROR, f"{len(recent)} journal writes failed in the last {window:g} s")
+        st.summary = f"open: {path} ({size} bytes)"
+        return st
+
+    def destroy(self) -> None:
+        for s in self._subs:
+            self.planner.destroy_subscription(s)
+        self._subs = []
+
+
+def attach_planner_diagnostics(planner: Node) -> PlannerDiagnostics:
+    """Publish the planner's statuses on /diagnostics (module doc). Call once the planner node has its engine and
+    core; a second call returns the first handle (one publisher, one timer per node)."""
+    h = getattr(planner, "_planner_diagnostics", None)
+    if h is None:
+        h = PlannerDiagnostics(planner)
+        planner._planner_diagnostics = h
+    return h
+
+
+# -- executors -------------------------------------------------------------------------------------------------------
+
+@dataclass
+class RobotLink:
+    """What a backend knows of its link to the robot (:meth:`RobotExecutorNode.robot_link`).
+
+    ``connected``: True, False (down: ERROR), or None (not connected yet / not applicable: OK, ``detail`` says
+    why); ``contact_age_s``: seconds since the robot was last heard (thresholded while connected), None when the
+    backend cannot tell; ``battery_pct``: None where the robot reports none."""
+
+    connected: bool | None
+    detail: str = ""
+    contact_age_s: float | None = None
+    battery_pct: float | None = None
+
+
+@dataclass
+class ExecutorState:
+    """The executor's own state, read under its lock."""
+
+    estopped: bool
+    task: str | None  # the task whose segments are accepted now, while it is open
+    running: tuple[str, int] | None  # (task, segment) executing now
+    queued: int  # released segments waiting to run
+    held: int  # early segments held for their gap
+    last: tuple[str, int, bool, str] | None  # the latest report: (task, segment, ok, error)
+
+
+def executor_status(node: Any, state: ExecutorState, link: RobotLink | None) -> Status:
+    """An executor's status: link, battery, state, emergency stop (module doc)."""
+    diag = diagnostics_for(node)
+    rid = node.robot_id
+    st = Status(diag.name("robot"), rid)
+    if state.estopped:
+        st.add("emergency_stop", "active")
+        st.raise_to(ERROR, f"emergency stop active: segments are refused (call /{rid}/reset_emergency)")
+    else:
+        st.add("emergency_stop", "clear")
+    if state.running is not None:
+        st.add("state", "executing").add("task", state.running[0]).add("segment", state.running[1])
+        doing = f"executing {state.running[0]}[{state.running[1]}]"
+    elif state.task is not None:
+        st.add("state", "waiting for the next segment").add("task", state.task)
+        doing = f"waiting for the next segment of {state.task}"
+    else:
+        st.add("state", "idle")
+        doing = "idle"
+    st.add("queued_segments", state.queued).add("held_segments", state.held)
+    if state.last is not None:
+        t, i, ok, err = state.last
+        st.add("last_segment", f"{t}[{i}] " + ("succeeded" if ok else f"failed: {err}"))
+    if link is None:
+        st.add("link", "unknown (the backend reports none)")
+    else:
+        st.add("link", "up" if link.connected else "down" if link.connected is False else "not connected")
+        if link.detail:
+            st.add("link_detail", link.detail)
+        if link.connected is False:
+            st.raise_to(ERROR, f"link down: {link.detail or 'robot unreachable'}")
+        if link.contact_age_s is not None:
+            age = float(link.contact_age_s)
+            st.add("last_contact_age_s", age)
+            warn, err = float(diag.value("diagnostics_link_warn_s")), float(diag.value("diagnostics_link_error_s"))
+            if link.connected and age > err:
+                st.raise_to(ERROR, f"robot silent for {age:.1f} s (> diagnostics_link_error_s={err:g})")
+            elif link.connected and age > warn:
+                st.raise_to(WARN, f"robot silent for {age:.1f} s (> diagnostics_link_warn_s={warn:g})")
+        if link.battery_pct is not None:
+            bat = float(link.battery_pct)
+            st.add("battery_pct", bat)
+            warn, err = (float(diag.value("diagnostics_battery_warn_pct")),
+                         float(diag.value("diagnostics_battery_error_pct")))
+            if bat <= err:
+                st.raise_to(ERROR, f"battery {bat:g} % (<= diagnostics_battery_error_pct={err:g})")
+            elif bat <= warn:
+                st.raise_to(WARN, f"battery {bat:g} % (<= diagnostics_battery_warn_pct={warn:g})")
+    st.summary = doing + (f", {link.detail}" if link is not None and link.detail else "")
+    return st
+
+
+def attach_executor_diagnostics(node: Any) -> DiagnosticsPublisher:
+    """Publish ``node.diagnostic_status()`` on /diagnostics (a RobotExecutorNode; its subclasses extend the
+    method or :meth:`robot_link`). Declares the link and battery thresholds."""
+    declare_threshold(node, "diagnostics_link_warn_s", 2.0,
+                      "/diagnostics WARN when the connected robot was silent longer than this, s", 0.0, 3600.0)
+    declare_threshold(node, "diagnostics_link_error_s", 5.0,
+                      "/diagnostics ERROR when the connected robot was silent longer than this, s", 0.0, 3600.0)
+    declare_threshold(node, "diagnostics_battery_warn_pct", 30.0,
+                      "/diagnostics WARN at or below this battery level, % (robots that report one)", 0.0, 100.0)
+    declare_threshold(node, "diagnostics_battery_error_pct", 15.0,
+                      "/diagnostics ERROR at or below this battery level, % (robots that report one)", 0.0, 100.0)
+    diag = diagnostics_for(node)
+    diag.add(node.diagnostic_status, "robot")
+    return diag
+
+
+__all__ = [
+    "DIAGNOSTICS_QOS",
+    "DIAGNOSTICS_TOPIC",
+    "ERROR",
+    "LEVEL_NAMES",
+    "OK",
+    "STALE",
+    "WARN",
+    "DiagnosticsPublisher",
+    "ExecutorState",
+    "PlannerDiagnostics",
+    "RobotLink",
+    "RollingOutcomes",
+    "Status",
+    "attach_executor_diagnostics",
+    "attach_planner_diagnostics",
+    "declare_threshold",
+    "diagnostics_for",
+    "executor_status",
+    "level_name",
+]

@@ -39,8 +39,8 @@ def _tuf(level="normal", alpha=0.0, beta=0.0, ert=0.0):
 
 
 def _req(ns, task_id, robot="drone_0", accepted=True, level="normal", task=CAT):
-    return msg_class(REQUESTS.msgtype)(stamp=time_msg(ns), task_id=task_id, robot_id=robot, robot_type="drone",
-                                       task=task, tuf=_tuf(level), accepted=accepted,
+    return msg_class(REQUESTS.msgtype)(stamp=time_msg(ns), sent=time_msg(0), task_id=task_id, robot_id=robot,
+                                       robot_type="drone", task=task, tuf=_tuf(level), accepted=accepted,
                                        error="" if accepted else "robot_type: unknown",
                                        status=0 if accepted else 1)  # PlanResult.STATUS_REJECTED: invalid
 
@@ -135,6 +135,32 @@ def test_write_then_read_with_rosbags_and_mcap(tmp_path):
     assert info.message_count == len(msgs) and info.duration_s == pytest.approx(2.1)
     assert info.end_ns - info.start_ns == msgs[-1][1] - msgs[0][1]
     assert "Topic: /plan_requests" in info.to_text()
+
+
+def test_a_bag_with_another_definition_of_our_types_is_refused_by_name(tmp_path):
+    """A bag from another timelyllm_ros version (here: TaskRequest before it carried ``sent``) must not be read
+    field by field with today's definition."""
+    from rosbags.rosbag2 import StoragePlugin, Writer
+    from rosbags.typesys import Stores, get_types_from_msg, get_typestore
+
+    old_def = "\n".join(line for line in (msg_dir() / "TaskRequest.msg").read_text().splitlines()
+                         if not line.startswith("builtin_interfaces/Time sent"))
+    old = get_typestore(Stores.ROS2_KILTED)
+    old.register(get_types_from_msg((msg_dir() / "TimeUtility.msg").read_text(), "timelyllm_ros/msg/TimeUtility"))
+    old.register(get_types_from_msg(old_def, REQUESTS.msgtype))
+    req = old.types[REQUESTS.msgtype](stamp=time_msg(5), task_id="a", robot_id="drone_0", robot_type="drone",
+                                      task=CAT, tuf=old.types["timelyllm_ros/msg/TimeUtility"]("normal", 0.0, 0.0, 0.0),
+                                      accepted=True, error="", status=0)
+    path = tmp_path / "old"
+    with Writer(path, version=8, storage_plugin=StoragePlugin.MCAP) as w:
+        conn = w.add_connection(REQUESTS.name, REQUESTS.msgtype, typestore=old)
+        w.write(conn, 5, old.serialize_cdr(req, REQUESTS.msgtype))
+    with pytest.raises(BagError, match=r"/plan_requests was recorded with another definition of "
+                                       r"timelyllm_ros/msg/TaskRequest .*different timelyllm_ros version"):
+        list(read_bag(path))
+    with pytest.raises(BagError, match="another definition"):
+        load_requests(path)
+    assert bag_info(path).message_count == 1  # what it holds can still be listed
 
 
 def test_truncated_corrupt_and_missing_bags_give_clear_errors(tmp_path):

@@ -90,7 +90,8 @@ def workload_to_bag(workload: Workload, path: str | Path, *, robot_id_format: st
             r = job_request(job, robot_id_format)
             ts = time_base_ns + _ns(job.trigger_time)
             w.write(REQUESTS.name, req_cls(
-                stamp=time_msg(ts), task_id=r.task_id, robot_id=r.robot_id, robot_type=r.robot_type, task=r.task,
+                stamp=time_msg(ts), sent=time_msg(0), task_id=r.task_id, robot_id=r.robot_id,  # sent: none in a trace
+                robot_type=r.robot_type, task=r.task,
                 tuf=tuf_cls(level=r.level, alpha=r.alpha, beta=r.beta, ert=r.ert), accepted=True, error="",
                 status=0), ts)
             w.write(LRTRACE_JOBS.name, string_cls(data=json.dumps(job.to_json())), ts)

@@ -230,6 +230,11 @@ def read_bag(path: str | Path, topics: Iterable[str] | None = None) -> Iterator[
         unknown = sorted({c.msgtype for c in conns if c.msgtype not in ts.fielddefs})
         if unknown:
             raise BagError(f"{path}: unknown message types {unknown} (neither ROS 2 standard nor timelyllm_ros)")
+        for c in conns:  # our types change between versions: a differing field list would deserialize as garbage
+            if c.msgtype.startswith("timelyllm_ros/") and c.digest.startswith("RIHS01_") \
+                    and c.digest != (ours := ts.hash_rihs01(c.msgtype)):
+                raise BagError(f"{path}: {c.topic} was recorded with another definition of {c.msgtype} ({c.digest}; "
+                               f"this install has {ours}): a bag from a different timelyllm_ros version")
         it = reader.messages(connections=conns)
         while True:
             try:

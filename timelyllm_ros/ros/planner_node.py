@@ -491,6 +491,8 @@ class PlannerNode(LifecycleNode):
         sent = self._bridge.to_core(stamp) if stamp is not None and (stamp.sec or stamp.nanosec) else None
         req = TaskRequest(stamp=self._bridge.to_msg(arrival), task_id=task_id, robot_id=robot_id,
                           robot_type=robot_type, task=task, tuf=tuf_msg, accepted=False)
+        if sent is not None:
+            req.sent = stamp
         key = _request_key(robot_id, robot_type, task, tuf_msg)
         try:
             with self._open_lock:

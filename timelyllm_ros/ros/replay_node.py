@@ -30,7 +30,7 @@ from timelyllm_ros.action import PlanTask
 from timelyllm_ros.bags.convert import DEFAULT_ROBOT_ID_FORMAT, ReplayRequest, load_requests
 from timelyllm_ros.msg import TimeUtility
 from timelyllm_ros.ros.actions import SafeActionClient
-from timelyllm_ros.ros.convert import duration_s, status_name
+from timelyllm_ros.ros.convert import duration_s, status_name, time_msg
 from timelyllm_ros.ros.params import declare, not_blank
 from timelyllm_ros.ros.spin import Spinner
 
@@ -38,12 +38,13 @@ from timelyllm_ros.ros.spin import Spinner
 @dataclass
 class ReplayResult:
     request: ReplayRequest
-    sent_s: float = math.nan  # when the goal was sent, seconds after the replay started
+    sent_s: float = math.nan  # when the goal was sent, seconds after the replay started (its stamp: start + sent_s)
     status: str = "pending"  # a TaskStatus value (done, invalid, overdue, ...) | not_accepted | error
     message: str = ""
     task_id: str = ""
     segments: int = 0
-    response_time_s: float = math.nan  # as the planner reports it
+    response_time_s: float = math.nan  # as the planner reports it: from the goal's arrival
+    response_time_from_send_s: float = math.nan  # from the goal's send stamp (what the robot waited)
     utility: float = math.nan
     done_s: float = math.nan
 
@@ -107,6 +108,7 @@ class Replayer:
             raise TimeoutError(f"no PlanTask action server {self.client._action_name!r} within {server_timeout_s} s")
         results = [ReplayResult(r) for r in self.requests]
         lateness = []
+        wall0 = time.time()  # read first: a stamp is then never later than the moment its goal left
         self._t0 = t0 = time.monotonic()
         for res in results:
             due = t0 + res.request.offset_s / self.speed
@@ -117,9 +119,11 @@ class Replayer:
                     time.sleep(wait)
             if stop is not None and stop.is_set():
                 break
+            goal = goal_of(res.request, self.keep_task_ids, self.task_id_suffix)
             res.sent_s = time.monotonic() - t0
+            goal.stamp = time_msg(wall0 + res.sent_s)  # as a robot stamps its goal: one clock reading for both
             lateness.append(res.sent_s - res.request.offset_s / self.speed)
-            fut = self.client.send_goal_async(goal_of(res.request, self.keep_task_ids, self.task_id_suffix))
+            fut = self.client.send_goal_async(goal)
             fut.add_done_callback(lambda f, res=res: self._on_goal(res, f))
         sent = sum(1 for r in results if not math.isnan(r.sent_s))
         deadline = time.monotonic() + timeout_s
@@ -143,6 +147,7 @@ class Replayer:
             res.status = status_name(r.status)
             res.message, res.task_id, res.segments = r.message, r.task_id, len(r.segments)
             res.response_time_s = duration_s(r.response_time) if r.segments else math.nan
+            res.response_time_from_send_s = float(r.response_time_from_send) if r.segments else math.nan
             res.utility = float(r.utility)
         except Exception as e:  # noqa: BLE001 - a broken result is recorded, never fatal to the replay
             res.status, res.message = "error", repr(e)

@@ -14,6 +14,13 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import itertools  # noqa: E402
 
 import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+# No timing in unit tests, hypothesis' included: its default 200 ms deadline per example failed
+# test_hygiene under a CPU hog (one example took 1.1 s, then 0.2 ms on the rerun). Tests that set
+# their own @settings inherit these.
+settings.register_profile("timeless", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("timeless")
 
 _BASE_DOMAIN = int(os.environ["ROS_DOMAIN_ID"])
 _module_no = itertools.count()

@@ -277,7 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--engine-config", help="YAML with sim_engine: parameters (SimEngineConfig)")
 
     p = sub.add_parser("sim", help="run policies on one workload and compare them")
-    p.add_argument("--workload", default="wid2", help="wid2 (trace), wid1/wid3 (generated), or a trace folder")
+    p.add_argument("--workload", default="wid2",
+                   help="wid2 (real drone trace), wid1/wid3 (generated), a trace name under data/lrtrace "
+                   "(drone-wid2, robotarm-fltrnn) or a trace folder")
     p.add_argument("--policies", default=DEFAULT_POLICIES)
     p.add_argument("--admission", default="auto",
                    help="auto | adaptive | adaptive-cutoff | a fixed batch cap (e.g. 8); a comma list runs every "

@@ -1,6 +1,6 @@
 import json
 
-from timelyllm_ros.model.plans import plan_templates
+from timelyllm_ros.model.plans import TaskKey, plan_templates
 from timelyllm_ros.sim.workloads import generate, load_trace, load_workload
 from timelyllm_ros.skills.schema import load_skill_set
 
@@ -19,7 +19,7 @@ def test_plans_match_trace_skills_in_order():
     for j in wl.jobs:
         seen.setdefault(j.trace_id, [k.rstrip("(") for k, _ in j.exe_time_detail])
     for tid, keys in seen.items():
-        tpl = plan_templates()[tid]
+        tpl = plan_templates()[TaskKey("drone", "typefly", tid)]
         names = [c.name for c in load_skill_set(tpl.robot_type).parse(tpl.plan, complete=True)]
         assert names == keys, tid
 
@@ -34,4 +34,9 @@ def test_generate_is_seeded_and_roundtrips(tmp_path):
     back = load_trace(tmp_path / "w")
     assert [j.to_json() for j in back.jobs] == json.loads((tmp_path / "w" / "jobs.json").read_text())
     arm = generate("wid3", seed=1, duration_s=100)
-    assert {j.trace_id for j in arm.jobs} <= {8, 9, 10}
+    assert arm.jobs and {j.task_key for j in arm.jobs} <= {TaskKey("robotarm", "fltrnn", i) for i in range(3)}
+    # the arm's records name their robot as LRTrace does, the drone's (as published) do not
+    assert all({"robot_type", "robot_system"} <= j.to_json().keys() for j in arm.jobs)
+    assert not any("robot_type" in j.to_json() for j in a.jobs)
+    arm.save(tmp_path / "arm")
+    assert [j.to_json() for j in load_trace(tmp_path / "arm").jobs] == [j.to_json() for j in arm.jobs]

@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -71,9 +71,9 @@ def pick_jobs(workload: Workload, events: int, per_event: int, max_gap_s: float,
         prev_start = start
         for j in g[:per_event]:
             beta, ert, cutoff = j.tuf
-            out.append(Job(j.job_id, j.trigger_time - t_shift - groups[0][0].trigger_time, j.agent_id, j.trace_id,
-                           j.task_input, j.exe_time_detail, [beta, ert * tuf_scale, cutoff * tuf_scale],
-                           j.task_exe_time))
+            # replace: the copy keeps every other field (robot_type / robot_system name the task type)
+            out.append(replace(j, trigger_time=j.trigger_time - t_shift - groups[0][0].trigger_time,
+                                           tuf=[beta, ert * tuf_scale, cutoff * tuf_scale]))
     return out
 
 
@@ -254,7 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare", default="",
                     help="also run these policies on the same workload, comma-separated (e.g. fcfs,edf-seg)")
     ap.add_argument("--engine", default="engine_vllm_cpu.yaml", help="engine YAML (name in config/ or path)")
-    ap.add_argument("--workload", default="wid2", help="LRTrace workload: wid2 (real trace), wid1/wid3, or a path")
+    ap.add_argument("--workload", default="wid2",
+                    help="LRTrace workload: wid2 (real drone trace), wid1/wid3 (generated), a trace name under "
+                    "data/lrtrace (drone-wid2, robotarm-fltrnn), or a path")
     ap.add_argument("--events", type=int, default=2, help="how many arrival events of the trace to serve")
     ap.add_argument("--per-event", type=int, default=6, help="at most this many tasks of each event")
     ap.add_argument("--max-gap", type=float, default=6.0, help="shorten idle gaps between events to this (s)")

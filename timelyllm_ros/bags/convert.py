@@ -2,10 +2,11 @@
 
 A workload becomes a bag of TaskRequest messages on /plan_requests, stamped
 at ``time_base + trigger time``, one per job: task id ``j<job_id>``, robot id
-from ``robot_id_format`` (default ``{robot_type}_{agent_id}``, e.g. drone_3), robot type from the
-job's Table 2 task, the job's TUF. Each job's JSON record rides along on
-/lrtrace/jobs (std_msgs/String, same timestamp) and config.json in the bag's
-custom_data, so JSON -> bag -> JSON gives back the same jobs and config.
+from ``robot_id_format`` (default ``{robot_type}_{agent_id}``, e.g. drone_3,
+arm_0), robot type from the job's task type (robot_type / robot_system /
+trace_id, data/plans.yaml), the job's TUF. Each job's JSON record rides along
+on /lrtrace/jobs (std_msgs/String, same timestamp) and config.json in the
+bag's custom_data, so JSON -> bag -> JSON gives back the same jobs and config.
 
 A recorded bag (no side channel) converts too: trigger times relative to the
 first request, agents numbered by robot id, skill times from SegmentDone.
@@ -20,12 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from timelyllm_ros.model.plans import plan_templates
+from timelyllm_ros.model.plans import DEFAULT_TRACE_ROBOT, plan_templates, template_by_text, trace_robot_of
 from timelyllm_ros.model.tuf import LEVELS, TimeUtility
-from timelyllm_ros.sim.workloads import Job, Workload, load_trace
+from timelyllm_ros.sim.workloads import Job, Workload, load_trace, record_robot
 
 from .io import BagError, BagWriter, custom_data, read_bag, stamp_ns, time_msg
-from .records import resolve_tuf, task_type
+from .records import resolve_tuf
 from .typestore import LRTRACE_JOBS, REQUESTS, SEGMENT_DONE, SEGMENTS, msg_class
 
 # as timelyllm_ros.ros.workload_client names robots (drone_3, arm_0); the simulator uses agent{agent_id}
@@ -55,19 +56,30 @@ class ReplayRequest:
         return self.robot_id, self.robot_type, self.task, self.level, self.alpha, self.beta, self.ert
 
 
+def _record_robot_of(robot_type: str) -> tuple[str | None, str | None]:
+    pair = trace_robot_of(robot_type)
+    if pair is None or pair == DEFAULT_TRACE_ROBOT:
+        return None, None
+    return pair
+
+
 def is_bag(path: str | Path) -> bool:
     p = Path(path)
     return p.suffix == ".mcap" or (p.is_dir() and ((p / "metadata.yaml").is_file() or any(p.glob("*.mcap"))))
 
 
-def _robot_type(trace_id: int) -> str:
-    tpl = plan_templates().get(trace_id)
-    return tpl.robot_type if tpl else "drone"
+def _robot_type(job: Job) -> str:
+    """The skill-set robot type that runs the job's task type (a robotarm job runs on an arm)."""
+    tpl = plan_templates().get(job.task_key)
+    if tpl is None:  # load_trace refuses such jobs; one built in code is refused here, not sent to a drone
+        raise ValueError(f"job {job.job_id}: unknown task type {tuple(job.task_key)} "
+                         f"(robot_type, robot_system, trace_id)")
+    return tpl.robot_type
 
 
 def job_request(job: Job, robot_id_format: str = DEFAULT_ROBOT_ID_FORMAT) -> ReplayRequest:
     tuf = TimeUtility.from_trace(job.tuf)
-    rtype = _robot_type(job.trace_id)
+    rtype = _robot_type(job)
     return ReplayRequest(offset_s=job.trigger_time,
                          robot_id=robot_id_format.format(agent_id=job.agent_id, robot_type=rtype),
                          robot_type=rtype, task=job.task_input,
@@ -147,10 +159,14 @@ def bag_to_workload(path: str | Path, *, robot_id_format: str = DEFAULT_ROBOT_ID
                 continue
             dur = (stamp_ns(d.finish) - stamp_ns(d.start)) * 1e-9
             detail += [(f"{c.name}(", round(dur / len(seg.skills), 4)) for c in seg.skills]
-        trace_id, _ = task_type(r.robot_type, r.task)
+        # A request of a Table 2 task becomes that task type; any other keeps trace id -1 under its robot's
+        # LRTrace robot type (load_trace refuses it: no plan is known for it).
+        tpl = template_by_text(r.robot_type, r.task)
+        trace_id = tpl.trace_id if tpl else -1
+        rtype, rsystem = record_robot(tpl) if tpl else _record_robot_of(r.robot_type)
         jobs.append(Job(job_id=i, trigger_time=(stamp_ns(r.stamp) - base) * 1e-9, agent_id=agent, trace_id=trace_id,
                         task_input=r.task, exe_time_detail=detail, tuf=[beta, ert, cutoff],
-                        task_exe_time=round(sum(v for _, v in detail), 4)))
+                        task_exe_time=round(sum(v for _, v in detail), 4), robot_type=rtype, robot_system=rsystem))
     return Workload(name, jobs, config)
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from timelyllm_ros.model.plans import plan_templates
+from timelyllm_ros.model.plans import template_by_text
 from timelyllm_ros.model.tuf import LEVELS
 from timelyllm_ros.model.types import STATUS_CODE, STATUS_FROM_CODE, TaskStatus
 from timelyllm_ros.sim.metrics import Summary, summarize
@@ -60,10 +60,8 @@ def resolve_tuf(tuf: Any) -> tuple[str, float, float, float]:
 
 def task_type(robot_type: str, task: str) -> tuple[int, str]:
     """(trace id, name) of the Table 2 task with this exact text, else (-1, robot type)."""
-    for t in plan_templates().values():
-        if t.robot_type == robot_type and t.task_input.strip() == task.strip():
-            return t.trace_id, t.name
-    return -1, robot_type or "?"
+    t = template_by_text(robot_type, task)
+    return (t.trace_id, t.name) if t else (-1, robot_type or "?")
 
 
 def _complete(robot_type: str, plan: str) -> bool:

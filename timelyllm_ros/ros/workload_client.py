@@ -26,8 +26,11 @@ from timelyllm_ros.sim.workloads import Job
 
 
 def robot_type_of(job: Job) -> str:
-    t = plan_templates().get(job.trace_id)
-    return t.robot_type if t else "drone"
+    """The skill-set robot type of the job's task type (its robot_type / robot_system / trace_id)."""
+    t = plan_templates().get(job.task_key)
+    if t is None:  # never guess a drone: an arm job would be planned as drone tasks
+        raise ValueError(f"job {job.job_id}: unknown task type {tuple(job.task_key)}")
+    return t.robot_type
 
 
 def robot_id_of(job: Job) -> str:
@@ -52,7 +55,7 @@ class WorkloadClient(Node):
         tpl = plan_templates()
         self.records: dict[int, TaskRecord] = {}
         for j in jobs:
-            t = tpl.get(j.trace_id)
+            t = tpl.get(j.task_key)
             tuf = j.time_utility
             self.records[j.job_id] = TaskRecord(
                 job_id=j.job_id, trace_id=j.trace_id, task_type=t.name if t else f"trace_{j.trace_id}",

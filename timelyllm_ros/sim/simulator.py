@@ -112,9 +112,9 @@ class Simulator:
 
     # -- events -----------------------------------------------------------------
     def _arrive(self, job: Job, rec: TaskRecord) -> None:
-        tpl = plan_templates().get(job.trace_id)
+        tpl = plan_templates().get(job.task_key)
         if tpl is None:
-            raise ValueError(f"job {job.job_id}: no plan template for trace id {job.trace_id}")
+            raise ValueError(f"job {job.job_id}: no plan template for task type {tuple(job.task_key)}")
         spec = TaskSpec(robot_id=f"agent{job.agent_id}", prompt=job.task_input, tuf=job.time_utility,
                         robot_type=tpl.robot_type, task_id=f"j{job.job_id}", arrival=job.trigger_time,
                         prompt_token_ids=self._prompt_ids(job, tpl.robot_type),
@@ -143,9 +143,12 @@ class Simulator:
     def _exec_time(self, robot: _Robot, calls: list[Any]) -> float:
         total = 0.0
         detail = robot.job.exe_time_detail
+        ss = self.core.hooks.skillset(robot.rec.robot_type)
         for c in calls:
             pos = robot.detail_pos
-            if pos < len(detail) and detail[pos][0].rstrip("(") == c.name:
+            # The trace may name a skill by an alias (the arm's take = pick): compare the skills.
+            spec = ss.get(detail[pos][0].rstrip("(")) if pos < len(detail) else None
+            if spec is not None and spec.name == c.name:
                 total += detail[pos][1]
                 robot.detail_pos += 1
             else:  # the plan has a skill the trace did not time: sample it
@@ -172,7 +175,7 @@ class Simulator:
     def run(self, progress: Callable[[float], None] | None = None) -> SimResult:
         tpls = plan_templates()
         for job in self.wl.jobs:
-            tpl = tpls.get(job.trace_id)
+            tpl = tpls.get(job.task_key)
             tuf = job.time_utility
             rec = TaskRecord(job.job_id, job.trace_id, tpl.name if tpl else str(job.trace_id),
                              tpl.robot_type if tpl else "?", tuf.level, job.agent_id, job.trigger_time,

@@ -108,7 +108,7 @@ def run_policy(engine: Any, constrained: bool, policy: str, jobs: list[Job], arg
     from timelyllm_ros.ros.exec_time_node import ExecTimeNode
     from timelyllm_ros.ros.planner_node import build_planner
     from timelyllm_ros.ros.sim_fleet_node import SimFleetNode
-    from timelyllm_ros.ros.workload_client import WorkloadClient, robot_id_of
+    from timelyllm_ros.ros.workload_client import WorkloadClient, robot_id_of, robot_type_of
 
     ctx = rclpy.Context()
     rclpy.init(context=ctx)
@@ -120,9 +120,16 @@ def run_policy(engine: Any, constrained: bool, policy: str, jobs: list[Job], arg
         stack.enter_context(FLEET_HOOK(robots, {robot_id_of(j): j.task_input for j in jobs}, args))
         fleet_nodes = []
     else:
-        fleet_nodes = [SimFleetNode(context=ctx, parameter_overrides=[
-            Parameter("robots", value=robots), Parameter("time_scale", value=args.fleet_time_scale),
-            Parameter("seed", value=args.seed)])]
+        # One simulated fleet per robot type: a fleet runs one skill set (an arm workload needs arm robots).
+        by_type: dict[str, set[str]] = {}
+        for j in jobs:
+            by_type.setdefault(robot_type_of(j), set()).add(robot_id_of(j))
+        fleet_nodes = [SimFleetNode("sim_fleet" if len(by_type) == 1 else f"sim_fleet_{rt}", context=ctx,
+                                    parameter_overrides=[
+                                        Parameter("robots", value=sorted(ids)), Parameter("robot_type", value=rt),
+                                        Parameter("time_scale", value=args.fleet_time_scale),
+                                        Parameter("seed", value=args.seed)])
+                       for rt, ids in sorted(by_type.items())]
     exec_time = ExecTimeNode(models=planner.core.hooks.exec_model, context=ctx)
     done_count = [0]
 
@@ -151,7 +158,8 @@ def run_policy(engine: Any, constrained: bool, policy: str, jobs: list[Job], arg
             if not client.wait_for_planner(60):
                 raise RuntimeError("the planner's action server never came up")
             console.rule(f"[bold]policy {policy}: {len(jobs)} tasks "
-                         f"({sum(1 for j in jobs if j.tuf[0] > 1)} urgent) on {len(robots)} drones"
+                         f"({sum(1 for j in jobs if j.tuf[0] > 1)} urgent) on {len(robots)} "
+                         f"{'drones' if {robot_type_of(j) for j in jobs} == {'drone'} else 'robots'}"
                          + (f", TUF time axis x{args.tuf_scale:g}" if args.tuf_scale != 1 else ""))
             if args.record and record:  # one bag per run: requests, segments, robot reports, results, telemetry
                 from timelyllm_ros.ros.recorder_node import start_recorder

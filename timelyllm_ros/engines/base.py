@@ -45,7 +45,7 @@ class EngineInfo:
     backend attributes, so a new backend states its capabilities in one place.
     """
 
-    name: str  # backend: "vllm", "transformers" or "sim"
+    name: str  # backend: "vllm", "remote", "transformers" or "sim"
     model: str  # the model as loaded (local folder or hub name); "simulated" for the simulated engine
     max_model_len: int | None = None  # context limit in tokens (prompt + output); None: no fixed limit
     # Requests must carry extra['plan_text']: the simulated engine writes a known plan, it has no prompt.
@@ -172,6 +172,7 @@ class RawTokens:
     pieces: list[str]  # decoded text of each token (incremental detokenizer)
     finished: FinishReason | None = None  # backend-side end (EOS, length, ...)
     cached_prompt_tokens: int = 0
+    error: str = ""  # with ``finished``: what went wrong (e.g. the connection to a remote server broke)
 
 
 @dataclass
@@ -275,7 +276,7 @@ class Engine(abc.ABC):
                 self._finish(live, FinishReason.LENGTH, events)
                 return kept
         if out.finished is not None:
-            self._finish(live, out.finished, events)
+            self._finish(live, out.finished, events, out.error)
         return kept
 
     def _finish(self, live: _Live, reason: FinishReason, events: list[SegmentEvent], error: str = "") -> None:

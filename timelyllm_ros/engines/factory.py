@@ -1,6 +1,9 @@
 """The one engine factory: an :class:`Engine` from a YAML file or a dict.
 
     backend: vllm          # engine_args: vLLM EngineArgs; env: vLLM environment
+    backend: remote        # a vLLM server: url, model (served name), tokenizer (local folder), max_batch,
+                           # connect_timeout_s, first_token_timeout_s, read_timeout_s, step_wait_s,
+                           # metrics_interval_s
     backend: transformers  # model, dtype, threads, max_batch, max_suspended
     backend: sim           # sim_engine: SimEngineConfig fields (or a top-level mapping);
                            # time_scale: wall-clock pacing (realtime engines only)
@@ -25,7 +28,7 @@ import yaml
 from timelyllm_ros import paths
 from timelyllm_ros.engines.base import Engine
 
-BACKENDS = ("vllm", "transformers", "sim")
+BACKENDS = ("vllm", "remote", "transformers", "sim")
 _NOT_SIM_KEYS = ("backend", "_path", "constrained", "time_scale")  # top-level keys that are no SimEngineConfig field
 
 
@@ -105,6 +108,21 @@ def make_engine(config: dict | str | Path, *, realtime: bool = False, **override
         args["model"] = resolve_model_path(str(args["model"]))
         apply_default_env({k: str(v) for k, v in (cfg.get("env") or {}).items()})
         return VllmEngine(args)
+    if backend == "remote":
+        from timelyllm_ros.engines.remote_engine import RemoteEngine
+
+        missing = [k for k in ("url", "model") if not cfg.get(k)]
+        if missing:
+            raise EngineConfigError(f"remote backend: {' and '.join(missing)} required (the server's address and "
+                                    f"its --served-model-name)")
+        tok = cfg.get("tokenizer")
+        return RemoteEngine(
+            str(cfg["url"]), str(cfg["model"]), resolve_model_path(str(tok)) if tok else None,
+            connect_timeout_s=float(cfg.get("connect_timeout_s", 3.0)),
+            read_timeout_s=float(cfg.get("read_timeout_s", 10.0)),
+            first_token_timeout_s=float(cfg.get("first_token_timeout_s", 60.0)), max_batch=int(cfg.get("max_batch", 8)),
+            step_wait_s=float(cfg.get("step_wait_s", 0.05)),
+            metrics_interval_s=float(cfg.get("metrics_interval_s", 1.0)))
     if backend == "transformers":
         from timelyllm_ros.engines.hf_engine import TransformersEngine
 

@@ -1,0 +1,589 @@
+"""Remote backend: a vLLM server (``vllm serve``) over its OpenAI-compatible completions API.
+
+Same :class:`Engine` semantics as the in-process vLLM backend, over HTTP:
+
+* every (re)submission is one streamed ``POST /v1/completions`` whose ``prompt`` is a list of token ids
+  (``prompt_token_ids + output_token_ids``: never re-tokenized text), so a resume continues from exactly
+  the ids generated so far and the server's automatic prefix cache serves the shared prefix;
+* ``return_token_ids`` (vLLM 0.32 ``CompletionRequest``) makes every streamed chunk carry the ids of
+  its new tokens (``choices[0].token_ids``; the first chunk also echoes ``prompt_token_ids``, checked
+  against what was sent); we detokenize them locally with the same tokenizer
+  (:class:`~timelyllm_ros.engines.detok.IncrementalDetokenizer`), as the other backends do;
+* our stop checker (:class:`Engine`) cuts at the skill boundary on the client side; suspending or
+  aborting closes the stream, and the server aborts a request whose client disconnected
+  (vLLM's ``listen_for_disconnect``);
+* one background asyncio event-loop thread runs every stream over one shared ``httpx.AsyncClient``
+  (no thread per request); :meth:`RemoteEngine._backend_step` hands over the tokens that arrived since
+  the last step, waiting up to ``step_wait_s`` for at least one so the planner loop does not spin;
+* a server that dies (the connection breaks) or stops answering (no first token within
+  ``first_token_timeout_s``, or nothing for ``read_timeout_s`` between tokens) ends the generation with
+  :attr:`FinishReason.ERROR` and a text that says which. Two limits because a cold prefill of a long
+  prompt on a busy server legitimately takes seconds, a pause between two decode steps does not.
+
+Usage: vLLM reports a request's cached prompt tokens only in the final usage chunk of a stream
+(``stream_options.include_usage`` and a server started with ``--enable-prompt-tokens-details``;
+completion/serving.py). A stream we close at a segment boundary never gets there, so its cached
+count is unknown (``None``); the submission that runs to the end of the plan (stop, length) reports it.
+Connections of streams that ran to their end are reused; a stream closed early takes its connection
+with it (HTTP/1.1 has no other way to tell the server to stop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import itertools
+import json
+import logging
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from timelyllm_ros.engines.base import (
+    Engine,
+    EngineInfo,
+    EngineRequest,
+    EngineStats,
+    FinishReason,
+    RawTokens,
+)
+from timelyllm_ros.engines.detok import IncrementalDetokenizer
+from timelyllm_ros.engines.vllm_engine import finish_reason_from_vllm
+
+log = logging.getLogger(__name__)
+
+USAGE_LOG_LEN = 1024  # per-request usage records kept for stats() (a long-running node must not grow)
+# Tokenized by the local tokenizer and by the server's: the two must agree (plain text, MiniSpec, unicode).
+TOKENIZER_PROBE = "Scene: [cat x:0.5] Task: find the cat. Plan: ?s('cat')==True{g('cat');tc(90);} Grüße 東京"
+
+# Every sampling field the server could otherwise fill in from the model's generation_config
+# (CompletionRequest._DEFAULT_SAMPLING_PARAMS: "user -> server default -> OpenAI default"): set them all,
+# so the server decodes exactly like the in-process backend (SamplingParams defaults, greedy).
+_NEUTRAL_SAMPLING = {"top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
+                     "frequency_penalty": 0.0}
+
+_CACHE_INFO = re.compile(r"^vllm:cache_config_info\{(?P<labels>.*)\}\s+\S+\s*$", re.MULTILINE)
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+_KV_USAGE = re.compile(r"^vllm:kv_cache_usage_perc\{[^}]*\}\s+(\S+)", re.MULTILINE)
+
+
+class RemoteServerError(RuntimeError):
+    """The server cannot serve this engine (unreachable, another model, no prefix caching, ...)."""
+
+
+@dataclass(frozen=True)
+class RequestUsage:
+    """What the server reported for one (re)submission."""
+
+    gen_id: str
+    prompt_tokens: int
+    # Prefix-cache hits; None where the stream was closed (segment boundary) before the usage chunk.
+    cached_tokens: int | None
+
+
+@dataclass
+class RemoteEngineStats(EngineStats):
+    """:class:`EngineStats` plus the server's usage reports (bounded: the last ``USAGE_LOG_LEN``)."""
+
+    prompt_tokens: int = 0  # all submissions so far
+    cached_prompt_tokens: int = 0  # prefix-cache hits of those whose usage came back
+    usage_reported: int = 0  # submissions whose usage came back
+    usage: tuple[RequestUsage, ...] = ()
+
+
+@dataclass
+class _Stream:
+    """One HTTP request = one (re)submission of a generation."""
+
+    gen_id: str
+    ext_id: str
+    prompt_ids: list[int]
+    max_tokens: int
+    detok: IncrementalDetokenizer
+    submitted: float
+    future: concurrent.futures.Future | None = None
+    # Written by the event-loop thread, read by the engine thread, both under RemoteEngine._cond:
+    tokens: list[int] = field(default_factory=list)  # arrived, not yet handed to a step
+    n_out: int = 0  # tokens received in all
+    first_token_at: float | None = None
+    finish: str | None = None  # vLLM's finish_reason
+    stop_reason: Any = None
+    usage: dict | None = None
+    error: str = ""
+    done: bool = False  # the stream ended (normally or not); nothing more will arrive
+    # Engine thread only:
+    record: dict | None = None  # this submission's entry in Engine.submissions
+
+
+class RemoteEngine(Engine):
+    """:class:`Engine` over a vLLM server's ``/v1/completions``, streamed.
+
+    ``url``: the server's base address (``http://host:port``). ``model``: its ``--served-model-name``
+    (checked against ``/v1/models``). ``tokenizer``: a local folder with the same tokenizer (prompts
+    are rendered and outputs detokenized here; checked against the server's ``/tokenize``).
+    ``EngineRequest.extra`` understands what :class:`~timelyllm_ros.engines.vllm_engine.VllmEngine`
+    does: ``temperature`` (default 0: greedy), ``top_p``, ``seed``, ``regex`` / ``grammar``,
+    ``constrained``, ``ignore_eos``.
+    """
+
+    def __init__(self, url: str, model: str, tokenizer: str | None = None, *, connect_timeout_s: float = 3.0,
+                 read_timeout_s: float = 10.0, first_token_timeout_s: float = 60.0, max_batch: int = 8,
+                 step_wait_s: float = 0.05,
+                 metrics_interval_s: float = 1.0, default_regex: str | None = None,
+                 usage_log_len: int = USAGE_LOG_LEN) -> None:
+        super().__init__()
+        self.url = url.rstrip("/")
+        self.model = model
+        self.connect_timeout_s = float(connect_timeout_s)
+        self.read_timeout_s = float(read_timeout_s)
+        self.first_token_timeout_s = float(first_token_timeout_s)
+        self.max_batch = int(max_batch)
+        self.step_wait_s = float(step_wait_s)
+        self.metrics_interval_s = float(metrics_interval_s)
+        self.default_regex = default_regex
+        self._seq = itertools.count()
+        self._subs: dict[str, _Stream] = {}  # gen_id -> current submission (engine thread only)
+        self._cond = threading.Condition()
+        self._usage: deque[RequestUsage] = deque(maxlen=usage_log_len)
+        self._prompt_tokens = 0
+        self._cached_tokens = 0
+        self._usage_reported = 0
+        self._kv_usage = 0.0  # the server's vllm:kv_cache_usage_perc, polled
+        self._closed = False
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="remote-engine-io", daemon=True)
+        self._thread.start()
+        self._client: Any = None
+        self._poller: concurrent.futures.Future | None = None
+        self._client = self._call(self._make_client(), timeout=10.0)
+        try:
+            t0 = time.perf_counter()
+            self._start_up(tokenizer)
+            self.load_s = time.perf_counter() - t0
+        except BaseException:
+            self.close()
+            raise
+        if self.metrics_interval_s > 0:
+            self._poller = asyncio.run_coroutine_threadsafe(self._poll_metrics(), self._loop)
+        log.info("remote engine: %s at %s (max_model_len=%s, block_size=%d), checked in %.2f s",
+                 self.model, self.url, self.info.max_model_len, self.block_size, self.load_s)
+
+    # -- the event loop -------------------------------------------------------------------------------------
+    async def _make_client(self) -> Any:
+        import httpx
+
+        timeout = httpx.Timeout(connect=self.connect_timeout_s, read=self.read_timeout_s,
+                                write=self.read_timeout_s, pool=self.connect_timeout_s)
+        # No cap on connections: requests beyond the server's batch wait in its queue, not in ours.
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=max(1, self.max_batch))
+        return httpx.AsyncClient(base_url=self.url, timeout=timeout, limits=limits, trust_env=False)
+
+    def _call(self, coro: Coroutine, timeout: float) -> Any:
+        """Run ``coro`` on the event loop and wait for its result (start-up checks, close)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    # -- start-up checks --------------------------------------------------------------------------------------
+    async def _get(self, path: str) -> Any:
+        return await self._client.get(path)
+
+    async def _post(self, path: str, body: dict) -> Any:
+        return await self._client.post(path, json=body)
+
+    def _request(self, method: str, path: str, body: dict | None = None) -> Any:
+        import httpx
+
+        coro = self._get(path) if method == "GET" else self._post(path, body or {})
+        try:
+            resp = self._call(coro, timeout=self.connect_timeout_s + self.read_timeout_s + 5.0)
+        except (httpx.HTTPError, OSError, concurrent.futures.TimeoutError) as e:
+            raise RemoteServerError(
+                f"vLLM server at {self.url} is unreachable ({method} {path}: {type(e).__name__}: {e}); "
+                f"start it (vllm serve ... --host/--port) or correct `url` in the engine config") from None
+        return resp
+
+    def _start_up(self, tokenizer: str | None) -> None:
+        resp = self._request("GET", "/v1/models")
+        if resp.status_code != 200:
+            raise RemoteServerError(f"{self.url}/v1/models answered HTTP {resp.status_code}: {resp.text[:300]}; "
+                                    f"is this a vLLM OpenAI-compatible server?")
+        served = {m.get("id"): m for m in resp.json().get("data", [])}
+        entry = served.get(self.model)
+        if entry is None:
+            raise RemoteServerError(f"the server at {self.url} serves {sorted(served)}, not the configured model "
+                                    f"{self.model!r} (`model` must be the server's --served-model-name)")
+        root = entry.get("root")
+        max_len = entry.get("max_model_len")
+
+        resp = self._request("GET", "/metrics")
+        text = resp.text if resp.status_code == 200 else ""
+        problem = prefix_caching_problem(text)
+        if problem:
+            raise RemoteServerError(f"the server at {self.url}: {problem}")
+        self.block_size = int((cache_config_info(text) or {}).get("block_size") or 0)
+
+        self.tokenizer, self.tokenizer_path = self._load_tokenizer(tokenizer, root)
+        self.eos_token_ids = _eos_token_ids(self.tokenizer, self.tokenizer_path)
+        self._check_tokenizer(root)
+
+        self.reports_cached_tokens = self._probe_usage()
+        if not self.reports_cached_tokens:
+            log.warning("the server at %s does not report cached prompt tokens (start it with "
+                        "--enable-prompt-tokens-details): prefix-cache hits will read as unknown", self.url)
+        self.info = EngineInfo(name="remote", model=self.model,
+                               max_model_len=int(max_len) if isinstance(max_len, int) else None,
+                               needs_plan_text=False, supports_prefix_cache=True)
+
+    def _load_tokenizer(self, tokenizer: str | None, root: str | None) -> tuple[Any, str]:
+        from transformers import AutoTokenizer
+
+        path = tokenizer
+        if path is None:
+            if root and (Path(root) / "tokenizer_config.json").is_file():
+                path = root  # the server runs on this machine from a local folder: the same files
+            else:
+                raise RemoteServerError(
+                    f"set `tokenizer` in the engine config: a local folder with the tokenizer of the model the "
+                    f"server at {self.url} serves (its folder there, {root!r}, is not readable here)")
+        return AutoTokenizer.from_pretrained(path), str(path)
+
+    def _check_tokenizer(self, root: str | None) -> None:
+        local = self.tokenize(TOKENIZER_PROBE)
+        resp = self._request("POST", "/tokenize",
+                             {"model": self.model, "prompt": TOKENIZER_PROBE, "add_special_tokens": False})
+        if resp.status_code != 200:
+            raise RemoteServerError(f"{self.url}/tokenize answered HTTP {resp.status_code}: {resp.text[:300]}")
+        remote = resp.json().get("tokens")
+        if remote != local:
+            raise RemoteServerError(
+                f"the local tokenizer {self.tokenizer_path} disagrees with the server's (model {root!r}) on "
+                f"{TOKENIZER_PROBE!r}: {local} here, {remote} there; `tokenizer` must be the served model's")
+
+    def _probe_usage(self) -> bool:
+        """One 1-token completion from token ids: the path every request takes works, and whether the
+        server reports cached prompt tokens (``usage.prompt_tokens_details``)."""
+        ids = self.tokenize(TOKENIZER_PROBE)
+        resp = self._request("POST", "/v1/completions", {
+            "model": self.model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "return_token_ids": True})
+        if resp.status_code != 200:
+            raise RemoteServerError(f"{self.url}/v1/completions refused a token-id prompt: HTTP "
+                                    f"{resp.status_code}: {resp.text[:300]}")
+        body = resp.json()
+        if not body.get("choices") or body["choices"][0].get("token_ids") is None:
+            raise RemoteServerError(f"the server at {self.url} returns no token ids (return_token_ids): "
+                                    f"it is not a vLLM server of a version this backend speaks")
+        return (body.get("usage") or {}).get("prompt_tokens_details") is not None
+
+    # -- streams ----------------------------------------------------------------------------------------------
+    def _body(self, req: EngineRequest, ids: list[int], remaining: int) -> dict:
+        ex = req.extra
+        body: dict[str, Any] = {
+            "model": self.model,
+            "prompt": ids,  # token ids, never re-tokenized text
+            "max_tokens": remaining,
+            "temperature": float(ex.get("temperature", 0.0)),  # greedy by default, as VllmEngine
+            "top_p": float(ex.get("top_p", 1.0)),
+            **_NEUTRAL_SAMPLING,
+            "ignore_eos": bool(ex.get("ignore_eos", False)),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "return_token_ids": True,
+        }
+        if ex.get("seed") is not None:
+            body["seed"] = int(ex["seed"])
+        regex = ex.get("regex", self.default_regex if ex.get("constrained", True) else None)
+        if callable(regex):  # e.g. PromptBuilder.regex: the grammar state depends on the plan so far
+            regex = regex(self.decode(req.output_token_ids))
+        if ex.get("grammar"):
+            body["structured_outputs"] = {"grammar": ex["grammar"]}
+        elif regex:
+            body["structured_outputs"] = {"regex": regex}
+        return body
+
+    async def _stream(self, s: _Stream, body: dict) -> None:
+        import httpx
+
+        usage = None
+        # No read timeout of httpx's here: the silence allowed depends on whether a token came yet (below).
+        timeout = httpx.Timeout(connect=self.connect_timeout_s, read=None, write=self.read_timeout_s,
+                                pool=self.connect_timeout_s)
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                async with asyncio.timeout(self.first_token_timeout_s):  # the response's headers
+                    resp = await stack.enter_async_context(
+                        self._client.stream("POST", "/v1/completions", json=body, timeout=timeout))
+                if resp.status_code != 200:
+                    text = (await resp.aread()).decode(errors="replace")
+                    self._end(s, error=f"the server at {self.url} refused the request: HTTP {resp.status_code}: "
+                                       f"{_error_message(text)}")
+                    return
+                lines = resp.aiter_lines()
+                while True:
+                    async with asyncio.timeout(self.read_timeout_s if s.n_out else self.first_token_timeout_s):
+                        line = await anext(lines, None)
+                    if line is None:
+                        break
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    obj = json.loads(data)
+                    if "error" in obj:  # vLLM's mid-stream error event (GenerationError, engine failure)
+                        self._end(s, error=f"the server at {self.url} failed the request: "
+                                           f"{_error_message(obj)}")
+                        return
+                    if obj.get("usage"):
+                        usage = obj["usage"]
+                    for ch in obj.get("choices") or ():
+                        echoed = ch.get("prompt_token_ids")
+                        if echoed is not None and echoed != s.prompt_ids:
+                            self._end(s, error=f"the server at {self.url} changed the prompt: sent "
+                                               f"{len(s.prompt_ids)} token ids, it ran {len(echoed)}")
+                            return
+                        self._push(s, ch.get("token_ids") or [], ch.get("finish_reason"), ch.get("stop_reason"))
+            self._end(s, usage=usage)
+        except asyncio.CancelledError:
+            raise  # suspended or aborted by the engine: closing the stream makes the server abort it
+        except (httpx.ConnectTimeout, httpx.PoolTimeout) as e:
+            self._end(s, error=f"could not connect to the server at {self.url} within {self.connect_timeout_s:g} s "
+                               f"({type(e).__name__})")
+        except httpx.ConnectError as e:
+            self._end(s, error=f"cannot connect to the server at {self.url} ({e or 'no detail'}): it is down")
+        except (httpx.TimeoutException, TimeoutError) as e:
+            limit, what = ((self.read_timeout_s, "read_timeout_s") if s.n_out else
+                           (self.first_token_timeout_s, "first_token_timeout_s"))
+            self._end(s, error=f"the server at {self.url} stopped answering: nothing for {limit:g} s ({what}) "
+                               f"after {s.n_out} tokens ({type(e).__name__})")
+        except httpx.HTTPError as e:
+            self._end(s, error=f"the connection to the server at {self.url} broke after {s.n_out} tokens "
+                               f"({type(e).__name__}: {e or 'no detail'}): the server died or dropped the request")
+        except Exception as e:  # noqa: BLE001 - a malformed stream must end the generation, not the loop
+            self._end(s, error=f"unreadable stream from the server at {self.url}: {type(e).__name__}: {e}")
+
+    def _push(self, s: _Stream, toks: list[int], finish: str | None, stop_reason: Any) -> None:
+        with self._cond:
+            if toks:
+                if s.first_token_at is None:
+                    s.first_token_at = time.perf_counter()
+                s.tokens.extend(toks)
+                s.n_out += len(toks)
+            if finish is not None:
+                s.finish, s.stop_reason = finish, stop_reason
+            self._cond.notify_all()
+
+    def _end(self, s: _Stream, *, error: str = "", usage: dict | None = None) -> None:
+        with self._cond:
+            s.error, s.usage, s.done = error, usage, True
+            self._cond.notify_all()
+
+    async def _poll_metrics(self) -> None:
+        """Keep the server's KV-cache use (``vllm:kv_cache_usage_perc``) for stats(): admission reads it."""
+        while True:
+            try:
+                resp = await self._client.get("/metrics")
+                vals = [float(v) for v in _KV_USAGE.findall(resp.text)] if resp.status_code == 200 else []
+                if vals:
+                    self._kv_usage = max(vals)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - a failing server shows in the streams; keep the last value
+                pass
+            await asyncio.sleep(self.metrics_interval_s)
+
+    # -- hooks ------------------------------------------------------------------------------------------------
+    def _backend_add(self, req: EngineRequest) -> None:
+        if self._closed:
+            raise RuntimeError("remote engine is closed")
+        ids = req.all_token_ids
+        limit = self.info.max_model_len
+        if limit is not None and len(ids) >= limit:
+            raise ValueError(f"{req.gen_id}: context of {len(ids)} tokens >= max_model_len={limit}")
+        remaining = req.max_new_tokens - len(req.output_token_ids)
+        if remaining <= 0:
+            raise ValueError(f"{req.gen_id}: no tokens left (max_new_tokens={req.max_new_tokens})")
+        body = self._body(req, ids, remaining)
+        s = _Stream(req.gen_id, f"{req.gen_id}#{next(self._seq)}", ids, remaining,
+                    IncrementalDetokenizer(self.tokenizer, ids, skip_ids=self.eos_token_ids), time.perf_counter())
+        with self._cond:
+            self._subs[req.gen_id] = s
+        s.future = asyncio.run_coroutine_threadsafe(self._stream(s, body), self._loop)
+
+    def _backend_step(self) -> tuple[Sequence[RawTokens], float | None, int]:
+        def ready() -> bool:
+            return any(s.tokens or s.done for s in self._subs.values())
+
+        with self._cond:
+            if self._subs:
+                self._cond.wait_for(ready, timeout=self.step_wait_s)
+            taken = []
+            for s in list(self._subs.values()):
+                if s.tokens or s.done:
+                    taken.append((s, s.tokens, s.done))
+                    s.tokens = []
+                    if s.done:  # nothing more will come: this submission is over
+                        del self._subs[s.gen_id]
+        raw: list[RawTokens] = []
+        prefill = 0
+        for s, toks, done in taken:
+            cached = 0
+            if s.record is None and (toks or done):
+                s.record = {"gen_id": s.gen_id, "prompt_tokens": len(s.prompt_ids), "cached_tokens": None,
+                            "ttft_s": (s.first_token_at - s.submitted) if s.first_token_at is not None else None}
+                self.submissions.append(s.record)
+                self._prompt_tokens += len(s.prompt_ids)
+            finished, error = None, ""
+            if done:
+                cached = self._take_usage(s)
+                finished, error = self._finish_of(s)
+                if error:
+                    log.warning("%s: %s", s.gen_id, error)
+                if cached is not None:
+                    prefill += len(s.prompt_ids) - cached
+            raw.append(RawTokens(s.gen_id, toks, s.detok.push_many(toks), finished, cached or 0, error))
+        return raw, None, prefill
+
+    def _take_usage(self, s: _Stream) -> int | None:
+        details = (s.usage or {}).get("prompt_tokens_details") or {}
+        cached = details.get("cached_tokens")
+        if not isinstance(cached, int):
+            return None
+        assert s.record is not None
+        s.record["cached_tokens"] = cached
+        self._cached_tokens += cached
+        self._usage_reported += 1
+        with self._cond:
+            self._usage.append(RequestUsage(s.gen_id, int(s.usage.get("prompt_tokens", len(s.prompt_ids))), cached))
+        return cached
+
+    def _finish_of(self, s: _Stream) -> tuple[FinishReason, str]:
+        if s.error:
+            return FinishReason.ERROR, s.error
+        detail = s.stop_reason
+        if s.finish == "length":
+            if s.n_out >= s.max_tokens:
+                return FinishReason.LENGTH, ""  # our own max_new_tokens budget ran out: the scheduler names that
+            detail = f"context {len(s.prompt_ids) + s.n_out} tokens, max_model_len={self.info.max_model_len}"
+        if s.finish is None:
+            return FinishReason.ERROR, (f"the stream from the server at {self.url} ended without a finish "
+                                        f"reason after {s.n_out} tokens")
+        return finish_reason_from_vllm(s.finish, detail)
+
+    def _cancel(self, gen_id: str) -> None:
+        with self._cond:
+            s = self._subs.pop(gen_id, None)
+        if s is None:
+            return
+        if s.record is None:
+            # Closed before its first token: still a submission the server saw (or was about to).
+            s.record = {"gen_id": gen_id, "prompt_tokens": len(s.prompt_ids), "cached_tokens": None, "ttft_s": None}
+            self.submissions.append(s.record)
+            self._prompt_tokens += len(s.prompt_ids)
+        with self._cond:
+            self._usage.append(RequestUsage(gen_id, len(s.prompt_ids), None))
+        if s.future is not None:
+            s.future.cancel()  # closes the stream on the loop; the server aborts the request
+
+    def _backend_suspend(self, gen_id: str) -> None:
+        self._cancel(gen_id)
+
+    def _backend_abort(self, gen_id: str) -> None:
+        self._cancel(gen_id)
+
+    # -- introspection ------------------------------------------------------------------------------------------
+    def backend_has_request(self, gen_id: str) -> bool:
+        """True while a stream of this generation is open (the server holds its request)."""
+        s = self._subs.get(gen_id)
+        return s is not None and not (s.future is not None and s.future.done())
+
+    def stats(self) -> RemoteEngineStats:
+        """Safe from any thread (diagnostics read it beside the planner loop)."""
+        with self._cond:
+            started = sum(1 for s in self._subs.values() if s.first_token_at is not None)
+            open_ = len(self._subs)
+            usage = tuple(self._usage)
+        return RemoteEngineStats(
+            running=started, waiting=open_ - started, kv_cache_usage=self._kv_usage,
+            tokens_per_s=self.recent_tokens_per_s(), step_time_s=self.recent_step_time_s(),
+            max_batch=self.max_batch, prompt_tokens=self._prompt_tokens, cached_prompt_tokens=self._cached_tokens,
+            usage_reported=self._usage_reported, usage=usage)
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self._cond:
+            subs, self._subs = list(self._subs.values()), {}
+        for s in subs:
+            if s.future is not None:
+                s.future.cancel()
+        self._live.clear()
+        if self._poller is not None:
+            self._poller.cancel()
+        if self._loop.is_running():
+            if self._client is not None:
+                try:
+                    self._call(self._client.aclose(), timeout=5.0)
+                except Exception as e:  # noqa: BLE001 - closing must not fail
+                    log.debug("closing the HTTP client: %r", e)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5.0)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+
+def cache_config_info(metrics_text: str) -> dict[str, str] | None:
+    """The labels of vLLM's ``vllm:cache_config_info`` metric (its CacheConfig as strings, from
+    v1/metrics/loggers.py ``log_metrics_info``) in a Prometheus ``/metrics`` text; None if absent."""
+    m = _CACHE_INFO.search(metrics_text)
+    return dict(_LABEL.findall(m.group("labels"))) if m else None
+
+
+def prefix_caching_problem(metrics_text: str) -> str | None:
+    """Why a server whose ``/metrics`` reads ``metrics_text`` cannot serve resumes from its prefix cache;
+    None if it can."""
+    cache = cache_config_info(metrics_text)
+    if cache is None:
+        return ("its /metrics has no vllm:cache_config_info (not a vLLM server, or started with "
+                "--disable-log-stats): cannot tell whether it caches prefixes")
+    if cache.get("enable_prefix_caching") != "True":
+        return (f"it runs without prefix caching (vllm:cache_config_info enable_prefix_caching="
+                f"{cache.get('enable_prefix_caching')!r}): every resumed segment would re-prefill its whole "
+                f"context; start it with --enable-prefix-caching")
+    return None
+
+
+def _error_message(body: str | dict) -> str:
+    """The message of an OpenAI-style error body (``{"error": {"message": ...}}``), else the text."""
+    obj = body
+    if isinstance(body, str):
+        try:
+            obj = json.loads(body)
+        except ValueError:
+            return body[:300]
+    err = obj.get("error") if isinstance(obj, dict) else None
+    if isinstance(err, dict):
+        return str(err.get("message") or err)[:300]
+    return str(err or obj)[:300]
+
+
+def _eos_token_ids(tokenizer: Any, folder: str) -> set[int]:
+    """EOS ids of the model (generation_config.json, as vLLM reads them; else the tokenizer's)."""
+    eos: Any = None
+    gen = Path(folder) / "generation_config.json"
+    if gen.is_file():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    return set(eos if isinstance(eos, list) else [eos]) - {None}

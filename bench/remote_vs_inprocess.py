@@ -1,6 +1,6 @@
 """Time to first token and time per resume: the in-process vLLM engine vs the remote one (issue 13).
 
-    python -m bench.remote_vs_inprocess [--tasks 6]
+    python -m bench.remote_vs_inprocess [--tasks 6] [--out bench/results/remote_vs_inprocess]
 
 Runs the same drone tasks (PromptBuilder "drone", greedy, 48 tokens, suspended at every skill boundary
 and resumed at once) through ``config/engine_vllm_cpu.yaml`` in this process and through
@@ -8,7 +8,7 @@ and resumed at once) through ``config/engine_vllm_cpu.yaml`` in this process and
 the same CPU settings) and stops, task by task in turn. Both are timed the same way, from the caller's side: from
 ``engine.add()`` to the step that hands over the request's first new token. The first task of each
 engine runs cold (nothing cached); the later ones find the shared few-shot prefix in the prefix cache.
-Prints one JSON object; nothing is written.
+Prints a table; writes results.json (every figure and plan), results.md and remote_vs_inprocess.png.
 """
 
 from __future__ import annotations
@@ -76,11 +76,59 @@ def summary(ttft: list[float], resumes: list[float], plans: list[str], prompt_to
             "prompt_tokens": prompt_tokens, "plans": plans}
 
 
+ROWS = (("time to first token, cold (task 1)", "ttft_cold_s"),
+        ("time to first token, prefix cached (median)", "ttft_warm_median_s"),
+        ("time per resume (median)", "resume_median_s"),
+        ("time per resume (p90)", "resume_p90_s"))
+
+
+def _cell(x: float | None) -> str:
+    return "—" if x is None else f"{x:.3f} s"
+
+
+def report(out: dict, path: Path) -> None:
+    """Table on the console and in results.md, a bar chart as PNG, every figure in results.json."""
+    import matplotlib.pyplot as plt
+    from rich.console import Console
+    from rich.table import Table
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "results.json").write_text(json.dumps(out, indent=1))
+    table = Table(title="in-process vLLM vs remote vLLM server (same model, same CPU)")
+    for c in ("", "in-process", "remote", "remote / in-process"):
+        table.add_column(c)
+    md = ["| | in-process | remote | remote / in-process |", "|---|---|---|---|"]
+    for label, key in ROWS:
+        a, b = out["inprocess"][key], out["remote"][key]
+        ratio = "—" if not a or b is None else f"{b / a:.2f}"
+        table.add_row(label, _cell(a), _cell(b), ratio)
+        md.append(f"| {label} | {_cell(a)} | {_cell(b)} | {ratio} |")
+    md.append(f"\nplans identical on both engines: {out['same_plans']}; prompt {out['inprocess']['prompt_tokens']} "
+              f"tokens; {out['inprocess']['resumes']} resumes each; {out['host']}")
+    Console().print(table)
+    (path / "results.md").write_text("\n".join(md) + "\n")
+    fig, ax = plt.subplots(figsize=(8, 4))
+    xs = range(len(ROWS))
+    for k, (name, dx) in enumerate((("inprocess", -0.2), ("remote", 0.2))):
+        ax.bar([x + dx for x in xs], [out[name][key] or 0.0 for _, key in ROWS], width=0.4,
+               label=name.replace("inprocess", "in-process"), color=f"C{k}")
+    ax.set_xticks(list(xs), [label.replace(" (", "\n(") for label, _ in ROWS], fontsize=8)
+    ax.set_ylabel("seconds")
+    ax.set_title("Resumable segmented generation: in-process engine vs remote vLLM server")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path / "remote_vs_inprocess.png", dpi=120)
+    print(f"wrote {path}/results.json, results.md, remote_vs_inprocess.png")
+
+
 def main(argv: list[str] | None = None) -> None:
+    import os
+
     from devtools.vllm_server import VllmServer
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tasks", type=int, default=6)
+    ap.add_argument("--out", type=Path, default=Path("bench/results/remote_vs_inprocess"))
     args = ap.parse_args(argv)
     model = resolve_model_path("models/SmolLM2-135M-Instruct")
     names = ("inprocess", "remote")
@@ -104,7 +152,8 @@ def main(argv: list[str] | None = None) -> None:
                 e.close()
     out = {n: summary(*res[n], len(pbs[n].token_ids(TASKS[0]))) for n in names}
     out["same_plans"] = out["inprocess"]["plans"] == out["remote"]["plans"]
-    print(json.dumps(out, indent=1))
+    out["host"] = f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end"
+    report(out, args.out)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from timelyllm_ros import paths
+from timelyllm_ros.engines import factory
 from timelyllm_ros.engines.base import (
     Engine,
     EngineInfo,
@@ -124,6 +125,22 @@ def test_factory_finds_configs_by_name_or_path_and_says_what_is_missing():
     # constrained is read from the file for every backend (the vLLM configs say false)
     for name in ("engine_vllm_cpu.yaml", "engine_vllm_gpu.yaml", "engine_transformers_cpu.yaml"):
         assert load_engine_config(name)["constrained"] is False
+
+
+def test_remote_config_errors_name_the_key_before_any_connection():
+    """A misspelt or out-of-range setting of the remote backend is refused by name; nothing is contacted
+    (the url points nowhere)."""
+    base = {"backend": "remote", "url": "http://127.0.0.1:9", "model": "m"}
+    with pytest.raises(EngineConfigError, match=r"url and model required"):
+        make_engine({"backend": "remote"})
+    with pytest.raises(EngineConfigError, match=r"unknown key\(s\) \['read_timeout'\]"):
+        make_engine({**base, "read_timeout": 5})
+    for key, bad in (("read_timeout_s", 0), ("first_token_timeout_s", -1.0), ("max_batch", "8"),
+                     ("connect_timeout_s", True)):
+        with pytest.raises(EngineConfigError, match=f"{key} must be a number > 0, got {bad!r}"):
+            make_engine({**base, key: bad})
+    assert load_engine_config("engine_remote.yaml")["backend"] == "remote"  # the shipped file's keys are known
+    assert set(load_engine_config("engine_remote.yaml")) <= factory._REMOTE_KEYS
 
 
 # -- prompt rendering --------------------------------------------------------------------------------

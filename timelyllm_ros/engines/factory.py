@@ -29,6 +29,9 @@ from timelyllm_ros import paths
 from timelyllm_ros.engines.base import Engine
 
 BACKENDS = ("vllm", "remote", "transformers", "sim")
+_REMOTE_LIMITS = ("connect_timeout_s", "read_timeout_s", "first_token_timeout_s", "max_batch", "step_wait_s")
+_REMOTE_KEYS = frozenset({"backend", "_path", "constrained", "url", "model", "tokenizer", "metrics_interval_s",
+                          *_REMOTE_LIMITS})
 _NOT_SIM_KEYS = ("backend", "_path", "constrained", "time_scale")  # top-level keys that are no SimEngineConfig field
 
 
@@ -115,6 +118,12 @@ def make_engine(config: dict | str | Path, *, realtime: bool = False, **override
         if missing:
             raise EngineConfigError(f"remote backend: {' and '.join(missing)} required (the server's address and "
                                     f"its --served-model-name)")
+        unknown = sorted(set(cfg) - _REMOTE_KEYS)
+        if unknown:  # a misspelt timeout would otherwise fall back to its default unnoticed
+            raise EngineConfigError(f"remote backend: unknown key(s) {unknown}; known: {sorted(_REMOTE_KEYS)}")
+        for k in _REMOTE_LIMITS:
+            if k in cfg and not (isinstance(cfg[k], int | float) and not isinstance(cfg[k], bool) and cfg[k] > 0):
+                raise EngineConfigError(f"remote backend: {k} must be a number > 0, got {cfg[k]!r}")
         tok = cfg.get("tokenizer")
         return RemoteEngine(
             str(cfg["url"]), str(cfg["model"]), resolve_model_path(str(tok)) if tok else None,

@@ -25,6 +25,9 @@ _WHY = netns_unavailable_reason()
 needs_netns = pytest.mark.skipif(_WHY is not None, reason=f"emulated Tellos need network namespaces: {_WHY}")
 
 
+PROBE = "_probe-"  # task ids of the stand-in's handshake end markers
+
+
 class Planner:
     """Stands in for the planner's publishing side: same topics, message and QoS."""
 
@@ -36,7 +39,8 @@ class Planner:
         self.done: list[SegmentDone] = []
         self._subs = [self.node.create_subscription(SegmentDone, "/segment_done", self.done.append, RELIABLE)]
         self.acks: list[SegmentAck] = []
-        self._subs.append(self.node.create_subscription(SegmentAck, SEGMENT_ACKS, self.acks.append, REPORTS))
+        self.probe_acks: set[str] = set()
+        self._subs.append(self.node.create_subscription(SegmentAck, SEGMENT_ACKS, self._on_ack, REPORTS))
         self.ex = MultiThreadedExecutor(num_threads=2, context=self.ctx)
         self.ex.add_node(self.node)
         for n in extra_nodes:
@@ -47,12 +51,29 @@ class Planner:
         while any(p.get_subscription_count() == 0 for p in self.pubs.values()) and time.monotonic() < end:
             time.sleep(0.05)
         assert all(p.get_subscription_count() for p in self.pubs.values()), "executors never subscribed"
-        # Acks and reports are VOLATILE and this stand-in never re-sends (the real planner does): the robots'
-        # writers must have matched our readers before the first segment goes out, or its ack is gone (CI).
-        while time.monotonic() < end and not all(
-                s.get_publisher_count() >= max(1, self.node.count_publishers(s.topic_name)) for s in self._subs):
-            time.sleep(0.05)
-        assert all(s.get_publisher_count() for s in self._subs), "the executors' ack/report writers never matched"
+        self._handshake(robots, end)
+
+    def _handshake(self, robots: list[str], end: float) -> None:
+        """Acks and reports are VOLATILE and this stand-in never re-sends (the real planner does): each robot's
+        writers must have matched our readers before the first segment goes out, or its ack is gone (CI: all
+        nine acks of a test lost). Our reader seeing their writer does not prove their writer sees our reader
+        (discovery is per side), so ask the robot: an end marker of a task of its own (an empty plan: acked,
+        never run nor reported) until its ack comes back. The report reader was announced before the ack
+        reader, on the same reliable discovery stream, so a robot that acks has matched both."""
+        pending = set(robots)
+        while pending and time.monotonic() < end:
+            for r in pending:
+                self.pubs[r].publish(PlanSegment(task_id=f"{PROBE}{r}", robot_id=r, segment_index=0, text="",
+                                                 is_final=True))
+            time.sleep(0.2)
+            pending -= self.probe_acks
+        assert not pending, f"robots {sorted(pending)} never acknowledged a probe: their writers never matched"
+
+    def _on_ack(self, msg: SegmentAck) -> None:
+        if msg.task_id.startswith(PROBE):
+            self.probe_acks.add(msg.robot_id)
+        else:
+            self.acks.append(msg)
 
     def send(self, robot: str, task: str, index: int, text: str, final: bool = False) -> None:
         self.pubs[robot].publish(PlanSegment(task_id=task, robot_id=robot, segment_index=index, text=text,

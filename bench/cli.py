@@ -47,10 +47,8 @@ def run_policy(wl: Workload, policy: str, admission: str | int | None, args: arg
     from timelyllm_ros.sched.policies import make_policy
 
     pol = make_policy(policy)
-    if admission is None or admission == "auto":
-        admission = "adaptive" if pol.segmented else 256  # vLLM: max_num_seqs 256, KV-bound
     eng = SimEngineConfig.from_yaml(args.engine_config) if getattr(args, "engine_config", None) else SimEngineConfig()
-    cfg = SimConfig(policy=policy, admission=admission, seed=args.seed, engine=eng,
+    cfg = SimConfig(policy=policy, admission="auto" if admission is None else admission, seed=args.seed, engine=eng,
                     prompt_context_tokens=args.context_tokens,
                     prompt_shared_tokens=max(0, 2884 - args.context_tokens))
     cfg.core.resume_lead_s = args.resume_lead

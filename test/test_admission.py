@@ -1,14 +1,26 @@
-"""Latency-guided admission (design §6): the deadline-protecting rule and the previous cutoff rule."""
+"""Latency-guided admission (design §6): the deadline-protecting rule and the previous cutoff rule; the
+step-time estimate it runs on; the admission each policy gets."""
 
 import math
+import random
 
 import pytest
 
-from timelyllm_ros.engines.sim_engine import SimEngine
+from timelyllm_ros import paths
+from timelyllm_ros.engines.base import StepModel
+from timelyllm_ros.engines.sim_engine import SimEngine, SimEngineConfig
 from timelyllm_ros.model.clock import SimClock
 from timelyllm_ros.model.tuf import LEVELS
 from timelyllm_ros.model.types import Generation, TaskSpec
-from timelyllm_ros.sched.admission import AdmissionView, LatencyEstimator, LatencyGuided, make_admission
+from timelyllm_ros.sched.admission import (
+    PAPER_PRIOR,
+    PREFILL_WINDOW,
+    VLLM_MAX_NUM_SEQS,
+    AdmissionView,
+    LatencyEstimator,
+    LatencyGuided,
+    make_admission,
+)
 from timelyllm_ros.sched.policies import make_policy
 from timelyllm_ros.sched.scheduler import CoreConfig, PlannerCore
 
@@ -110,3 +122,90 @@ def test_burst_urgent_first_segments_meet_ert_with_normals_in_the_queue():
         assert first_ready[t] + 0.008 - 0.001 * int(t[1]) <= LEVELS["urgent"].ert
     for t in ("t0", "t3", "t4", "t5", "t6", "t7"):
         assert first_ready[t] + 0.008 - 0.001 * int(t[1]) <= LEVELS["normal"].ert
+
+
+# -- the step-time estimate --------------------------------------------------------------------------------
+CPU = StepModel(decode_s=0.045, batch_slowdown=0.11, prefill_s_per_token=0.0021, source="test CPU")
+
+
+def _steps(model: StepModel, n: int, seed: int = 0):
+    """Steps of an engine that follows ``model`` with ±10 % noise: most decode only, some with a prompt."""
+    rng = random.Random(seed)
+    for _ in range(n):
+        b = rng.randint(1, 6)
+        prefill = rng.choice([0, 0, 0, 0, rng.randint(5, 31), rng.randint(100, 400)])
+        t = model.decode_s * (1 + model.batch_slowdown * (b - 1)) + prefill * model.prefill_s_per_token
+        yield b, t * rng.uniform(0.9, 1.1), prefill
+
+
+def test_estimator_learns_prefill_and_decode_of_an_engine_far_from_its_prior():
+    """From the paper's GPU prior (0.11 ms per prompt token) to a CPU 18x slower: both costs are learned."""
+    est = LatencyEstimator()
+    assert est.source == PAPER_PRIOR and est.prefill_s_per_token == pytest.approx(0.328 / 2884)
+    for b, t, p in _steps(CPU, 600):
+        est.observe(b, t, p)
+    assert est.prefill_s_per_token == pytest.approx(CPU.prefill_s_per_token, rel=0.1)
+    for b in (1, 3, 6, 10):
+        assert est.step_time(b) == pytest.approx(CPU.decode_s * (1 + CPU.batch_slowdown * (b - 1)), rel=0.1)
+    d = est.describe()
+    assert d["seed"] == PAPER_PRIOR and d["prefill_samples"] == PREFILL_WINDOW  # bounded window
+    assert d["decode_samples"] > 300
+
+
+def test_prefill_steps_never_leak_into_the_decode_estimate():
+    """A 300-token prompt on this CPU costs 0.6 s: read as decode it would make every step look 14x slower."""
+    est = LatencyEstimator()
+    before = [est.step_time(b) for b in (1, 2, 8)]
+    for _ in range(100):
+        est.observe(1, 0.045 + 300 * 0.0021, 300)
+    assert [est.step_time(b) for b in (1, 2, 8)] == before
+    assert est.prefill_s_per_token == pytest.approx((0.045 + 300 * 0.0021 - 0.022) / 300, rel=0.02)
+
+
+def test_estimator_follows_an_engine_that_changes():
+    """Old samples age out of the bounded window: a prefill that doubles in cost is followed."""
+    est = LatencyEstimator.from_step_model(CPU)
+    for _ in range(PREFILL_WINDOW):
+        est.observe(1, CPU.decode_s + 200 * 2 * CPU.prefill_s_per_token, 200)
+    assert est.prefill_s_per_token == pytest.approx(2 * CPU.prefill_s_per_token, rel=0.02)
+
+
+def test_estimator_is_seeded_from_the_engine_it_serves():
+    sim = SimEngine(SimEngineConfig(decode_s=0.045, batch_slowdown=0.11, prefill_s_per_token=0.0021))
+    est = LatencyEstimator.for_engine(sim)
+    assert est.step_time(1) == pytest.approx(0.045) and est.step_time(3) == pytest.approx(0.045 * 1.22)
+    assert est.prefill_s_per_token == 0.0021 and "simulated engine" in est.source
+    core = PlannerCore(sim, make_policy("pud"), SimClock())
+    assert core.estimator.source == est.source  # the core's default is the same estimate
+
+
+def test_simulator_learns_its_engines_prefill_cost_with_the_planners_code():
+    """The simulator runs the planner's estimator; its engine follows the model exactly, so what the
+    estimate learns from the steps is the configured cost, not the prior it might have kept."""
+    from timelyllm_ros.sim.simulator import SimConfig, Simulator
+    from timelyllm_ros.sim.workloads import generate
+
+    eng = SimEngineConfig.from_yaml(paths.config_dir() / "sim_engine_fitted_cpu.yaml")
+    sim = Simulator(generate("wid1", seed=1, duration_s=60.0), SimConfig(policy="pud", engine=eng))
+    sim.core.estimator.prefill_s_per_token = 1e-4  # start wrong: learning must bring it back
+    sim.core.estimator._prefill_prior = 1e-4
+    sim.run()
+    d = sim.core.estimator.describe()
+    assert d["prefill_samples"] > 10 and d["decode_samples"] > 100
+    assert sim.core.estimator.prefill_s_per_token == pytest.approx(eng.prefill_s_per_token, rel=0.05)
+
+
+def test_auto_admission_gives_the_baselines_vllms_and_follows_a_policy_switch():
+    assert make_admission("auto", segmented=True).name == "adaptive"
+    assert make_admission("auto", segmented=False).name == f"cap{VLLM_MAX_NUM_SEQS}"
+    with pytest.raises(ValueError, match="depends on the policy"):
+        make_admission("auto")
+    with pytest.raises(ValueError, match="unknown admission 'fast'"):
+        make_admission("fast")
+    core = PlannerCore(SimEngine(), make_policy("fcfs"), SimClock(), admission="auto")
+    assert core.admission.name == "cap256" and core.snapshot()["admission"] == "cap256"
+    core.set_policy(make_policy("pud"))
+    assert core.admission.name == "adaptive"
+    fixed = PlannerCore(SimEngine(), make_policy("fcfs"), SimClock(), admission="8")
+    fixed.set_policy(make_policy("pud"))
+    assert fixed.admission.name == "cap8"  # a fixed spec stays what it was given

@@ -140,6 +140,9 @@ def test_planner_reports_engine_queue_deadlines_and_journal_with_thresholds_from
     for key in ("batch", "max_batch", "waiting", "tokens_per_s", "step_time_s", "kv_cache_usage", "restarts"):
         assert key in v, key
     assert float(v["tokens_per_s"]) >= 0 and v["restarts"] == "0"
+    # the step-time estimate admission runs on, and where it started (the simulated engine's own model)
+    assert "simulated engine" in v["latency_seed"], v
+    assert float(v["latency_decode_ms_b1"]) > 0 and float(v["latency_prefill_ms_per_token"]) > 0, v
     st, v = op.wait_for(name("queue"))
     assert lvl(st) == "OK" and v["queue_length"] == "0", (st.message, v)
     st, v = op.wait_for(name("journal"))

@@ -7,6 +7,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import yaml
 
 from timelyllm_ros import paths
 from timelyllm_ros.engines import factory
@@ -22,6 +23,7 @@ from timelyllm_ros.engines.factory import (
     EngineConfigError,
     find_engine_config,
     load_engine_config,
+    load_step_model,
     make_engine,
     planner_engine,
 )
@@ -85,9 +87,16 @@ class _ScriptedEngine(Engine):
 # -- EngineInfo ------------------------------------------------------------------------------------
 def test_simulated_engines_declare_what_they_are():
     for eng in (SimEngine(), RealtimeSimEngine()):
-        assert eng.info == EngineInfo("sim", "simulated", max_model_len=None, needs_plan_text=True,
-                                      supports_prefix_cache=True)
+        assert dataclasses.replace(eng.info, step_model=None) == EngineInfo(
+            "sim", "simulated", max_model_len=None, needs_plan_text=True, supports_prefix_cache=True)
+        m = eng.info.step_model  # their step time is their own model: the scheduler's estimate starts exact
+        assert (m.decode_s, m.batch_slowdown, m.prefill_s_per_token) == (
+            eng.cfg.decode_s, eng.cfg.batch_slowdown, eng.cfg.prefill_s_per_token)
     assert not make_engine({"backend": "sim", "prefix_caching": False}).info.supports_prefix_cache
+    # paced: the wall clock sees every step time_scale times longer
+    m = RealtimeSimEngine(time_scale=2.0).info.step_model
+    assert m.decode_s == pytest.approx(2 * SimEngine().cfg.decode_s) and "x2" in m.source
+    assert m.prefill_s_per_token == pytest.approx(2 * SimEngine().cfg.prefill_s_per_token)
 
 
 def test_info_is_frozen_and_a_backend_without_a_log_still_has_one():
@@ -141,6 +150,35 @@ def test_remote_config_errors_name_the_key_before_any_connection():
             make_engine({**base, key: bad})
     assert load_engine_config("engine_remote.yaml")["backend"] == "remote"  # the shipped file's keys are known
     assert set(load_engine_config("engine_remote.yaml")) <= factory._REMOTE_KEYS
+
+
+def test_step_model_of_a_real_engine_config_is_read_whole_or_refused_by_name(tmp_path):
+    """The shipped CPU config seeds the estimate from the fitted file; every field is required, nothing
+    else is accepted, and the error names the field (read before any model would load)."""
+    m = load_step_model(load_engine_config("engine_vllm_cpu.yaml"))
+    fitted = yaml.safe_load((paths.config_dir() / "sim_engine_fitted_cpu.yaml").read_text())["sim_engine"]
+    assert (m.decode_s, m.batch_slowdown, m.prefill_s_per_token) == (
+        fitted["decode_s"], fitted["batch_slowdown"], fitted["prefill_s_per_token"])
+    assert m.source == "fitted: sim_engine_fitted_cpu.yaml"
+    assert load_step_model({"backend": "vllm"}) is None
+    inline = {"decode_s": 0.03, "batch_slowdown": 0.1, "prefill_s_per_token": 0.001}
+    assert load_step_model({"step_model": inline}).decode_s == 0.03
+    (tmp_path / "fit.yaml").write_text(yaml.safe_dump({"sim_engine": {**inline, "block_size": 32}}))
+    local = {"_path": str(tmp_path / "engine.yaml"), "step_model": "fit.yaml"}  # beside the engine config
+    assert load_step_model(local).prefill_s_per_token == 0.001
+    for spec, msg in (({**inline, "decode": 1}, r"unknown key\(s\) \['decode'\]"),
+                      ({"decode_s": 0.03, "batch_slowdown": 0.1}, r"\['prefill_s_per_token'\] missing"),
+                      ({**inline, "decode_s": "fast"}, r"\['decode_s'\] must be numbers"),
+                      ({**inline, "prefill_s_per_token": -1.0}, r"prefill_s_per_token=-1.0"),
+                      ({**inline, "decode_s": 0}, r"decode_s=0"),
+                      ("no_such_fit.yaml", r"file no_such_fit.yaml not found"),
+                      (3, r"a file name or a mapping")):
+        with pytest.raises(EngineConfigError, match=msg):
+            load_step_model({"step_model": spec})
+        with pytest.raises(EngineConfigError, match=msg):  # the factory refuses it before contacting anything
+            make_engine({"backend": "remote", "url": "http://127.0.0.1:9", "model": "m", "step_model": spec})
+    with pytest.raises(EngineConfigError, match="step_model is for real backends"):
+        make_engine({"backend": "sim", "step_model": inline})
 
 
 # -- prompt rendering --------------------------------------------------------------------------------

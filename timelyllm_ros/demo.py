@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,8 @@ class RunResult:
     summary: list[metrics.Summary]
     wall_s: float
     decision_ms: dict[str, float]
+    admission: str = ""
+    latency_estimate: dict = field(default_factory=dict)  # the scheduler's step-time estimate at the end
 
 
 def pick_jobs(workload: Workload, events: int, per_event: int, max_gap_s: float, tuf_scale: float = 1.0
@@ -175,6 +177,7 @@ def run_policy(engine: Any, constrained: bool, policy: str, jobs: list[Job], arg
                 n_msgs = sum(recorder.counts.values())
                 console.print(f"recorded {n_msgs} messages to {recorder.stop()}")
             decisions = metrics.decision_stats(planner.core.decision_times)
+            admission, estimate = planner.core.admission.name, planner.core.estimator.describe()
             planner.shutdown()
     finally:
         for n in nodes:
@@ -182,7 +185,7 @@ def run_policy(engine: Any, constrained: bool, policy: str, jobs: list[Job], arg
         rclpy.shutdown(context=ctx)
         stack.close()
     engine.reset_prefix_cache()  # the next policy starts from the same (cold) cache
-    return RunResult(policy, records, metrics.summarize(records), wall, decisions)
+    return RunResult(policy, records, metrics.summarize(records), wall, decisions, admission, estimate)
 
 
 def _has_cuda() -> bool:
@@ -228,9 +231,15 @@ def write_results(results: list[RunResult], out: Path, args: argparse.Namespace)
           "stamp instead, so its response times are shorter by the goal's transit time.", "",
           f"TUF time axis scaled by {args.tuf_scale:g} (ERT and cut-off; 1 = the paper's TUFs).", ""]
     for r in results:
-        rows += metrics.summary_dicts(r.summary, policy=r.policy)
-        md += [f"## {r.policy} (wall {r.wall_s:.1f} s; decision time mean {r.decision_ms['mean_ms']:.3f} ms, "
-               f"p99 {r.decision_ms['p99_ms']:.3f} ms over {r.decision_ms['decisions']} decisions)", "",
+        rows += metrics.summary_dicts(r.summary, policy=r.policy, admission=r.admission)
+        est = r.latency_estimate
+        md += [f"## {r.policy} (admission {r.admission}; wall {r.wall_s:.1f} s; decision time mean "
+               f"{r.decision_ms['mean_ms']:.3f} ms, p99 {r.decision_ms['p99_ms']:.3f} ms over "
+               f"{r.decision_ms['decisions']} decisions)", "",
+               f"Step-time estimate at the end (seeded from {est.get('seed')}): decode "
+               f"{est.get('decode_ms_b1', float('nan')):.1f} ms/step at batch 1, prefill "
+               f"{est.get('prefill_ms_per_token', float('nan')):.3f} ms/token "
+               f"({est.get('decode_samples')} decode and {est.get('prefill_samples')} prefill steps kept).", "",
                metrics.to_markdown(r.summary)]
     (out / "results.md").write_text("\n".join(md))
     metrics.write_csv(out / "results.csv", rows)
@@ -275,7 +284,9 @@ def main(argv: list[str] | None = None) -> int:
                          f"Default: {CPU_TUF_SCALE:g} for a real engine on a CPU (measured: its first segment "
                          "takes ~5x the paper's GPU), 1 for the simulated engine or a GPU")
     ap.add_argument("--fleet-time-scale", type=float, default=1.0, help="robot execution time factor")
-    ap.add_argument("--admission", default="latency", help="'latency' or a fixed batch cap")
+    ap.add_argument("--admission", default="auto",
+                    help="'auto' (latency-guided for segmented policies, vLLM's cap of 256 for fcfs and "
+                         "fcfs-stream, as in the simulator), 'latency' or a fixed batch cap")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--out", default="", help="results folder (default out/demo/<time>)")

@@ -38,6 +38,28 @@ class FinishReason(enum.StrEnum):
 
 
 @dataclass(frozen=True)
+class StepModel:
+    """An engine's step time: ``decode_s * (1 + batch_slowdown * (b - 1)) + prefill_tokens * prefill_s_per_token``.
+
+    Seeds the scheduler's latency estimator, which then learns from the engine's own steps;
+    ``source`` names where the figures come from (a fitted file, the simulated engine's config)."""
+
+    decode_s: float
+    batch_slowdown: float
+    prefill_s_per_token: float
+    source: str
+
+    def __post_init__(self) -> None:
+        bad = [f"{k}={v!r}" for k, v, ok in (("decode_s", self.decode_s, self.decode_s > 0),
+                                              ("batch_slowdown", self.batch_slowdown, self.batch_slowdown >= 0),
+                                              ("prefill_s_per_token", self.prefill_s_per_token,
+                                               self.prefill_s_per_token >= 0)) if not ok]
+        if bad:
+            raise ValueError(f"step model ({self.source}): {', '.join(bad)}: need decode_s > 0, "
+                             f"batch_slowdown >= 0, prefill_s_per_token >= 0")
+
+
+@dataclass(frozen=True)
 class EngineInfo:
     """What an engine is and what it can do, declared by its backend.
 
@@ -52,6 +74,8 @@ class EngineInfo:
     needs_plan_text: bool = False
     # KV blocks of a prompt prefix are reused across requests (a shared system prompt is prefilled once).
     supports_prefix_cache: bool = False
+    # How long a step takes on this engine, when known (fitted, or the simulated engine's own model).
+    step_model: StepModel | None = None
 
 
 SUBMISSION_LOG_LEN = 4096  # per-(re)submission records an engine keeps (a long-running node must not grow)

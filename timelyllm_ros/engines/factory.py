@@ -8,6 +8,9 @@
     backend: sim           # sim_engine: SimEngineConfig fields (or a top-level mapping);
                            # time_scale: wall-clock pacing (realtime engines only)
     constrained: false     # decode constrained to the skill grammar (read by the caller, see planner_engine)
+    step_model: FILE       # real backends: the fitted step time that seeds the scheduler's latency estimate
+                           # (a file with decode_s, batch_slowdown, prefill_s_per_token, as made by
+                           # bench.engine_bench --fit-out; or that mapping inline)
 
 Backends are imported lazily: a simulated or transformers engine never
 imports vLLM. A config named by a bare file name is looked up in the
@@ -19,6 +22,7 @@ folder is reported with the command that provisions it.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -26,12 +30,13 @@ from typing import Any
 import yaml
 
 from timelyllm_ros import paths
-from timelyllm_ros.engines.base import Engine
+from timelyllm_ros.engines.base import Engine, StepModel
 
 BACKENDS = ("vllm", "remote", "transformers", "sim")
 _REMOTE_LIMITS = ("connect_timeout_s", "read_timeout_s", "first_token_timeout_s", "max_batch", "step_wait_s")
 _REMOTE_KEYS = frozenset({"backend", "_path", "constrained", "url", "model", "tokenizer", "metrics_interval_s",
-                          *_REMOTE_LIMITS})
+                          "step_model", *_REMOTE_LIMITS})
+_STEP_MODEL_KEYS = ("decode_s", "batch_slowdown", "prefill_s_per_token")
 _NOT_SIM_KEYS = ("backend", "_path", "constrained", "time_scale")  # top-level keys that are no SimEngineConfig field
 
 
@@ -84,6 +89,45 @@ def resolve_model_path(model: str) -> str:
     return str(cand) if looks_local else model
 
 
+def load_step_model(cfg: dict) -> StepModel | None:
+    """The config's ``step_model``: a fitted file (looked up beside the engine config, then as engine
+    configs are) or an inline mapping. Every field is required and nothing else is accepted: a
+    misspelt figure must not silently fall back to the paper's GPU prior."""
+    spec = cfg.get("step_model")
+    if spec is None:
+        return None
+    where = f"{cfg.get('_path', 'engine config')}: step_model"
+    if isinstance(spec, str | Path):
+        cands = [Path(cfg["_path"]).parent / spec] if cfg.get("_path") else []
+        path = next((c for c in cands if c.is_file()), None) or find_engine_config(spec)
+        if not path.is_file():
+            raise EngineConfigError(f"{where}: file {spec} not found (beside the engine config or in "
+                                    f"{paths.config_dir()})")
+        data = yaml.safe_load(path.read_text()) or {}
+        data = data.get("sim_engine", data) if isinstance(data, dict) else data
+        source, fields = f"fitted: {path.name}", {k: v for k, v in data.items() if k in _STEP_MODEL_KEYS} \
+            if isinstance(data, dict) else None
+    elif isinstance(spec, dict):
+        unknown = sorted(set(spec) - set(_STEP_MODEL_KEYS))
+        if unknown:
+            raise EngineConfigError(f"{where}: unknown key(s) {unknown}; known: {list(_STEP_MODEL_KEYS)}")
+        source, fields = "engine config", dict(spec)
+    else:
+        raise EngineConfigError(f"{where}: a file name or a mapping of {list(_STEP_MODEL_KEYS)}, got {spec!r}")
+    if fields is None:
+        raise EngineConfigError(f"{where}: {spec} holds no mapping")
+    missing = [k for k in _STEP_MODEL_KEYS if k not in fields]
+    if missing:
+        raise EngineConfigError(f"{where}: {missing} missing")
+    bad = [k for k in _STEP_MODEL_KEYS if not isinstance(fields[k], int | float) or isinstance(fields[k], bool)]
+    if bad:
+        raise EngineConfigError(f"{where}: {bad} must be numbers, got {[fields[k] for k in bad]}")
+    try:
+        return StepModel(*(float(fields[k]) for k in _STEP_MODEL_KEYS), source=source)
+    except ValueError as e:
+        raise EngineConfigError(f"{where}: {e}") from e
+
+
 def make_engine(config: dict | str | Path, *, realtime: bool = False, **overrides: Any) -> Engine:
     """Build the engine a config describes. ``overrides`` update top-level keys
     (``engine_args`` is merged key by key).
@@ -102,6 +146,19 @@ def make_engine(config: dict | str | Path, *, realtime: bool = False, **override
     if backend not in BACKENDS:
         raise EngineConfigError(f"{cfg.get('_path', 'engine config')}: backend must be one of {BACKENDS}, "
                                 f"got {backend!r}")
+    if backend == "sim":
+        if "step_model" in cfg:  # its step model is its own configuration
+            raise EngineConfigError(f"{cfg.get('_path', 'engine config')}: step_model is for real backends; "
+                                    f"a simulated engine's step time is its sim_engine settings")
+        return _sim_engine(cfg, realtime)
+    step_model = load_step_model(cfg)  # checked before a model is loaded
+    engine = _real_engine(cfg, backend)
+    if step_model is not None:
+        engine.info = dataclasses.replace(engine.info, step_model=step_model)
+    return engine
+
+
+def _real_engine(cfg: dict, backend: str) -> Engine:
     if backend == "vllm":
         from timelyllm_ros.engines.vllm_engine import VllmEngine, apply_default_env
 
@@ -141,6 +198,10 @@ def make_engine(config: dict | str | Path, *, realtime: bool = False, **override
             resolve_model_path(str(cfg["model"])), dtype=str(cfg.get("dtype", "float32")),
             threads=int(cfg.get("threads", 0)), max_batch=int(cfg.get("max_batch", 4)),
             max_suspended=int(cfg.get("max_suspended", 64)))
+    raise AssertionError(backend)
+
+
+def _sim_engine(cfg: dict, realtime: bool) -> Engine:
     from timelyllm_ros.engines.sim_engine import SimEngine, SimEngineConfig
 
     sim = cfg.get("sim_engine")

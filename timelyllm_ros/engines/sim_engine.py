@@ -25,7 +25,15 @@ from pathlib import Path
 
 import yaml
 
-from timelyllm_ros.engines.base import Engine, EngineInfo, EngineRequest, EngineStats, FinishReason, RawTokens
+from timelyllm_ros.engines.base import (
+    Engine,
+    EngineInfo,
+    EngineRequest,
+    EngineStats,
+    FinishReason,
+    RawTokens,
+    StepModel,
+)
 
 # BPE-like pre-tokenisation: quote-paren pairs, comparison operators and
 # statement closers are single tokens in Llama-3's vocabulary; numbers split in
@@ -79,6 +87,9 @@ class SimEngineConfig:
             raise ValueError(f"{path}: unknown sim_engine keys {sorted(bad)}; known: {sorted(known)}")
         return cls(**data)
 
+    def step_model(self, source: str) -> StepModel:
+        return StepModel(self.decode_s, self.batch_slowdown, self.prefill_s_per_token, source)
+
     def step_time(self, batch: int, prefill_tokens: int = 0) -> float:
         d = self.decode_s * (1 + self.batch_slowdown * (batch - 1)) if batch > 0 else 0.0
         return d + prefill_tokens * self.prefill_s_per_token
@@ -108,7 +119,8 @@ class SimEngine(Engine):
         self.cfg = config or SimEngineConfig()
         # The KV capacity bounds the context (a request that does not fit is refused in add), not a model.
         self.info = EngineInfo(name="sim", model="simulated", max_model_len=None, needs_plan_text=True,
-                               supports_prefix_cache=self.cfg.prefix_caching)
+                               supports_prefix_cache=self.cfg.prefix_caching,
+                               step_model=self.cfg.step_model("the simulated engine's own step model"))
         self._run: dict[str, _SimReq] = {}
         self._wait: list[_SimReq] = []  # no KV room yet (FIFO)
         self._cache: OrderedDict[int, None] = OrderedDict()  # unpinned cached blocks, LRU first

@@ -8,11 +8,12 @@ behaves like a real engine of that speed, deterministically, without weights.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import zlib
 from collections.abc import Sequence
 
-from timelyllm_ros.engines.base import RawTokens
+from timelyllm_ros.engines.base import RawTokens, StepModel
 from timelyllm_ros.engines.sim_engine import SimEngine, SimEngineConfig
 from timelyllm_ros.model.plans import plan_templates
 
@@ -43,6 +44,10 @@ class RealtimeSimEngine(SimEngine):
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
         super().__init__(config)
         self.time_scale = time_scale
+        m = self.cfg
+        self.info = dataclasses.replace(self.info, step_model=StepModel(
+            m.decode_s * time_scale, m.batch_slowdown, m.prefill_s_per_token * time_scale,
+            f"the simulated engine's own step model, paced x{time_scale:g}"))
 
     def _backend_step(self) -> tuple[Sequence[RawTokens], float | None, int]:
         outs, modelled, prefill = super()._backend_step()

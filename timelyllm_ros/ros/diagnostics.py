@@ -378,6 +378,10 @@ class PlannerDiagnostics:
         st.add("batch", stats.running).add("max_batch", stats.max_batch).add("waiting", stats.waiting)
         st.add("tokens_per_s", float(stats.tokens_per_s)).add("step_time_s", float(stats.step_time_s))
         st.add("kv_cache_usage", float(stats.kv_cache_usage))
+        core = getattr(p, "core", None)
+        if core is not None:  # what admission believes a step costs, and where that belief started
+            for k, v in core.estimator.describe().items():
+                st.add(f"latency_{k}", v)
         thread, stop = getattr(p, "_thread", None), getattr(p, "_stop", None)
         stopping = stop is not None and stop.is_set()
         if error is not None:

@@ -201,14 +201,13 @@ class PlannerNode(LifecycleNode):
         self.engine = engine
         self._engine_factory = engine_factory or self._reuse_engine
         from timelyllm_ros.ros.delivery import SegmentDelivery
-        from timelyllm_ros.sched.admission import make_admission
 
         robot_timeout = p["robot_timeout_s"] if p["robot_timeout_s"] > 0 else None
         cfg = core_config or CoreConfig(comm_s=p["comm_s"], overdue=p["overdue"], slack_floor_s=p["slack_floor_s"],
                                         resume_lead_s=p["resume_lead_s"], keep_results_s=p["keep_results_s"],
                                         keep_results_max=p["keep_results_max"], robot_timeout_s=robot_timeout)
         policy = self._scheduler.policy_name if self._scheduler is not None else p["policy"]
-        self.core = PlannerCore(engine, make_policy(policy), RealClock(), admission=make_admission(p["admission"]),
+        self.core = PlannerCore(engine, make_policy(policy), RealClock(), admission=p["admission"],
                                 config=cfg, on_segment=self._on_segment, on_result=self._on_result)
         self.delivery = SegmentDelivery(self._publish_to_robot, period_s=p["resend_period_s"],
                                         max_period_s=p["resend_max_period_s"],
@@ -374,7 +373,8 @@ class PlannerNode(LifecycleNode):
         p = {
             "engine_config": declare("engine_config", "engine_vllm_cpu.yaml",
                                      "engine YAML (file name in config/ or a path); loaded at configure"),
-            "admission": declare("admission", "latency", "'latency' (latency-guided) or a fixed batch cap 1..16"),
+            "admission": declare("admission", "auto", "'auto' (latency-guided for segmented policies, vLLM's cap "
+                                 "of 256 for the fcfs baselines), 'latency' (latency-guided) or a fixed batch cap"),
             "overdue": declare("overdue", "serve", "'serve' overdue tasks last, or 'reject' them"),
             "comm_s": declare("comm_s", 0.008, "one network hop, s", 0.0, 10.0),
             "slack_floor_s": declare("slack_floor_s", 0.001, "smallest slack a generation is ranked by, s",

@@ -6,8 +6,9 @@ its current segment, ``(lmax - tokens_so_far) * step_time(batch + 1)`` plus
 the prefill still pending, and admit only if that does not push a more urgent
 generation (earlier deadline) past its deadline while the candidate could
 afford to wait, and the KV cache has room (see :class:`LatencyGuided`).
-``step_time`` is fitted online from the engine's own step reports (no offline
-profile), so it follows whichever engine runs.
+``step_time`` and the prefill cost per token are fitted online from the engine's
+own step reports, seeded from the engine's fitted step model where its config has
+one, so they follow whichever engine runs.
 
 Fixed caps (1..16) are the comparison of paper Fig. 7.
 """
@@ -15,46 +16,76 @@ Fixed caps (1..16) are the comparison of paper Fig. 7.
 from __future__ import annotations
 
 import abc
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from timelyllm_ros.engines.base import Engine, StepModel
     from timelyllm_ros.model.types import Generation
 
 
-class LatencyEstimator:
-    """Decode step time as a function of batch size, learned from step reports.
+PAPER_PRIOR = "paper prior (Table 1, Llama-3-8B on an A100)"
+PREFILL_WINDOW = 64  # prefill samples kept (bounded; old ones age out, so a changed engine is followed)
+PRIOR_PREFILL_TOKENS = 32  # weight of the prior prefill cost, in tokens: one real prompt outweighs it
 
-    Model: ``step(b) = a + c * (b - 1)``; each batch size keeps an exponential
-    moving average of its decode-only time (prefill share removed), and a
-    weighted least-squares line through them gives unseen sizes. Starts from a
-    prior (paper Table 1: 22 ms/token at batch 1).
+
+class LatencyEstimator:
+    """Engine step time, learned online from step reports for whichever engine runs.
+
+    Model: ``step(b, p) = decode(b) + p * prefill_s_per_token`` with ``decode(b) = a + c * (b - 1)``.
+    Decode: each batch size keeps an exponential moving average of its pure-decode steps (no
+    prefill in the step), and a weighted least-squares line through them gives unseen sizes (with one
+    size seen, the prior's relative slope through it).
+    Prefill: a step with prefill tokens leaves ``duration - decode(b)`` as their cost; the cost per
+    token is the token-weighted ratio over the last :data:`PREFILL_WINDOW` such steps, plus the
+    prior as :data:`PRIOR_PREFILL_TOKENS` pseudo-tokens. Decode learns only from steps without
+    prefill: a wrong prefill figure would otherwise leak into it (a 300-token CPU prefill costs
+    0.6 s, thirteen decode steps). Starts from the engine's fitted step model where it has one
+    (:meth:`for_engine`), else the paper's GPU figures; ``source`` says which.
     """
 
     def __init__(self, decode_s: float = 0.022, slope_s: float = 0.0005,
-                 prefill_s_per_token: float = 0.328 / 2884, ewma: float = 0.2, max_batch: int = 256) -> None:
+                 prefill_s_per_token: float = 0.328 / 2884, ewma: float = 0.2, max_batch: int = 256,
+                 source: str = PAPER_PRIOR) -> None:
         if decode_s <= 0 or slope_s < 0 or prefill_s_per_token < 0 or not 0 < ewma <= 1:
             raise ValueError("LatencyEstimator: decode_s > 0, slope_s >= 0, prefill_s_per_token >= 0, 0 < ewma <= 1")
+        self.source = source
         self.prefill_s_per_token = prefill_s_per_token
+        self._prefill_prior = prefill_s_per_token
+        self._prefill: deque[tuple[int, float]] = deque(maxlen=PREFILL_WINDOW)  # (tokens, their cost s)
         self._ewma = ewma
         self._avg = [0.0] * (max_batch + 2)
         self._n = [0] * (max_batch + 2)
         self._a, self._c = decode_s, slope_s
         self._prior = (decode_s, slope_s)
         self._dirty = 0
-        self._cache: dict[int, float] = {}
+
+    @classmethod
+    def from_step_model(cls, model: StepModel, **kw: Any) -> LatencyEstimator:
+        return cls(decode_s=model.decode_s, slope_s=model.decode_s * model.batch_slowdown,
+                   prefill_s_per_token=model.prefill_s_per_token, source=model.source, **kw)
+
+    @classmethod
+    def for_engine(cls, engine: Engine, **kw: Any) -> LatencyEstimator:
+        """Seeded from the engine's declared step model (``EngineInfo.step_model``) if it has one."""
+        model = engine.info.step_model
+        return cls.from_step_model(model, **kw) if model is not None else cls(**kw)
 
     def observe(self, batch: int, duration_s: float, prefill_tokens: int = 0) -> None:
-        if batch <= 0 or batch >= len(self._avg):
+        if batch <= 0 or batch >= len(self._avg) or duration_s <= 0:
             return
-        d = duration_s - prefill_tokens * self.prefill_s_per_token
-        if d <= 0:
+        if prefill_tokens > 0:
+            self._prefill.append((prefill_tokens, duration_s - self.step_time(batch)))
+            tokens = sum(t for t, _ in self._prefill) + PRIOR_PREFILL_TOKENS
+            cost = sum(c for _, c in self._prefill) + PRIOR_PREFILL_TOKENS * self._prefill_prior
+            self.prefill_s_per_token = max(0.0, cost / tokens)
             return
         if self._n[batch] == 0:
-            self._avg[batch] = d
+            self._avg[batch] = duration_s
         else:
-            self._avg[batch] += self._ewma * (d - self._avg[batch])
+            self._avg[batch] += self._ewma * (duration_s - self._avg[batch])
         self._n[batch] += 1
         self._dirty += 1
         if self._dirty >= 8:
@@ -62,11 +93,13 @@ class LatencyEstimator:
 
     def _refit(self) -> None:
         self._dirty = 0
-        self._cache.clear()
         pts = [(b, self._avg[b], min(self._n[b], 50)) for b in range(1, len(self._n)) if self._n[b]]
-        # Prior as a weak pseudo-observation at b = 1 and b = 16 keeps the line sane with one size seen.
         a0, c0 = self._prior
-        pts += [(1, a0, 1), (16, a0 + 15 * c0, 1)]
+        if len(pts) < 2:  # one batch size seen: its level, the prior's slope (relative to the prior's level)
+            b, y, _ = pts[0]
+            self._c = c0 * y / (a0 + c0 * (b - 1))
+            self._a = max(1e-6, y - self._c * (b - 1))
+            return
         sw = sum(w for *_, w in pts)
         mx = sum(b * w for b, _, w in pts) / sw
         my = sum(y * w for _, y, w in pts) / sw
@@ -85,6 +118,12 @@ class LatencyEstimator:
 
     def prefill_time(self, tokens: int) -> float:
         return tokens * self.prefill_s_per_token
+
+    def describe(self) -> dict[str, Any]:
+        """What the estimate is now and where it started (results files and /engine_state state it)."""
+        return {"seed": self.source, "decode_ms_b1": self.step_time(1) * 1e3, "decode_slope_ms": self._c * 1e3,
+                "prefill_ms_per_token": self.prefill_s_per_token * 1e3, "decode_samples": sum(self._n),
+                "prefill_samples": len(self._prefill)}
 
 
 @dataclass(slots=True)
@@ -205,12 +244,23 @@ class LatencyGuided(Admission):
         return self.hard_cap
 
 
-def make_admission(spec: str | int, **kw) -> Admission:
-    """``"adaptive"`` (deadline-protecting), ``"adaptive-cutoff"`` (the previous rule) or a fixed cap
+VLLM_MAX_NUM_SEQS = 256  # vLLM's default batch limit: what a vLLM-style baseline admits (then KV memory bounds it)
+ADMISSIONS = "'auto', 'adaptive' (= 'latency'), 'adaptive-cutoff' or a fixed batch cap such as 8"
+
+
+def make_admission(spec: str | int, *, segmented: bool | None = None, **kw: Any) -> Admission:
+    """``"auto"``: latency-guided for the segmented policies, vLLM's own admission (a cap of
+    :data:`VLLM_MAX_NUM_SEQS`) for the unsegmented vLLM-style baselines, so a baseline is admitted the
+    same way in simulation and on the real engine (``segmented``: the policy's, required for auto).
+    ``"adaptive"`` (deadline-protecting), ``"adaptive-cutoff"`` (the previous rule) or a fixed cap
     (``8`` / ``"cap8"`` / ``"8"``)."""
-    if isinstance(spec, int):
+    if isinstance(spec, int) and not isinstance(spec, bool):
         return FixedCap(spec, **kw)
     s = str(spec).strip().lower()
+    if s == "auto":
+        if segmented is None:
+            raise ValueError("admission 'auto' depends on the policy: say whether it is segmented")
+        return LatencyGuided(**kw) if segmented else FixedCap(VLLM_MAX_NUM_SEQS, **kw)
     if s in ("adaptive", "latency", "latency-guided"):
         return LatencyGuided(**kw)
     if s in ("adaptive-cutoff", "cutoff"):
@@ -218,4 +268,4 @@ def make_admission(spec: str | int, **kw) -> Admission:
     s = s.removeprefix("cap")
     if s.isdigit():
         return FixedCap(int(s), **kw)
-    raise ValueError(f"unknown admission {spec!r}: use 'adaptive', 'adaptive-cutoff' or a batch cap such as 8")
+    raise ValueError(f"unknown admission {spec!r}: use {ADMISSIONS}")

@@ -48,7 +48,7 @@ from typing import Any
 from timelyllm_ros.engines.base import Engine, EngineRequest, FinishReason, SegmentEvent, StepReport
 from timelyllm_ros.model.clock import Clock
 from timelyllm_ros.model.types import Generation, Segment, TaskResult, TaskSpec, TaskStatus
-from timelyllm_ros.sched.admission import Admission, AdmissionView, LatencyEstimator, LatencyGuided
+from timelyllm_ros.sched.admission import Admission, AdmissionView, LatencyEstimator, LatencyGuided, make_admission
 from timelyllm_ros.sched.policies import Policy, RankContext
 from timelyllm_ros.skills.segmenter import StopChecker
 
@@ -138,14 +138,19 @@ class PlannerCore:
     """Scheduler + engine + clock. See the module docstring for the threading model."""
 
     def __init__(self, engine: Engine, policy: Policy, clock: Clock, *,
-                 admission: Admission | None = None, config: CoreConfig | None = None,
+                 admission: Admission | str | int | None = None, config: CoreConfig | None = None,
                  on_segment: SegmentCallback | None = None, on_result: ResultCallback | None = None,
                  estimator: LatencyEstimator | None = None, hooks: Any = None) -> None:
         self.engine, self.policy, self.clock = engine, policy, clock
-        self.admission = admission or LatencyGuided()
+        # A spec ('auto', 'adaptive', a cap) is kept: 'auto' follows the policy when it is switched.
+        self._admission_spec = admission if isinstance(admission, str | int) else None
+        if self._admission_spec is not None:
+            self.admission = make_admission(admission, segmented=policy.segmented)
+        else:
+            self.admission = admission or LatencyGuided()
         self.cfg = config or CoreConfig()
         self.on_segment, self.on_result = on_segment, on_result
-        self.estimator = estimator or LatencyEstimator()
+        self.estimator = estimator or LatencyEstimator.for_engine(engine)
         self.hooks = hooks or _SkillHooks(learn=self.cfg.learn_exec_times)
         self.wake = threading.Event()
         self._lock = threading.RLock()
@@ -439,9 +444,12 @@ class PlannerCore:
                     "per_token_s": self.estimator.step_time(max(1, len(self._running)))}
 
     def set_policy(self, policy: Policy) -> None:
-        """Switch the policy at run time; it applies from the next decision."""
+        """Switch the policy at run time; it applies from the next decision (with its admission, where
+        the core was given 'auto')."""
         with self._lock:
             self.policy = policy
+            if self._admission_spec is not None:
+                self.admission = make_admission(self._admission_spec, segmented=policy.segmented)
         self.wake.set()
 
     def running_ids(self) -> list[str]:

@@ -29,7 +29,7 @@ from timelyllm_ros.engines.sim_engine import SimEngine, SimEngineConfig
 from timelyllm_ros.model.clock import SimClock
 from timelyllm_ros.model.plans import plan_templates
 from timelyllm_ros.model.types import Segment, TaskResult, TaskSpec, TaskStatus
-from timelyllm_ros.sched.admission import Admission, LatencyEstimator, make_admission
+from timelyllm_ros.sched.admission import Admission, make_admission
 from timelyllm_ros.sched.policies import Policy, make_policy
 from timelyllm_ros.sched.scheduler import CoreConfig, PlannerCore
 from timelyllm_ros.sim.records import SegRecord, TaskRecord
@@ -39,7 +39,7 @@ from timelyllm_ros.sim.workloads import Job, Workload
 @dataclass
 class SimConfig:
     policy: str = "pud"
-    admission: str | int = "adaptive"
+    admission: str | int = "auto"  # see make_admission: latency-guided, or vLLM's cap for the baselines
     hop_s: float = 0.008
     seed: int = 0
     core: CoreConfig = field(default_factory=CoreConfig)
@@ -93,14 +93,11 @@ class Simulator:
         self.rng = random.Random(self.cfg.seed)
         self.engine = SimEngine(self.cfg.engine)
         self.policy = policy or make_policy(self.cfg.policy)
-        self.admission = admission or make_admission(self.cfg.admission)
-        est = LatencyEstimator(decode_s=self.cfg.engine.decode_s,
-                               slope_s=self.cfg.engine.decode_s * self.cfg.engine.batch_slowdown,
-                               prefill_s_per_token=self.cfg.engine.prefill_s_per_token)
+        self.admission = admission or make_admission(self.cfg.admission, segmented=self.policy.segmented)
         core_cfg = self.cfg.core
         core_cfg.comm_s = self.cfg.hop_s
         self.core = PlannerCore(self.engine, self.policy, self.clock, admission=self.admission, config=core_cfg,
-                                on_segment=self._on_segment, on_result=self._on_result, estimator=est)
+                                on_segment=self._on_segment, on_result=self._on_result)
         self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self._seq = itertools.count()
         self._robots: dict[str, _Robot] = {}
@@ -229,11 +226,10 @@ class Simulator:
 
 def simulate(workload: Workload, policy: str = "pud", admission: str | int | None = None, seed: int = 0,
              **kw: Any) -> SimResult:
-    """Convenience: one run. Default admission: adaptive for segmented policies, vLLM-like (256) otherwise."""
+    """Convenience: one run. Default admission ``auto``: adaptive for segmented policies, vLLM's (cap 256)
+    otherwise, as on the real engine."""
     pol = make_policy(policy)
-    if admission is None:
-        admission = "adaptive" if pol.segmented else 256
-    cfg = SimConfig(policy=policy, admission=admission, seed=seed, **kw)
+    cfg = SimConfig(policy=policy, admission="auto" if admission is None else admission, seed=seed, **kw)
     return Simulator(workload, cfg, policy=pol).run()
 
 

@@ -115,3 +115,27 @@ def test_tables_carry_all_tasks_and_status_columns():
     assert "statuses" not in d
     assert not_done_text(rows[-1]) == "1: overdue 1"
     assert not_done_text(summarize([rec(2, "normal", 0.0, [0.5], [1.0])])[-1]) == "0"
+
+
+def test_timeline_rows_are_what_each_robot_started_with_misses_marked(tmp_path):
+    """The demo's timeline: per robot, tasks in arrival order, only segments the robot started, a
+    miss where the first segment started after arrival + ERT or never started."""
+    from timelyllm_ros.sim.metrics import timeline_plot, timeline_rows
+
+    on_time = rec(0, "urgent", 10.0, [10.5, 12.0], [1.0, 0.5])  # ERT 1: starts 0.5 s after arrival
+    late = rec(1, "normal", 11.0, [12.5], [1.0])  # 1.5 s after arrival: missed
+    never = rec(2, "urgent", 12.0, [], [])
+    never.status = "robot_failed"
+    never.segments.append(SegRecord(0, "x", 1, 12.1, 12.2))  # sent and received, never started
+    late.agent_id, never.agent_id = 10, 2
+    rows = timeline_rows([late, never, on_time])
+    assert list(rows) == ["drone_0", "drone_2", "drone_10"]  # natural order, whatever the input order
+    t0, = rows["drone_0"]
+    assert (t0.arrival, t0.deadline, t0.segments, t0.missed) == (0.0, 1.0, [(0.5, 1.5), (2.0, 2.5)], False)
+    t1, = rows["drone_10"]
+    assert t1.missed and t1.started and t1.segments == [(2.5, 3.5)]
+    t2, = rows["drone_2"]
+    assert t2.missed and not t2.started and t2.segments == []
+    png = tmp_path / "timeline.png"
+    timeline_plot(png, {"pud": [on_time, late, never], "fcfs": [on_time]}, "test")
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"

@@ -2,13 +2,14 @@
 the real stack — vLLM with the bundled model, the PUD scheduler, ROS 2
 nodes — to a simulated drone fleet, with urgent tasks among normal ones.
 
-    python -m timelyllm_ros.demo                     # policy pud
-    python -m timelyllm_ros.demo --compare fcfs      # then the same workload under fcfs, side by side
+    python -m timelyllm_ros.demo                     # pud, then the same tasks under vLLM-style fcfs
+    python -m timelyllm_ros.demo --compare ''        # pud only
     python -m timelyllm_ros.demo --engine engine_sim.yaml   # no weights: the simulated engine
 
 Prints every segment as the robot receives it, a progress bar, and at the end
 the metrics table (utility per task type, response and robot waiting time),
-writing results (markdown, CSV, JSON) and a PNG plot under --out.
+writing results (markdown, CSV, JSON), a bar plot and a timeline per robot
+(timeline.png: segments, deadlines, misses, one panel per policy) under --out.
 """
 
 from __future__ import annotations
@@ -250,6 +251,8 @@ def write_results(results: list[RunResult], out: Path, args: argparse.Namespace)
     metrics.bar_plot(png, groups, {r.policy: [s.utility_norm for s in r.summary] for r in results},
                      "mean utility / beta", "Fleet demo: time utility per task type (1 = answered within ERT)",
                      hline=1.0)
+    metrics.timeline_plot(out / "timeline.png", {r.policy: r.records for r in results},
+                          f"Fleet demo: what each robot did, per policy (TUF x{args.tuf_scale:g})")
     metrics.bar_plot(out / "response_time.png", groups,
                      {r.policy: [s.response_mean for s in r.summary] for r in results},
                      "mean response time (s)", "Fleet demo: response time (arrival -> first action)")
@@ -268,8 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(prog="timelyllm demo", description=__doc__.splitlines()[0])
     ap.add_argument("--policy", default="pud", help="scheduling policy (default pud)")
-    ap.add_argument("--compare", default="",
-                    help="also run these policies on the same workload, comma-separated (e.g. fcfs,edf-seg)")
+    ap.add_argument("--compare", default="fcfs",
+                    help="also run these policies on the same workload, comma-separated (default fcfs: vLLM's "
+                         "first-come first-served; '' for none; e.g. fcfs,fcfs-stream,edf-seg)")
     ap.add_argument("--engine", default="engine_vllm_cpu.yaml", help="engine YAML (name in config/ or path)")
     ap.add_argument("--workload", default="wid2",
                     help="LRTrace workload: wid2 (real drone trace), wid1/wid3 (generated), a trace name under "
@@ -341,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
             vals = [({x.group: x for x in r.summary}.get(grp), r.policy) for r in results]
             console.print(f"{grp} U/beta (served | all tasks): "
                           + ", ".join(f"{p} {s.utility_norm:.3f} | {s.utility_norm_all:.3f}" for s, p in vals if s))
-    console.print(f"results: {out / 'results.md'}\nplot: {png}")
+    console.print(f"results: {out / 'results.md'}\nplots: {png}, {out / 'timeline.png'} (what each robot did)")
     return 0
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -223,5 +224,89 @@ def line_plot(path: str | Path, xs: Sequence[float], series: dict[str, Sequence[
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7)
     fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+@dataclass
+class TimelineTask:
+    """One task as a timeline draws it (times relative to the run's first arrival, seconds)."""
+
+    task_type: str
+    level: str
+    arrival: float
+    deadline: float  # arrival + ERT: the first segment must start by then for full utility
+    segments: list[tuple[float, float]]  # (start, end) of every segment the robot started
+    missed: bool  # first segment started after the deadline, or never started
+    started: bool
+
+
+def timeline_rows(records: Iterable[TaskRecord], label: Any = None) -> dict[str, list[TimelineTask]]:
+    """Per robot (``label(rec)``, default ``<robot_type>_<agent_id>``), its tasks in arrival order.
+    Only segments a robot started count; a task with none is drawn as never started."""
+    recs = list(records)
+    label = label or (lambda r: f"{r.robot_type}_{r.agent_id}")
+    t0 = min((r.arrival for r in recs), default=0.0)
+    rows: dict[str, list[TimelineTask]] = {}
+    for r in sorted(recs, key=lambda r: r.arrival):
+        segs = [(s.start - t0, (s.end if math.isfinite(s.end) else s.start) - t0)
+                for s in r.segments if math.isfinite(s.start)]
+        deadline = r.arrival - t0 + r.ert
+        rows.setdefault(label(r), []).append(TimelineTask(
+            r.task_type, r.level, r.arrival - t0, deadline, segs,
+            missed=not segs or segs[0][0] > deadline + 1e-9, started=bool(segs)))
+    return dict(sorted(rows.items(), key=lambda kv: _natural(kv[0])))
+
+
+def _natural(name: str) -> list:
+    """drone_2 before drone_10."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+
+
+def timeline_plot(path: str | Path, runs: dict[str, Iterable[TaskRecord]], title: str) -> None:
+    """One panel per policy, one row per robot: segments as bars (red: urgent, blue: normal), a thin
+    line from each task's arrival (▲) to its first segment, its deadline (arrival + ERT) as a tick,
+    and a miss (first segment late, or never started) as a black ✕ at the deadline."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    panels = {name: timeline_rows(recs) for name, recs in runs.items()}
+    robots = sorted({rob for rows in panels.values() for rob in rows}, key=_natural)
+    fig, axes = plt.subplots(len(panels), 1, sharex=True, squeeze=False,
+                             figsize=(11, 1.8 + (0.4 + 0.32 * len(robots)) * len(panels)))
+    colour = {"urgent": "tab:red", "normal": "tab:blue"}
+    for ax, (name, rows) in zip(axes[:, 0], panels.items(), strict=True):
+        n_miss = sum(t.missed for ts in rows.values() for t in ts)
+        n_all = sum(len(ts) for ts in rows.values())
+        for y, rob in enumerate(robots):
+            for i, t in enumerate(rows.get(rob, [])):
+                dy = 0.18 * (i % 2) - 0.09  # two tasks of one robot side by side stay apart
+                c = colour.get(t.level, "tab:gray")
+                first = t.segments[0][0] if t.segments else t.deadline
+                ax.plot([t.arrival, first], [y + dy, y + dy], color=c, lw=0.8, alpha=0.6)
+                ax.plot([t.arrival], [y + dy], marker="^", color=c, ms=4)
+                ax.plot([t.deadline], [y + dy], marker="|", color="black", ms=9)
+                for s, e in t.segments:
+                    ax.barh(y + dy, max(e - s, 0.05), left=s, height=0.16, color=c, alpha=0.85)
+                if t.missed:
+                    ax.plot([t.deadline], [y + dy], marker="x", color="black", ms=7, mew=2)
+        ax.set_yticks(range(len(robots)))
+        ax.set_yticklabels(robots, fontsize=7)
+        ax.set_ylim(-0.6, len(robots) - 0.4)
+        ax.invert_yaxis()
+        ax.set_title(f"{name}: {n_miss} of {n_all} tasks missed their deadline", fontsize=9, loc="left")
+        ax.grid(axis="x", lw=0.3)
+    axes[-1, 0].set_xlabel("time since the first task arrived (s)")
+    handles = [Line2D([], [], color="tab:red", lw=6, label="urgent segment"),
+               Line2D([], [], color="tab:blue", lw=6, label="normal segment"),
+               Line2D([], [], color="gray", marker="^", lw=0.8, label="arrival → first segment"),
+               Line2D([], [], color="black", marker="|", ls="", ms=9, label="deadline (arrival + ERT)"),
+               Line2D([], [], color="black", marker="x", ls="", mew=2, label="missed / never started")]
+    fig.legend(handles=handles, loc="lower center", fontsize=7, ncol=5, framealpha=0.9)
+    fig.suptitle(title, fontsize=10, x=0.01, ha="left")
+    fig.tight_layout(rect=(0, 0.05, 1, 0.97))
     fig.savefig(path, dpi=120)
     plt.close(fig)

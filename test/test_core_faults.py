@@ -173,6 +173,61 @@ def test_an_ack_of_a_later_segment_resends_a_lost_earlier_one_at_once():
     assert sent == [0, 1, 0] and d.pending() == 1
 
 
+def test_an_ack_of_a_copy_sent_later_to_the_same_robot_resends_a_lost_one_of_another_task():
+    """One topic per robot, in order: the robot acknowledging a copy sent after another one's latest copy
+    means that one never arrived, whichever task it belongs to; other robots' copies are not concerned."""
+    sent = []
+
+    class M:
+        def __init__(self, t, i):
+            self.task_id, self.segment_index = t, i
+
+    d = SegmentDelivery(lambda robot, msg: sent.append((robot, msg.task_id)), matched_period_s=3.0)
+    d.send("r0", M("a", 0), 0.0, matched=True)  # lost
+    d.send("r1", M("c", 0), 0.05, matched=True)  # another robot: still on its way
+    d.send("r0", M("b", 0), 0.1, matched=True)
+    d.send("r0", M("d", 0), 0.1, matched=True)  # sent at the same time as b: no evidence either way
+    d.ack("b", 0, now=0.2)
+    d.due(0.2)
+    assert sent[4:] == [("r0", "a")] and d.pending() == 3
+    d.due(2.9)
+    assert sent[5:] == []  # the re-sent copy waits its period again
+
+
+def test_a_robot_that_is_behind_gets_no_duplicates_before_twice_the_ack_lag():
+    """While acknowledgements take 20 s (a starved fleet process), a copy that went to a matched reader of a
+    robot that keeps answering is queued, not lost: no re-send before 40 s. One known lost goes at once."""
+    sent = []
+
+    class M:
+        def __init__(self, t, i):
+            self.task_id, self.segment_index = t, i
+
+    d = SegmentDelivery(lambda robot, msg: sent.append((msg.task_id, msg.segment_index, round(now, 1))),
+                        matched_period_s=3.0, matched_max_period_s=12.0, give_up_s=100.0)
+    now = 0.0
+    d.send("r0", M("old", 0), 0.0, matched=True)
+    now = 1.0
+    d.send("r0", M("a", 0), 1.0, matched=True)
+    d.send("r0", M("a", 1), 1.0, matched=True)
+    d.send("r0", M("b", 0), 1.0, matched=True)
+    d.send("r1", M("unmatched", 0), 1.0)  # not matched: re-sent on its fast period as before
+    assert d.ack("old", 0, now=20.0)  # 20 s from send to ack
+    for k in range(201, 721):
+        now = k / 10
+        d.heard("r0", now)
+        if k == 300:
+            d.ack("a", 1, now=now)  # a[1] arrived, a[0] did not: a[0] is lost
+        d.due(now)
+    a0 = [t for task, i, t in sent if (task, i) == ("a", 0)]
+    assert a0 == [1.0, 30.0], a0  # sent at once when known lost, then waits for the queue again
+    b0 = [t for task, i, t in sent if (task, i) == ("b", 0)]
+    # a[1]'s ack took 29 s: b waits past 2 x 29 s after its copy, to its next due time (checked from 20.1 s:
+    # 26.1, 38.1, 50.1, 62.1)
+    assert b0 == [1.0, 62.1], b0
+    assert len([x for x in sent if x[0] == "unmatched"]) > 20
+
+
 def test_matched_resends_back_off_to_their_cap():
     """A robot whose reader matched gets a copy unless it died or is far behind: re-sends double from
     matched_period_s up to matched_max_period_s (a fixed period fed a storm of duplicates under load)."""

@@ -214,7 +214,7 @@ def fleet_process(robots: list[str], time_scale: float):
     """A SimFleetNode of its own process (as deployed): 100 robot subscriptions in the planner's executor
     would cost the planner most of its callback throughput, which is not what is under test here."""
     cmd = [sys.executable, "-m", "timelyllm_ros.ros.sim_fleet_node", "--ros-args",
-           "-p", f"robots:=[{','.join(robots)}]", "-p", f"time_scale:={time_scale}", "--log-level", "error"]
+           "-p", f"robots:=[{','.join(robots)}]", "-p", f"time_scale:={time_scale}", "--log-level", "warn"]
     p = subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL)
     try:
         yield p
@@ -260,7 +260,7 @@ def test_1000_concurrent_goals_from_100_robots_are_all_held_and_answered_once(ma
         # settled: every segment acknowledged, every task reported by its robot or ended otherwise
         assert wait_until(lambda: s.planner.delivery.pending() == 0 and all(
             s.all_reported(t) or core.task_status(t) is not TaskStatus.DONE for t in ids), 90), \
-            (s.planner.delivery.pending(), sum(s.all_reported(t) for t in ids),
+            (s.planner.delivery.pending(), sum(s.all_reported(t) for t in ids), s.planner.delivery.resends,
              Counter(core.result(t).robot_id for t in ids if not s.all_reported(t)))
         assert fleet.poll() is None, "the fleet process died"
     # a healthy fleet ran every plan: nothing may have been failed on its behalf

@@ -28,6 +28,9 @@ class _Pending:
     next_send: float
     period: float
     cap: float  # the longest re-send period for this copy
+    matched: bool = False  # the robot's reader had matched when it was first sent
+    last_sent: float = 0.0
+    lost: bool = False  # evidence that the latest copy never arrived: re-send it now, whatever the backlog
     sends: int = 1
 
 
@@ -44,6 +47,7 @@ class SegmentDelivery:
         self.period_s, self.max_period_s, self.give_up_s = period_s, max_period_s, give_up_s
         self.matched_period_s, self.matched_max_period_s = matched_period_s, matched_max_period_s
         self._pending: dict[tuple[str, int], _Pending] = {}
+        self._by_robot: dict[str, dict[tuple[str, int], _Pending]] = {}  # the same entries, per robot
         self._heard: dict[str, float] = {}  # robot -> when it last acknowledged or reported anything
         # The slowest acknowledgement of the last give_up_s (send -> ack): how far behind the robots are.
         self._ack_lag, self._ack_lag_at = 0.0, float("-inf")
@@ -60,10 +64,22 @@ class SegmentDelivery:
         planner too busy to acknowledge the originals."""
         period, cap = (self.matched_period_s, self.matched_max_period_s) if matched else (self.period_s,
                                                                                           self.max_period_s)
+        key = (msg.task_id, int(msg.segment_index))
         with self._lock:
-            self._pending[(msg.task_id, int(msg.segment_index))] = _Pending(robot_id, msg, now, now + period, period,
-                                                                            cap)
+            self._drop(key)
+            p = self._pending[key] = _Pending(robot_id, msg, now, now + period, period, cap, matched, now)
+            self._by_robot.setdefault(robot_id, {})[key] = p
         self._send(robot_id, msg)
+
+    def _drop(self, key: tuple[str, int]) -> _Pending | None:
+        p = self._pending.pop(key, None)
+        if p is not None:
+            mine = self._by_robot.get(p.robot_id)
+            if mine is not None:
+                mine.pop(key, None)
+                if not mine:
+                    del self._by_robot[p.robot_id]
+        return p
 
     def heard(self, robot_id: str, now: float) -> None:
         """The robot is alive (an ack or report of anything): a busy planner that is slow to read acks must
@@ -77,22 +93,27 @@ class SegmentDelivery:
     def ack(self, task_id: str, index: int, now: float | None = None) -> bool:
         """The robot has it; False if it was not pending (a duplicate ack).
 
-        An ack of segment k while an earlier segment of the same task is still unacknowledged means that
-        earlier copy was lost (e.g. it went out while the robot's reader had not yet matched our writer):
-        it is re-sent at the next :meth:`due`, not after a full re-send period."""
+        A robot's segments travel on one RELIABLE topic, in order, and it acknowledges them in the order they
+        arrive. So an ack of a copy sent *after* the latest copy of a segment still unacknowledged means that
+        copy was lost (e.g. it went out while the robot's reader had not yet matched our writer, or a full
+        history dropped it): it is re-sent at the next :meth:`due`, not after a full re-send period. The same
+        for an earlier segment of the same task (its ack is the robot's, whatever the order)."""
         index = int(index)
         with self._lock:
-            p = self._pending.pop((task_id, index), None)
+            p = self._drop((task_id, index))
             found = p is not None
             if now is not None:
                 if p is not None:
                     lag = now - p.first_sent
                     if lag >= self._ack_lag or now - self._ack_lag_at > self.give_up_s:
                         self._ack_lag, self._ack_lag_at = lag, now
+                    for q in self._by_robot.get(p.robot_id, {}).values():  # a handful per robot
+                        if q.last_sent < p.first_sent:
+                            q.lost, q.next_send = True, min(q.next_send, now)
                 for j in range(index):  # a task has a handful of segments: cheap, whatever is in flight
-                    p = self._pending.get((task_id, j))
-                    if p is not None and p.next_send > now:
-                        p.next_send = now
+                    q = self._pending.get((task_id, j))
+                    if q is not None:
+                        q.lost, q.next_send = True, min(q.next_send, now)
             return found
 
     def due(self, now: float, reachable: Callable[[str], bool] | None = None) -> list[tuple[str, int, str]]:
@@ -105,7 +126,10 @@ class SegmentDelivery:
 
         While other robots' acknowledgements take long to come back (a loaded host: 100 robots in one busy
         process were 30 s behind), silence means less: ``give_up_s`` is extended by the slowest
-        acknowledgement of the last ``give_up_s`` (never beyond the hard bound)."""
+        acknowledgement of the last ``give_up_s`` (never beyond the hard bound). For the same reason a copy
+        that went to a matched reader of a robot that is still answering is not re-sent before twice that
+        lag, unless it is known lost (see :meth:`ack`): it is queued behind the others, and a duplicate would
+        only lengthen the queue (100 robots in one starved process fell further behind on duplicates)."""
         resend, lost = [], []
         with self._lock:
             lag = self._ack_lag if now - self._ack_lag_at <= self.give_up_s else 0.0
@@ -117,12 +141,15 @@ class SegmentDelivery:
                 if age > wait and silent and reachable is not None and age <= 4 * self.give_up_s:
                     silent = reachable(p.robot_id)
                 if (age > wait and silent) or age > 4 * self.give_up_s:
-                    del self._pending[key]
+                    self._drop(key)
                     lost.append((key[0], key[1], p.robot_id))
                 elif now >= p.next_send:
                     p.period = max(p.period, min(p.period * 2, p.cap))
                     p.next_send = now + p.period
+                    if p.matched and not p.lost and not silent and now - p.last_sent < 2 * lag:
+                        continue  # behind, not lost: wait for the queue ahead of it
                     p.sends += 1
+                    p.last_sent, p.lost = now, False
                     resend.append((p.robot_id, p.msg))
             self.resends += len(resend)
         for robot_id, msg in resend:

@@ -136,3 +136,17 @@ def test_plans_yaml_refuses_a_quality_block_that_is_no_mapping(tmp_path) -> None
                    f"    task_input: \"{src.task_input}\"\n    plan: \"{src.plan}\"\n    quality: [g]\n")
     with pytest.raises(ValueError, match="task x: quality must be a mapping"):
         plan_templates(str(bad))
+
+
+# -- the prompts the checks are measured with -------------------------------------------------------------------
+def test_prompt_guidance_must_be_text(tmp_path) -> None:
+    """An unquoted guidance line with ': ' is a YAML mapping; its repr once reached the drone prompt."""
+    from timelyllm_ros.engines.prompts import PromptConfig, PromptConfigError, prompts_dir
+
+    for p in sorted(prompts_dir().glob("*.yaml")):
+        assert all(isinstance(g, str) for g in PromptConfig.load(p).guidance), p
+    bad = tmp_path / "drone.yaml"
+    bad.write_text("robot_type: drone\nskill_set: drone_minispec\nsystem: x\n"
+                   "guidance:\n  - look for it: ?s('cat')==True{g('cat');}\n")
+    with pytest.raises(PromptConfigError, match=r"guidance\[0\] must be a string, got dict"):
+        PromptConfig.load(bad)

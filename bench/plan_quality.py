@@ -1,6 +1,6 @@
 """Plan quality of the real engine on every task template (issue 12, item 8).
 
-    timelyllm-bench plan-quality --label after [--engine engine_vllm_cpu.yaml] [--samples 4]
+    timelyllm-bench plan-quality --label after [--engine engine_vllm_cpu.yaml] [--samples 3]
 
 For every task template of every robot type (data/plans.yaml) it asks the engine for plans the way the
 planner does (the robot type's prompt from config/prompts/, segmented generation resumed at once) and
@@ -8,8 +8,9 @@ judges each plan with timelyllm_ros.skills.quality: **valid** (parses as the rob
 argument within its bounds, and ended within ``--max-new-tokens``) and **acceptable** (valid and passing the
 template's declared semantic checks: required skills, number ranges, no long wait before an urgent evasive
 move). Sample 0 is greedy, what the planner serves (temperature 0); samples 1.. are drawn at
-``--temperature`` with seeds 1.., to show how robust the prompt is. Each decoding mode (unconstrained, and
-constrained to the skill grammar where the backend takes a regex) is a run of its own.
+``--temperature`` (unseeded: they vary from run to run), to show how robust the prompt is. Each decoding
+mode (unconstrained, and constrained to the skill grammar where the backend takes a regex) is a run of its
+own.
 
 Runs are stored under a label (``before`` / ``after``) in results.json, so a later run keeps the earlier
 ones; results.md and plan_quality.png show every stored run side by side.
@@ -51,7 +52,9 @@ def generate(engine: Engine, templates: list[PlanTemplate], *, samples: int, tem
         pb = builders[t.robot_type]
         ids = pb.token_ids(t.task_input)
         for k in range(samples):
-            extra: dict[str, Any] = {"temperature": 0.0} if k == 0 else {"temperature": temperature, "seed": k}
+            # No per-request seed: vLLM restarts a seeded request's generator at every resubmission, so a
+            # seeded plan resumed after each segment replays the same draws (p(50);p(50);...).
+            extra: dict[str, Any] = {"temperature": 0.0 if k == 0 else temperature}
             if constrained:
                 extra["regex"] = pb.regex  # re-evaluated at every resume, as in the planner
             gid = f"{t.name}/{k}"
@@ -139,7 +142,7 @@ def _plot(path: Path, data: dict[str, Any]) -> None:
         ax.set_ylabel("% of plans")
         ax.set_title(title, fontsize=10)
         ax.grid(axis="y", alpha=0.3)
-    axes[0].legend(fontsize=8, loc="lower left")
+    axes[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     axes[1].set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
     fig.suptitle("Plan quality per task template (all samples: greedy + sampled)")
     fig.tight_layout()
@@ -150,11 +153,12 @@ def _plot(path: Path, data: dict[str, Any]) -> None:
 def _git() -> str:
     import subprocess
 
+    root = Path(__file__).resolve().parents[1]  # pathspecs below are relative to the repository root
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).parent, check=True).stdout.strip()
+                             cwd=root, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--", "config", "data", "skills", "timelyllm_ros"],
-                               capture_output=True, text=True, cwd=Path(__file__).parent).stdout.strip()
+                               capture_output=True, text=True, cwd=root).stdout.strip()
         return rev + (" + uncommitted changes" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -225,11 +229,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--engine", default="engine_vllm_cpu.yaml",
                    help="engine YAML (a file in config/ or a path); any local model folder via engine_args.model")
     p.add_argument("--label", default="run", help="name of this run in results.json (e.g. before, after)")
-    p.add_argument("--samples", type=int, default=4, help="plans per template: 1 greedy + N-1 sampled")
+    p.add_argument("--samples", type=int, default=3, help="plans per template: 1 greedy + N-1 sampled")
     p.add_argument("--temperature", type=float, default=0.7, help="temperature of the sampled plans")
     p.add_argument("--decoding", choices=(*MODES, "both"), default="both",
                    help="unconstrained, constrained to the skill grammar (vLLM backends), or both")
-    p.add_argument("--max-new-tokens", type=int, default=160, help="a plan that has not ended by then is invalid")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="a plan that has not ended by then is invalid")
     p.add_argument("--only", help="comma list of template names (default: all)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help=f"output folder (default {DEFAULT_OUT})")
     p.set_defaults(fn=cmd_plan_quality)

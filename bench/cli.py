@@ -6,6 +6,7 @@
     timelyllm-bench overhead           # decision time at queue lengths 1 .. 10000
     timelyllm-bench diagnose --workload wid2   # PUD vs EDF: ordering vs admission; urgent-only bound
     timelyllm-bench fleet-load         # planner + 50 simulated robots (processes), 1200 goals: nothing lost
+    timelyllm-bench plan-quality --label after   # real engine: valid / acceptable plans per task template
 """
 
 from __future__ import annotations
@@ -299,6 +300,10 @@ def build_parser() -> argparse.ArgumentParser:
     from bench.fleet_load import add_parser as add_fleet_load
 
     add_fleet_load(sub)  # fleet-load: real planner + simulated fleet processes under 1000+ goals
+
+    from bench.plan_quality import add_parser as add_plan_quality
+
+    add_plan_quality(sub)  # plan-quality: the real engine's plans judged per task template
 
     p = sub.add_parser("overhead", help="scheduler decision time vs queue length")
     p.add_argument("--sizes", default="1,8,64,1000,10000")

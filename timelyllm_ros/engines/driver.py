@@ -12,8 +12,10 @@ from timelyllm_ros.engines.base import Engine, EngineRequest, SegmentEvent
 
 
 def run(engine: Engine, reqs: Iterable[EngineRequest], *, resume_after: int = 0,
-        on_step: Callable[[int], None] | None = None, max_steps: int = 100_000) -> dict[str, list[SegmentEvent]]:
-    """Run all requests to their final event; returns the events per gen_id."""
+        on_step: Callable[[int], None] | None = None, max_steps: int = 100_000,
+        on_event: Callable[[SegmentEvent], None] | None = None) -> dict[str, list[SegmentEvent]]:
+    """Run all requests to their final event; returns the events per gen_id (``on_event`` sees each as it
+    comes, e.g. for a progress bar)."""
     reqs = list(reqs)
     by_id = {r.gen_id: r for r in reqs}
     events: dict[str, list[SegmentEvent]] = {r.gen_id: [] for r in reqs}
@@ -34,6 +36,8 @@ def run(engine: Engine, reqs: Iterable[EngineRequest], *, resume_after: int = 0,
             on_step(steps)
         for ev in rep.events:
             events[ev.gen_id].append(ev)
+            if on_event:
+                on_event(ev)
             if ev.suspended and not ev.final:
                 parked[ev.gen_id] = resume_after
             elif ev.final:

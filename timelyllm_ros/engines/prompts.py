@@ -77,6 +77,10 @@ class PromptConfig:
             if not isinstance(ex, dict) or set(ex) != {"input", "plan"}:
                 raise PromptConfigError(f"{p}: examples[{i}] must have exactly 'input' and 'plan'")
         raw["guidance"] = list(raw.get("guidance") or [])
+        for i, g in enumerate(raw["guidance"]):
+            if not isinstance(g, str):  # `- check it: ?iv(...)` is a YAML mapping, and its repr reached the prompt
+                raise PromptConfigError(f"{p}: guidance[{i}] must be a string, got {type(g).__name__} "
+                                        f"(quote an item that contains ': ')")
         raw["examples"] = list(raw.get("examples") or [])
         return cls(**raw, path=p)
 

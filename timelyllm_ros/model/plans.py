@@ -9,10 +9,11 @@ robot-arm trace 0 is object stacking), so a trace id alone does not name a task 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -44,6 +45,9 @@ class PlanTemplate:
     plan: str
     trace_robot_type: str  # LRTrace's robot_type of the task (drone, robotarm)
     robot_system: str
+    # What a plan for this task must do to be acceptable (optional; read and checked against the skill set
+    # by timelyllm_ros.skills.quality). Kept raw here: the model layer knows no skill sets.
+    quality: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def tuf(self) -> TimeUtility:
@@ -55,11 +59,12 @@ class PlanTemplate:
 
 
 _FIELDS = tuple(PlanTemplate.__dataclass_fields__)
+_OPTIONAL = ("quality",)
 
 
 @cache
 def plan_templates(path: str | None = None) -> dict[TaskKey, PlanTemplate]:
-    """Task types by LRTrace key, from data/plans.yaml (every field required, no others)."""
+    """Task types by LRTrace key, from data/plans.yaml (every field but ``quality`` required, no others)."""
     p = Path(path) if path else paths.data_dir() / "plans.yaml"
     raw = yaml.safe_load(p.read_text())
     out: dict[TaskKey, PlanTemplate] = {}
@@ -70,9 +75,11 @@ def plan_templates(path: str | None = None) -> dict[TaskKey, PlanTemplate]:
         if extra:
             raise ValueError(f"{p}: task #{i} ({t.get('name', '?')}): unknown field(s) {extra}")
         try:
-            tpl = PlanTemplate(**{k: t[k] for k in _FIELDS})
+            tpl = PlanTemplate(**{k: t[k] for k in _FIELDS if k not in _OPTIONAL or k in t})
         except KeyError as e:
             raise ValueError(f"{p}: task #{i} ({t.get('name', '?')}) lacks field {e}") from None
+        if not isinstance(tpl.quality, Mapping):
+            raise ValueError(f"{p}: task {tpl.name}: quality must be a mapping, got {type(tpl.quality).__name__}")
         if tpl.level not in LEVELS:
             raise ValueError(f"{p}: task {tpl.name}: unknown level {tpl.level!r}")
         if tpl.key in out:

@@ -1,0 +1,240 @@
+"""Plan quality of the real engine on every task template (issue 12, item 8).
+
+    timelyllm-bench plan-quality --label after [--engine engine_vllm_cpu.yaml] [--samples 3]
+
+For every task template of every robot type (data/plans.yaml) it asks the engine for plans the way the
+planner does (the robot type's prompt from config/prompts/, segmented generation resumed at once) and
+judges each plan with timelyllm_ros.skills.quality: **valid** (parses as the robot's skill set with every
+argument within its bounds, and ended within ``--max-new-tokens``) and **acceptable** (valid and passing the
+template's declared semantic checks: required skills, number ranges, no long wait before an urgent evasive
+move). Sample 0 is greedy, what the planner serves (temperature 0); samples 1.. are drawn at
+``--temperature`` (unseeded: they vary from run to run), to show how robust the prompt is. Each decoding
+mode (unconstrained, and constrained to the skill grammar where the backend takes a regex) is a run of its
+own.
+
+Runs are stored under a label (``before`` / ``after``) in results.json, so a later run keeps the earlier
+ones; results.md and plan_quality.png show every stored run side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from timelyllm_ros.engines import driver
+from timelyllm_ros.engines.base import Engine, EngineRequest, FinishReason, concat_segments
+from timelyllm_ros.engines.factory import load_engine_config, make_engine
+from timelyllm_ros.engines.prompts import PromptBuilder
+from timelyllm_ros.model.plans import PlanTemplate, plan_templates
+from timelyllm_ros.skills.exec_model import ExecTimeModel
+from timelyllm_ros.skills.quality import judge, template_spec
+from timelyllm_ros.skills.segmenter import make_stop_checker
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "plan_quality"
+MODES = ("unconstrained", "constrained")
+REGEX_BACKENDS = ("vllm", "remote")  # backends that take a structured-output regex (engines/factory.py)
+
+
+def generate(engine: Engine, templates: list[PlanTemplate], *, samples: int, temperature: float,
+             constrained: bool, max_new_tokens: int, desc: str) -> dict[str, list[tuple[str, bool]]]:
+    """Plans per template name: (text, ended) for each sample, through the engine's segmented generation."""
+    from tqdm import tqdm
+
+    builders = {rt: PromptBuilder(engine.tokenizer, rt) for rt in sorted({t.robot_type for t in templates})}
+    reqs, owner = [], {}
+    for t in templates:
+        pb = builders[t.robot_type]
+        ids = pb.token_ids(t.task_input)
+        for k in range(samples):
+            # No per-request seed: vLLM restarts a seeded request's generator at every resubmission, so a
+            # seeded plan resumed after each segment replays the same draws (p(50);p(50);...).
+            extra: dict[str, Any] = {"temperature": 0.0 if k == 0 else temperature}
+            if constrained:
+                extra["regex"] = pb.regex  # re-evaluated at every resume, as in the planner
+            gid = f"{t.name}/{k}"
+            reqs.append(EngineRequest(gid, list(ids), make_stop_checker(pb.skillset), max_new_tokens=max_new_tokens,
+                                      extra=extra))
+            owner[gid] = t.name
+    with tqdm(total=len(reqs), desc=desc, unit="plan", file=sys.stderr) as bar:
+        events = driver.run(engine, reqs, on_event=lambda ev: bar.update(1) if ev.final else None)
+    out: dict[str, list[tuple[str, bool]]] = {t.name: [] for t in templates}
+    for r in reqs:
+        ev = events[r.gen_id]
+        out[owner[r.gen_id]].append((concat_segments(ev), ev[-1].reason is FinishReason.STOP))
+    return out
+
+
+def evaluate(templates: list[PlanTemplate], plans: dict[str, list[tuple[str, bool]]]) -> list[dict[str, Any]]:
+    """Per template: valid and acceptable counts, and every plan with its verdict."""
+    rows = []
+    models: dict[str, ExecTimeModel] = {}
+    for t in templates:
+        spec = template_spec(t)
+        model = models.setdefault(t.robot_type, ExecTimeModel(t.robot_type, learn=False))
+        verdicts = [judge(p, model.skillset, spec, ended=ended, model=model) for p, ended in plans[t.name]]
+        rows.append({
+            "template": t.name, "robot_type": t.robot_type, "level": t.level, "task_input": t.task_input,
+            "n": len(verdicts), "valid": sum(v.valid for v in verdicts),
+            "acceptable": sum(v.acceptable for v in verdicts),
+            "greedy_valid": verdicts[0].valid, "greedy_acceptable": verdicts[0].acceptable,
+            "plans": [{"plan": v.plan, "valid": v.valid, "error": v.error, "failures": list(v.failures),
+                       "acceptable": v.acceptable} for v in verdicts]})
+    return rows
+
+
+def _pct(k: int, n: int) -> str:
+    return f"{k}/{n} ({100 * k / n:.0f} %)" if n else "—"
+
+
+def _totals(rows: list[dict[str, Any]]) -> dict[str, int]:
+    return {k: sum(r[k] for r in rows) for k in ("n", "valid", "acceptable", "greedy_valid", "greedy_acceptable")}
+
+
+def write_report(out: Path, data: dict[str, Any]) -> None:
+    """results.md (a table per run, then every greedy plan with why it fails) and plan_quality.png."""
+    md = ["# Plan quality per task template\n",
+          "valid = parses as the robot's skill set, arguments within bounds, generation ended; "
+          "acceptable = valid and passes the template's `quality:` checks (data/plans.yaml). "
+          "greedy = sample 0 (temperature 0, what the planner serves); all = greedy + sampled plans.\n"]
+    for key, run in data["runs"].items():
+        md.append(f"\n## {key}\n\nCommand: `{run['command']}`  \n{run['engine']}; {run['samples']} plans per "
+                  f"template (temperature {run['temperature']} after the greedy one), max {run['max_new_tokens']} "
+                  f"new tokens; git {run['git']}; {run['wall_s']:.0f} s on {run['host']}\n\n")
+        md.append("| template | level | greedy valid | greedy acceptable | valid (all) | acceptable (all) |\n"
+                  "|---|---|---|---|---|---|\n")
+        for r in run["rows"]:
+            md.append(f"| {r['template']} | {r['level']} | {'yes' if r['greedy_valid'] else 'NO'} | "
+                      f"{'yes' if r['greedy_acceptable'] else 'NO'} | {_pct(r['valid'], r['n'])} | "
+                      f"{_pct(r['acceptable'], r['n'])} |\n")
+        tot = _totals(run["rows"])
+        k = len(run["rows"])
+        md.append(f"| **all** | | {tot['greedy_valid']}/{k} | {tot['greedy_acceptable']}/{k} | "
+                  f"{_pct(tot['valid'], tot['n'])} | {_pct(tot['acceptable'], tot['n'])} |\n\n")
+        md.append("Greedy plans:\n\n")
+        for r in run["rows"]:
+            p = r["plans"][0]
+            why = p["error"] or "; ".join(p["failures"]) or "ok"
+            md.append(f"- {r['template']}: `{p['plan']}` — {why}\n")
+    (out / "results.md").write_text("".join(md))
+    _plot(out / "plan_quality.png", data)
+
+
+def _plot(path: Path, data: dict[str, Any]) -> None:
+    import matplotlib.pyplot as plt
+
+    runs = data["runs"]
+    names = [r["template"] for r in next(iter(runs.values()))["rows"]]
+    fig, axes = plt.subplots(2, 1, figsize=(max(9, 1.1 * len(names)), 7), sharex=True)
+    width = 0.8 / max(1, len(runs))
+    for ax, field, title in ((axes[0], "valid", "valid (parses, within bounds, ended)"),
+                             (axes[1], "acceptable", "acceptable (valid and passes the template's checks)")):
+        for i, (key, run) in enumerate(runs.items()):
+            by = {r["template"]: r for r in run["rows"]}
+            ys = [100 * by[n][field] / by[n]["n"] if n in by else 0.0 for n in names]
+            ax.bar([j + (i - (len(runs) - 1) / 2) * width for j in range(len(names))], ys, width=width, label=key)
+        ax.set_ylim(0, 105)
+        ax.set_ylabel("% of plans")
+        ax.set_title(title, fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    axes[1].set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+    fig.suptitle("Plan quality per task template (all samples: greedy + sampled)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _git() -> str:
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]  # pathspecs below are relative to the repository root
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             cwd=root, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "config", "data", "skills", "timelyllm_ros"],
+                               capture_output=True, text=True, cwd=root).stdout.strip()
+        return rev + (" + uncommitted changes" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def cmd_plan_quality(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    if args.samples < 1 or args.max_new_tokens < 1 or args.temperature < 0:
+        raise SystemExit("--samples and --max-new-tokens must be >= 1, --temperature >= 0")
+    cfg = load_engine_config(args.engine)
+    modes = MODES if args.decoding == "both" else (args.decoding,)
+    if "constrained" in modes and cfg.get("backend") not in REGEX_BACKENDS:
+        if args.decoding == "constrained":
+            raise SystemExit(f"--decoding constrained: backend {cfg.get('backend')!r} takes no regex "
+                             f"(only {REGEX_BACKENDS} do)")
+        modes = ("unconstrained",)
+    templates = [t for t in plan_templates().values() if not args.only or t.name in args.only.split(",")]
+    if not templates:
+        raise SystemExit(f"--only {args.only}: no such template (known: {[t.name for t in plan_templates().values()]})")
+    engine = make_engine(cfg)
+    if engine.info.needs_plan_text:
+        engine.close()
+        raise SystemExit(f"--engine {args.engine}: the simulated engine writes the templates' own plans; "
+                         "plan quality needs a real model")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.json"
+    data = json.loads(path.read_text()) if path.is_file() else {"runs": {}}
+    command = "timelyllm-bench " + " ".join(sys.argv[1:])
+    try:
+        for mode in modes:
+            t0 = time.perf_counter()
+            plans = generate(engine, templates, samples=args.samples, temperature=args.temperature,
+                             constrained=mode == "constrained", max_new_tokens=args.max_new_tokens,
+                             desc=f"{args.label} {mode}")
+            rows = evaluate(templates, plans)
+            key = f"{args.label} / {mode}"
+            data["runs"][key] = {
+                "label": args.label, "decoding": mode, "command": command, "engine": f"{args.engine}: "
+                f"{engine.info.name}, model {Path(engine.info.model).name}", "samples": args.samples,
+                "temperature": args.temperature, "max_new_tokens": args.max_new_tokens, "git": _git(),
+                "wall_s": time.perf_counter() - t0,
+                "host": f"{platform.machine()}, {os.cpu_count()} CPUs", "rows": rows, "totals": _totals(rows)}
+            table = Table(title=f"plan quality: {key} ({args.samples} plans per template)")
+            for c in ("template", "greedy plan", "greedy", "valid", "acceptable"):
+                table.add_column(c, overflow="fold")
+            for r in rows:
+                p = r["plans"][0]
+                table.add_row(r["template"], p["plan"][:60], "ok" if p["acceptable"] else
+                              ("invalid" if not p["valid"] else "fails checks"),
+                              _pct(r["valid"], r["n"]), _pct(r["acceptable"], r["n"]))
+            tot = _totals(rows)
+            table.add_row("all", "", f"{tot['greedy_acceptable']}/{len(rows)} ok", _pct(tot["valid"], tot["n"]),
+                          _pct(tot["acceptable"], tot["n"]))
+            Console().print(table)
+            path.write_text(json.dumps(data, indent=1) + "\n")  # after each mode: a stopped run keeps the rest
+            write_report(out, data)
+    finally:
+        engine.close()
+    print(f"wrote {out}/results.json, results.md, plan_quality.png")
+    return 0
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("plan-quality", help="valid and acceptable plans of the real engine on every task template")
+    p.add_argument("--engine", default="engine_vllm_cpu.yaml",
+                   help="engine YAML (a file in config/ or a path); any local model folder via engine_args.model")
+    p.add_argument("--label", default="run", help="name of this run in results.json (e.g. before, after)")
+    p.add_argument("--samples", type=int, default=3, help="plans per template: 1 greedy + N-1 sampled")
+    p.add_argument("--temperature", type=float, default=0.7, help="temperature of the sampled plans")
+    p.add_argument("--decoding", choices=(*MODES, "both"), default="both",
+                   help="unconstrained, constrained to the skill grammar (vLLM backends), or both")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="a plan that has not ended by then is invalid")
+    p.add_argument("--only", help="comma list of template names (default: all)")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help=f"output folder (default {DEFAULT_OUT})")
+    p.set_defaults(fn=cmd_plan_quality)
+    return p

@@ -157,6 +157,15 @@ def test_abort_and_concurrent_constrained_generations(eng, pb):
     assert (st.running, st.waiting, st.max_batch) == (0, 0, 8)
 
 
+def test_a_resumed_seeded_request_does_not_replay_its_random_draws(eng):
+    """As the in-process engine: the seed of a resubmission is offset by the tokens already generated."""
+    req = EngineRequest("g", [1, 2, 3], make_stop_checker("drone"), extra={"seed": 7, "temperature": 0.7})
+    assert eng._body(req, req.all_token_ids, 10)["seed"] == 7
+    req.output_token_ids = [5, 6, 7, 8]
+    assert eng._body(req, req.all_token_ids, 10)["seed"] == 11
+    assert "seed" not in eng._body(EngineRequest("h", [1], make_stop_checker("drone")), [1], 10)
+
+
 def test_start_up_errors_name_the_problem(server):
     port = free_port()  # nothing listens there
     with pytest.raises(RemoteServerError, match=rf"vLLM server at http://127\.0\.0\.1:{port} is unreachable"):

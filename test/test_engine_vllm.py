@@ -56,6 +56,18 @@ def test_info_declares_the_loaded_model(eng):
     assert info.name == "vllm" and Path(info.model).name == Path(args["model"]).name
     assert info.max_model_len == args["max_model_len"]
     assert info.supports_prefix_cache and not info.needs_plan_text
+    if load_engine_config(CFG).get("step_model"):  # the CPU config names this machine's fitted figures
+        assert info.step_model is not None and info.step_model.source.startswith("fitted: ")
+
+
+@engine
+def test_a_resumed_seeded_request_does_not_replay_its_random_draws(eng):
+    """The same seed on every resubmission replayed the draws that opened the plan after each segment."""
+    req = EngineRequest("g", [1, 2, 3], make_stop_checker("drone"), extra={"seed": 7, "temperature": 0.7})
+    assert eng._sampling_params(req).seed == 7
+    req.output_token_ids = [5, 6, 7, 8]
+    assert eng._sampling_params(req).seed == 11  # reproducible, and not the opening draws again
+    assert eng._sampling_params(EngineRequest("h", [1], make_stop_checker("drone"))).seed is None
 
 
 @engine

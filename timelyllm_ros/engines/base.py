@@ -148,6 +148,14 @@ class EngineRequest:
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    @property
+    def sampling_seed(self) -> int | None:
+        """``extra['seed']`` for this (re)submission: offset by the tokens already generated. The same seed on
+        every resubmission would replay the random draws that opened the plan after each segment (a sampled
+        plan degenerated into ``p(50);p(50);...``); the offset keeps a seeded generation reproducible."""
+        seed = self.extra.get("seed")
+        return None if seed is None else (int(seed) + len(self.output_token_ids)) % 2**63
+
 
 @dataclass
 class SegmentEvent:

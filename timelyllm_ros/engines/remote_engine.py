@@ -294,8 +294,8 @@ class RemoteEngine(Engine):
             "stream_options": {"include_usage": True},
             "return_token_ids": True,
         }
-        if ex.get("seed") is not None:
-            body["seed"] = int(ex["seed"])
+        if req.sampling_seed is not None:
+            body["seed"] = req.sampling_seed
         regex = ex.get("regex", self.default_regex if ex.get("constrained", True) else None)
         if callable(regex):  # e.g. PromptBuilder.regex: the grammar state depends on the plan so far
             regex = regex(self.decode(req.output_token_ids))

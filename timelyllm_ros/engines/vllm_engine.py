@@ -208,7 +208,7 @@ class VllmEngine(Engine):
         return SamplingParams(
             temperature=float(ex.get("temperature", 0.0)),  # greedy by default: plans are reproducible
             top_p=float(ex.get("top_p", 1.0)),
-            seed=ex.get("seed"),
+            seed=req.sampling_seed,
             max_tokens=remaining,
             detokenize=False,  # we detokenize per token ourselves (IncrementalDetokenizer)
             output_kind=RequestOutputKind.DELTA,

@@ -76,7 +76,9 @@ def test_timelyllm_up_starts_processes_and_stops_cleanly_on_ctrl_c(tmp_path):
         assert r.ok and r.min_s == pytest.approx(0.0072 * 50 + 1.8144, rel=1e-6)
         names = set()
         end = time.monotonic() + 20
-        while "sim_fleet" not in names and time.monotonic() < end:
+        # Node names travel on their own discovery topic: under load the exec_time node's name came after its
+        # service did (CI), so wait for both names, not just the fleet's.
+        while not {"sim_fleet", "exec_time"} <= names and time.monotonic() < end:
             names = {n for n, _ in node.get_node_names_and_namespaces()}
             time.sleep(0.2)
         assert "sim_fleet" in names and "exec_time" in names

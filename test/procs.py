@@ -231,7 +231,7 @@ def observe(argv: list[str] | None = None) -> int:
         with out_lock:
             print(f"{kind} {json.dumps(rec)}", flush=True)
 
-    node.create_subscription(SegmentDone, topics.SEGMENT_DONE, lambda m: emit("done", m), topics.REPORTS)
+    node.create_subscription(SegmentDone, topics.SEGMENT_DONE, lambda m: emit("done", m), topics.REPORTS_KEPT)
     node.create_subscription(SegmentAck, topics.SEGMENT_ACKS, lambda m: emit("ack", m), topics.REPORTS)
     ex = MultiThreadedExecutor(num_threads=2)
     ex.add_node(node)

@@ -127,7 +127,7 @@ class DStack(Stack):
         c.create_subscription(PlanResult, topics.PLAN_RESULTS, self.results.append, topics.RESULTS_QOS)
         c.create_subscription(TaskRequest, topics.PLAN_REQUESTS, self.requests.append, topics.REPORTS)
         c.create_subscription(SchedulerState, "/scheduler_state", self.states.append, topics.TELEMETRY)
-        c.create_subscription(SegmentDone, topics.SEGMENT_DONE, self.done_reports.append, topics.REPORTS)
+        c.create_subscription(SegmentDone, topics.SEGMENT_DONE, self.done_reports.append, topics.REPORTS_KEPT)
         for r in watch:
             c.create_subscription(PlanSegment, topics.segment_topic(r), self.robot_msgs[r].append, topics.RELIABLE)
         self.ex = MultiThreadedExecutor(num_threads=24, context=self.ctx)
@@ -446,6 +446,11 @@ def test_segments_sent_before_the_robot_subscribed_are_redelivered_exactly_once(
     assert sorted(reports) == list(range(n)) and all(d.success for d in s.done_reports if d.task_id == "late-1")
     assert wait_until(lambda: s.planner.delivery.pending() == 0, 15), s.planner.delivery.pending()
     assert s.get_plan_result("late-1").result.status == R.STATUS_SUCCEEDED
+    # A monitor that joins now (after the robot reported) still gets the robot's reports: the executor keeps them.
+    late: list[SegmentDone] = []
+    s.client.create_subscription(SegmentDone, topics.SEGMENT_DONE, late.append, topics.REPORTS_KEPT)
+    assert wait_until(lambda: {d.segment_index for d in list(late) if d.task_id == "late-1"} == set(range(n)),
+                      30), [(d.task_id, d.segment_index) for d in list(late)]
 
 
 # -- 6. engine failure ------------------------------------------------------------------------------------

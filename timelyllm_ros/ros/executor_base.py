@@ -47,6 +47,7 @@ from timelyllm_ros.ros.params import declare
 from timelyllm_ros.ros.topics import (
     RELIABLE,
     REPORTS,
+    REPORTS_KEPT,
     SEGMENT_ACKS,
     SEGMENT_DONE,
     is_end_marker,
@@ -94,7 +95,7 @@ class RobotExecutorNode(Node):
         self._closing = False
         self.history: deque[tuple[str, int, bool, str]] = deque(maxlen=10000)  # (task, index, ok, error)
         self.acks: deque[tuple[str, int]] = deque(maxlen=10000)  # (task, index) acknowledged, for tests and logs
-        self._done_pub = self.create_publisher(SegmentDone, SEGMENT_DONE, REPORTS)
+        self._done_pub = self.create_publisher(SegmentDone, SEGMENT_DONE, REPORTS_KEPT)
         self._reports = ReportCache()
         self._ack_pub = self.create_publisher(SegmentAck, SEGMENT_ACKS, REPORTS)
         self.diagnostics = attach_executor_diagnostics(self)  # /diagnostics: link, battery, state, e-stop

@@ -16,6 +16,7 @@ from rclpy.qos import QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
 from timelyllm_ros.bags.records import RecordBuilder
 from timelyllm_ros.bags.typestore import REQUESTS, SEGMENT_DONE, SEGMENTS
 from timelyllm_ros.msg import PlanSegment, SegmentDone, TaskRequest
+from timelyllm_ros.ros.topics import REPORTS_KEPT
 from timelyllm_ros.sim.metrics import Summary, summarize
 from timelyllm_ros.sim.records import TaskRecord
 
@@ -31,8 +32,11 @@ class LiveMetrics:
         self._lock = threading.Lock()
         self.received = 0
         group = MutuallyExclusiveCallbackGroup()
-        self._subs = [node.create_subscription(t, spec.name, self._on_msg, _QOS, callback_group=group)
-                      for t, spec in ((TaskRequest, REQUESTS), (PlanSegment, SEGMENTS), (SegmentDone, SEGMENT_DONE))]
+        # Reports with the robots' kept history: a robot can run (and report) its first segment before its
+        # report writer has matched this reader.
+        self._subs = [node.create_subscription(t, spec.name, self._on_msg, qos, callback_group=group)
+                      for t, spec, qos in ((TaskRequest, REQUESTS, _QOS), (PlanSegment, SEGMENTS, _QOS),
+                                           (SegmentDone, SEGMENT_DONE, REPORTS_KEPT))]
 
     def _on_msg(self, msg) -> None:  # noqa: ANN001 - any of the three message types
         with self._lock:

@@ -34,6 +34,7 @@ from timelyllm_ros.ros.spin import run_nodes
 from timelyllm_ros.ros.topics import (
     RELIABLE,
     REPORTS,
+    REPORTS_KEPT,
     SEGMENT_ACKS,
     SEGMENT_DONE,
     is_end_marker,
@@ -96,7 +97,7 @@ class SimFleetNode(Node):
         self.rng = random.Random(seed)
         self.robots = {r: SimRobot(r, robot_type, silent=r in silent, inbox=SegmentInbox(self.reorder_timeout_s))
                        for r in robots}
-        self._done_pub = self.create_publisher(SegmentDone, SEGMENT_DONE, REPORTS)
+        self._done_pub = self.create_publisher(SegmentDone, SEGMENT_DONE, REPORTS_KEPT)
         self._reports = ReportCache(max_entries=16384)
         self._ack_pub = self.create_publisher(SegmentAck, SEGMENT_ACKS, REPORTS)
         self._lock = threading.Condition()

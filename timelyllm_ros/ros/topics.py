@@ -23,6 +23,13 @@ REPORTS = QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE, hist
 # drop a report before it was taken (a dropped report makes a healthy robot look silent). Not KEEP_ALL: a full
 # KEEP_ALL reader pushes back on the robots' writers until their publish() fails.
 REPORTS_IN = QoSProfile(depth=20000, reliability=QoSReliabilityPolicy.RELIABLE, history=QoSHistoryPolicy.KEEP_LAST)
+# Robot reports (SegmentDone) as written: the writer keeps its last 1000 for late-joining TRANSIENT_LOCAL readers.
+# A robot runs a segment as soon as its *segment reader* has matched the planner, which says nothing of whether
+# its report writer has matched a monitor yet (discovery is per endpoint pair): a VOLATILE monitor (a test's
+# witness, the demo's metrics) could miss the first report. The planner reads VOLATILE (REPORTS_IN; it needs no
+# history: a segment it re-sends is answered with the cached report) and is compatible with this writer.
+REPORTS_KEPT = QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE, history=QoSHistoryPolicy.KEEP_LAST,
+                          durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
 TELEMETRY = QoSProfile(depth=5, reliability=QoSReliabilityPolicy.BEST_EFFORT, history=QoSHistoryPolicy.KEEP_LAST)
 LATCHED = QoSProfile(depth=1, reliability=QoSReliabilityPolicy.RELIABLE,
                      durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)

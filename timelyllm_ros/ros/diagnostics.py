@@ -267,10 +267,26 @@ class _Events:
 
 # -- planner ---------------------------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class PlannerHealth:
+    """What the planner's statuses read, in one snapshot from ``planner.health()`` (the planner's public view of
+    its own state: nothing here reaches into its attributes). A planner being configured has no engine or core."""
+
+    lifecycle_state: str | None
+    engine: Any | None  # engines.base.Engine
+    core: Any | None  # sched.scheduler.PlannerCore
+    engine_error: str | None  # set while the engine is down and restarting (goals are refused)
+    engine_restarts: int
+    engine_thread_alive: bool | None  # None: the engine thread was never started
+    stopping: bool  # the planner is shutting down or deactivating its engine
+    journal_file: str | None  # None: no journal (state_dir not set)
+    journal_open: bool
+    journal_errors: int  # journal writes that failed so far
+
+
 class PlannerDiagnostics:
-    """The planner's statuses (see the module doc). Reads the same sources as EngineState / SchedulerState
-    (``planner.engine``, ``planner.core``) plus ``_engine_error``, ``engine_restarts`` and ``journal``; every one
-    read with ``getattr`` so that a planner still being configured (no engine or core yet) reports STALE."""
+    """The planner's statuses (see the module doc), from ``planner.health()``: the same sources as EngineState /
+    SchedulerState; a planner still being configured (no engine or core yet) reports STALE."""
 
     def __init__(self, planner: Node) -> None:
         from timelyllm_ros.msg import PlanResult, TaskRequest
@@ -293,9 +309,9 @@ class PlannerDiagnostics:
         self._erts: OrderedDict[str, float] = OrderedDict()  # task id -> ERT of its accepted request (LRU)
         self._ert_lock = threading.Lock()
         self._restarts = _Events()
-        self._restarts.seen = int(getattr(planner, "engine_restarts", 0) or 0)
+        self._restarts.seen = planner.health().engine_restarts
         self._journal_failures = _Events()
-        self._journal_failures.seen = int(getattr(planner, "journal_errors", 0) or 0)
+        self._journal_failures.seen = planner.health().journal_errors
         self.host = socket.gethostname()
         self._status_codes()
         # Volatile readers of the planner's own topics: the transient-local history of /plan_results (results
@@ -353,22 +369,19 @@ class PlannerDiagnostics:
 
     # -- statuses ------------------------------------------------------------------------------------------
     def engine_status(self) -> Status:
-        p, now = self.planner, time.monotonic()
+        h, now = self.planner.health(), time.monotonic()
         window = float(self.diag.value("diagnostics_window_s"))
         st = Status(self.diag.name("engine"), self.host)
-        restarts = int(getattr(p, "engine_restarts", 0) or 0)
+        restarts = h.engine_restarts
         self._restarts.note_count(restarts, now)
         st.add("restarts", restarts)
-        try:
-            lifecycle = getattr(p, "lifecycle_state", None)  # a managed planner: unconfigured / inactive / active
-        except Exception:  # noqa: BLE001 - a state machine mid-teardown: no lifecycle value then
-            lifecycle = None
+        lifecycle = h.lifecycle_state
         if lifecycle is not None:
             st.add("lifecycle_state", lifecycle)
-        engine = getattr(p, "engine", None)
+        engine = h.engine
         if engine is None:
             return st.raise_to(STALE, f"no engine (planner {lifecycle or 'not configured'})")
-        error = getattr(p, "_engine_error", None)
+        error = h.engine_error
         try:
             info, stats = engine.info, engine.stats()
         except Exception as e:  # noqa: BLE001 - a broken engine must show as one
@@ -378,16 +391,14 @@ class PlannerDiagnostics:
         st.add("batch", stats.running).add("max_batch", stats.max_batch).add("waiting", stats.waiting)
         st.add("tokens_per_s", float(stats.tokens_per_s)).add("step_time_s", float(stats.step_time_s))
         st.add("kv_cache_usage", float(stats.kv_cache_usage))
-        core = getattr(p, "core", None)
-        if core is not None:  # what admission believes a step costs, and where that belief started
-            for k, v in core.estimator.describe().items():
+        if h.core is not None:  # what admission believes a step costs, and where that belief started
+            for k, v in h.core.estimator.describe().items():
                 st.add(f"latency_{k}", v)
-        thread, stop = getattr(p, "_thread", None), getattr(p, "_stop", None)
-        stopping = stop is not None and stop.is_set()
+        stopping = h.stopping
         if error is not None:
             st.add("state", "down").add("error", error)
             st.raise_to(ERROR, f"engine down, restarting ({error}); goals are refused meanwhile")
-        elif thread is not None and not thread.is_alive() and not stopping:
+        elif h.engine_thread_alive is False and not stopping:
             st.add("state", "down")
             st.raise_to(ERROR, "engine thread not running")
         else:
@@ -404,7 +415,7 @@ class PlannerDiagnostics:
 
     def queue_status(self) -> Status:
         st = Status(self.diag.name("queue"), self.host)
-        core = getattr(self.planner, "core", None)
+        core = self.planner.health().core
         if core is None:
             return st.raise_to(STALE, "no scheduler core (planner not configured)")
         snap = core.snapshot()
@@ -447,19 +458,17 @@ class PlannerDiagnostics:
         return st
 
     def journal_status(self) -> Status:
-        p, now = self.planner, time.monotonic()
+        h, now = self.planner.health(), time.monotonic()
         st = Status(self.diag.name("journal"), self.host)
-        journal = getattr(p, "journal", None)
-        failures = getattr(p, "journal_errors", None)  # a write-failure counter, where the planner keeps one
-        if journal is None and getattr(p, "core", True) is None:
+        if h.journal_file is None and h.core is None:
             return st.raise_to(STALE, "planner not configured (the journal opens at configure)")
-        if journal is None:
+        if h.journal_file is None:
             st.add("state", "off")
             st.summary = "no journal (state_dir not set): unfinished tasks are lost on a restart"
             return st
-        path = getattr(journal, "file", "")
+        path = h.journal_file
         st.add("file", path)
-        closed = getattr(journal, "_conn", True) is None or bool(getattr(p, "_journal_closed", False))
+        closed = not h.journal_open
         st.add("state", "closed" if closed else "open")
         size = 0
         for f in (path, f"{path}-wal"):
@@ -468,17 +477,14 @@ class PlannerDiagnostics:
             except OSError:
                 pass
         st.add("size_bytes", size)
-        if closed:
-            stop = getattr(p, "_stop", None)
-            if stop is None or not stop.is_set():
-                st.raise_to(ERROR, "journal closed while the planner serves: nothing is recorded")
-        if isinstance(failures, int):
-            self._journal_failures.note_count(failures, now)
-            st.add("write_failures", failures)
-            window = float(self.diag.value("diagnostics_window_s"))
-            recent = self._journal_failures.within(window, now)
-            if recent:
-                st.raise_to(ERROR, f"{len(recent)} journal writes failed in the last {window:g} s")
+        if closed and not h.stopping:
+            st.raise_to(ERROR, "journal closed while the planner serves: nothing is recorded")
+        self._journal_failures.note_count(h.journal_errors, now)
+        st.add("write_failures", h.journal_errors)
+        window = float(self.diag.value("diagnostics_window_s"))
+        recent = self._journal_failures.within(window, now)
+        if recent:
+            st.raise_to(ERROR, f"{len(recent)} journal writes failed in the last {window:g} s")
         st.summary = f"open: {path} ({size} bytes)"
         return st
 

@@ -54,8 +54,16 @@ from timelyllm_ros.msg import (
 )
 from timelyllm_ros.ros import topics
 from timelyllm_ros.ros.actions import BatchedActionServer
-from timelyllm_ros.ros.convert import ClockBridge, duration_msg, segment_msg, status_code, time_s, tuf_from_msg
-from timelyllm_ros.ros.diagnostics import attach_planner_diagnostics
+from timelyllm_ros.ros.convert import (
+    ClockBridge,
+    duration_msg,
+    segment_msg,
+    skill_call_msg,
+    status_code,
+    time_s,
+    tuf_from_msg,
+)
+from timelyllm_ros.ros.diagnostics import PlannerHealth, attach_planner_diagnostics
 from timelyllm_ros.ros.spin import run_nodes
 from timelyllm_ros.ros.topics import LATCHED, RELIABLE, TELEMETRY, segment_topic  # noqa: F401 - re-exported
 from timelyllm_ros.sched.hygiene import check_text, check_token_count
@@ -179,6 +187,20 @@ class PlannerNode(LifecycleNode):
     def lifecycle_state(self) -> str:
         """unconfigured | inactive | active | finalized (or a transition state while one runs)."""
         return self._state_machine.current_state[1]
+
+    def health(self) -> PlannerHealth:
+        """A snapshot of the engine's and the journal's state for /diagnostics (safe in every lifecycle state)."""
+        try:
+            lifecycle: str | None = self.lifecycle_state
+        except Exception:  # noqa: BLE001 - a state machine mid-teardown has no state to report
+            lifecycle = None
+        thread, journal = self._thread, self.journal
+        return PlannerHealth(
+            lifecycle_state=lifecycle, engine=self.engine, core=self.core, engine_error=self._engine_error,
+            engine_restarts=self.engine_restarts, engine_thread_alive=None if thread is None else thread.is_alive(),
+            stopping=self._stop.is_set(), journal_file=None if journal is None else journal.file,
+            journal_open=journal is not None and journal.is_open and not self._journal_closed,
+            journal_errors=self.journal_errors)
 
     # -- lifecycle transitions ----------------------------------------------------------------------
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -640,11 +662,17 @@ class PlannerNode(LifecycleNode):
         res = self.core.result(tid)
         if res is not None:
             resp.state, resp.result = GetPlanResult.Response.STATE_DONE, self._plan_result_msg(res)
+            sid = self._skillset_id(res.robot_type)
+            resp.segments = [segment_msg(tid, res.robot_id, sg, self._bridge, sid) for sg in res.segments]
         elif self.core.task_status(tid) is not None:
             resp.state = GetPlanResult.Response.STATE_ACTIVE
             resp.result = PlanResult(task_id=tid, response_time_from_send=math.nan, utility=math.nan)
         elif self.journal is not None and (rec := self.journal.result(tid)) is not None:
             resp.state, resp.result = GetPlanResult.Response.STATE_DONE, _plan_result_from_record(rec)
+            jt = self.journal.task(tid)  # finished before a restart: the segments as journaled when sent
+            if jt is not None:
+                resp.segments = [self._journaled_segment_msg(tid, jt.robot_id, jt.robot_type, js)
+                                 for js in jt.segments if not js.marker]
         else:
             resp.state = GetPlanResult.Response.STATE_UNKNOWN
             resp.result = PlanResult(task_id=tid, response_time_from_send=math.nan, utility=math.nan)
@@ -931,18 +959,25 @@ class PlannerNode(LifecycleNode):
                 if not js.marker and not js.reported:
                     resend.setdefault((jt.task_id, js.index), (jt.task_id, jt.robot_id, js))
         for tid, robot_id, js in resend.values():
-            msg = PlanSegment(task_id=tid, robot_id=robot_id, segment_index=js.index, text=js.text,
-                              is_final=bool(js.is_final or js.marker))
-            if not js.marker:
-                rt = self._open[tid].robot_type if tid in self._open else "drone"
-                calls = self.core.hooks.parse(rt, js.text)
-                from timelyllm_ros.ros.convert import skill_call_msg
-
-                msg.skills = [skill_call_msg(c, self._skillset_id(rt)) for c in calls]
-                msg.predicted_execution = duration_msg(js.est_exec_s)
-            self.delivery.send(robot_id, msg, time.monotonic())
+            if tid in self._open:
+                rt = self._open[tid].robot_type
+            else:  # finished before the restart: its own robot type, as journaled
+                jt = self.journal.task(tid)
+                rt = jt.robot_type if jt is not None else ""
+            self.delivery.send(robot_id, self._journaled_segment_msg(tid, robot_id, rt, js), time.monotonic())
         if resumed or ended:
             self.get_logger().warning(f"journal: resumed {resumed} unfinished tasks, ended {ended}")
+
+    def _journaled_segment_msg(self, tid: str, robot_id: str, robot_type: str, js: Any) -> PlanSegment:
+        """A journaled segment (or end marker) as the PlanSegment that was sent, its skills parsed again with the
+        task's own skill set."""
+        msg = PlanSegment(task_id=tid, robot_id=robot_id, segment_index=js.index, text=js.text,
+                          is_final=bool(js.is_final or js.marker))
+        if not js.marker:
+            calls = self.core.hooks.parse(robot_type, js.text)
+            msg.skills = [skill_call_msg(c, self._skillset_id(robot_type)) for c in calls]
+            msg.predicted_execution = duration_msg(js.est_exec_s)
+        return msg
 
     # -- shutdown ------------------------------------------------------------------------------------
     def fail_all(self, reason: str) -> None:

@@ -111,7 +111,8 @@ class JournaledSegment:
 
 @dataclass
 class JournaledTask:
-    """A task accepted and not finished, with the segments already sent for it, in index order."""
+    """A task as journaled (by ``unfinished``: accepted and not finished), with the segments already sent for it,
+    in index order."""
 
     task_id: str
     robot_id: str
@@ -192,6 +193,10 @@ class Journal:
                 if stmt.strip():
                     c.execute(stmt)
             c.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    @property
+    def is_open(self) -> bool:
+        return self._conn is not None
 
     def _db(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -395,6 +400,21 @@ class Journal:
             ):
                 by_id[row[0]].segments.append(_segment(row[1:]))
         return tasks
+
+    def task(self, task_id: str) -> JournaledTask | None:
+        """One task (active or finished) with its segments in index order; None if unknown or pruned."""
+        with self._lock:
+            conn = self._db()
+            row = conn.execute(
+                "SELECT task_id, robot_id, robot_type, spec, arrival_wall FROM tasks WHERE task_id = ?", (task_id,)
+            ).fetchone()
+            if row is None:
+                return None
+            t = JournaledTask(row[0], row[1], row[2], json.loads(row[3]), row[4])
+            for seg in conn.execute(f"SELECT {_SEG_COLS} FROM segments s WHERE s.task_id = ? ORDER BY s.idx",
+                                    (task_id,)):
+                t.segments.append(_segment(seg))
+        return t
 
     def unacked(self) -> list[tuple[str, str, JournaledSegment]]:
         """``(task_id, robot_id, segment)`` for every segment or marker not yet acknowledged, finished tasks too.

@@ -268,6 +268,28 @@ def test_a_result_that_never_comes_is_found_by_the_stale_probe(stack):
     assert h.source in (SOURCE_SERVICE, SOURCE_RESULTS_TOPIC) and h.complete
 
 
+def test_a_client_that_lost_every_feedback_and_result_gets_the_whole_plan_from_get_plan_result(stack):
+    """Nothing of the action reaches the client after the goal response: /get_plan_result's answer for the
+    finished task carries every segment, so the robot still gets the whole plan, in order."""
+
+    class Cut(PlanClient):
+        def _on_feedback(self, h, msg):
+            pass
+
+        def _on_result_response(self, h, att, fut):
+            pass
+
+    pc = make_client(stack, Cut, stale_after=0.5, result_grace=0.3, poll_period=0.2)
+    h, seen = collect(pc, goal("drone_2", DRONE_TASKS[1]))
+    assert h.wait(30)
+    assert h.result is not None and h.result.status == S.STATUS_SUCCEEDED, (h.error, h.fallback_reason)
+    assert h.complete and h.from_feedback == h.from_result == 0 and h.from_service > 0, \
+        (h.from_topic, h.from_service, h.source)
+    assert [s.segment_index for s in seen] == list(range(len(seen)))
+    assert "".join(s.text for s in seen) == h.result.plan_text
+    assert stack.submits[h.task_id] == 1
+
+
 def test_track_a_task_known_only_by_its_id(stack):
     """A robot that restarted knows only its task id: /get_plan_result and /plan_results answer."""
     fb, handle = stack.send("drone_4", CAT, NORMAL, task_id="tracked-cat-1")

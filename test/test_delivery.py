@@ -369,6 +369,9 @@ def test_get_plan_result_and_plan_results_match_the_action_results(make_stack):
         assert (r.task_id, r.status, r.plan_text, r.num_segments, r.message) == \
             (tid, out.status, out.plan_text, len(out.segments), out.message)
         assert r.response_time == out.response_time
+        # and the segments the action result carries, in order: a client without the action has the whole plan
+        assert [(g.segment_index, g.text, g.is_final, [k.name for k in g.skills]) for g in resp.segments] == \
+            [(g.segment_index, g.text, g.is_final, [k.name for k in g.skills]) for g in out.segments], tid
     # /plan_results: exactly one per accepted goal, with the action's status
     assert wait_until(lambda: all(s.results_for(t) for t in outs), 10)
     assert wait_until(lambda: all(s.all_reported(t) for t in sent), 20)

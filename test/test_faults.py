@@ -412,6 +412,8 @@ def test_planner_sigkill_and_restart_resumes_every_task_exactly_once(tmp_path, p
         q = cl.query(t)
         assert q is not None, f"/get_plan_result({t}) never answered"
         assert q.state == GetPlanResult.Response.STATE_DONE and q.result.status == SUCCEEDED, (t, q)
+        assert [g.segment_index for g in q.segments] == list(range(q.result.num_segments)), (t, q.segments)
+        assert "".join(g.text for g in q.segments) == q.result.plan_text, (t, q)
     assert not re.search(r"Traceback", procs.report(400)), procs.report(400)
 
 

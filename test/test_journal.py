@@ -174,6 +174,11 @@ def test_finish_and_overwrite(journal):
     journal.task_finished("t1", "ROBOT_FAILED", failed, 2.3)
     assert journal.status("t1") == "ROBOT_FAILED" and journal.result("t1") == failed
     assert journal.unacked() == []
+    # a finished task is still read whole: its robot type and the segments sent (for /get_plan_result)
+    t = journal.task("t1")
+    assert (t.robot_id, t.robot_type, t.spec) == ("r1", "tello", SPEC)
+    assert [(g.index, g.text, g.reported, g.success) for g in t.segments] == [(0, "MOVE", True, False)]
+    assert journal.task("nope") is None
 
 
 def test_unfinished_oldest_first_and_unacked_order(journal):

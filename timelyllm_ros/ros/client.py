@@ -16,11 +16,12 @@
 * when the action connection breaks (the server disappears, a new server instance appears, a result
   request fails or returns an unknown goal, or nothing happens for ``stale_after`` seconds and the planner
   says the task is over), the client falls back to ``/plan_results`` (RELIABLE + TRANSIENT_LOCAL, filtered
-  by task_id), polls ``/get_plan_result`` and keeps streaming segments from the fleet-wide
-  ``/plan_segments``, until a terminal state or the goal's timeout. Once ``/get_plan_result`` says the
-  (restarted) planner has the task open (or publishes its result while segments are missing), the client
-  re-sends the same goal once: it joins the task, so the rest of the plan comes as feedback and the whole
-  segment list with the result (never a second plan: a task the planner does not hold is not re-sent);
+  by task_id), polls ``/get_plan_result`` (whose answer for a finished task carries every segment) and keeps
+  streaming segments from the fleet-wide ``/plan_segments``, until a terminal state or the goal's timeout.
+  Once ``/get_plan_result`` says the (restarted) planner has the task open (or publishes its result while
+  segments are missing), the client re-sends the same goal once: it joins the task, so the rest of the plan
+  comes as feedback and the whole segment list with the result (never a second plan: a task the planner does
+  not hold is not re-sent);
 * nothing blocks underneath: futures, callbacks and one timer per client, so one node can keep hundreds
   of goals open. :meth:`PlanClient.send` is the asynchronous API for a node that already spins in an
   executor; :meth:`PlanClient.plan` the blocking one for scripts (it spins the node itself).
@@ -143,6 +144,7 @@ class PlanHandle:
         self.from_feedback = 0     # delivered as feedback arrived
         self.from_result = 0       # filled in from the result's segments list
         self.from_topic = 0        # from /plan_segments while in fallback
+        self.from_service = 0      # from /get_plan_result's segments list (fallback)
         self.missing: list[int] = []  # indices never seen (fallback only)
         self.undelivered: list[PlanSegment] = []  # seen beyond a gap, so never handed to on_segment
         self.complete = False
@@ -515,6 +517,8 @@ class PlanClient:
             h.from_feedback += 1
         elif how == "result":
             h.from_result += 1
+        elif how == SOURCE_SERVICE:
+            h.from_service += 1
         else:
             h.from_topic += 1
         if h.t_first_segment is None:
@@ -708,6 +712,12 @@ class PlanClient:
             now = time.monotonic()
             if resp.state == GetPlanResult.Response.STATE_DONE:
                 h._unknown = 0
+                for seg in resp.segments:  # every segment the planner sent: the fallback's gaps close here
+                    if seg.segment_index >= max(h._next, 0) and seg.segment_index not in h._held:
+                        h._held[seg.segment_index] = seg
+                if h._next < 0 and h._held:
+                    h._next = min(h._held)
+                self._flush(h, SOURCE_SERVICE)
                 # No rejoin here: a result the planner only has in its journal (the task ended before a restart)
                 # is not joined by a repeated goal but planned again (see the report on planner_node._join).
                 self._offer_result(h, resp.result, SOURCE_SERVICE)

@@ -8,7 +8,8 @@ judges each plan with timelyllm_ros.skills.quality: **valid** (parses as the rob
 argument within its bounds, and ended within ``--max-new-tokens``) and **acceptable** (valid and passing the
 template's declared semantic checks: required skills, number ranges, no long wait before an urgent evasive
 move). Sample 0 is greedy, what the planner serves (temperature 0); samples 1.. are drawn at
-``--temperature`` (unseeded: they vary from run to run), to show how robust the prompt is. Each decoding
+``--temperature``, seeded from ``--seed`` (sample k of template t: a seed of its own, reproducible), to show
+how robust the prompt is. Each decoding
 mode (unconstrained, and constrained to the skill grammar where the backend takes a regex) is a run of its
 own.
 
@@ -42,19 +43,21 @@ REGEX_BACKENDS = ("vllm", "remote")  # backends that take a structured-output re
 
 
 def generate(engine: Engine, templates: list[PlanTemplate], *, samples: int, temperature: float,
-             constrained: bool, max_new_tokens: int, desc: str) -> dict[str, list[tuple[str, bool]]]:
+             constrained: bool, max_new_tokens: int, desc: str, seed: int = 0) -> dict[str, list[tuple[str, bool]]]:
     """Plans per template name: (text, ended) for each sample, through the engine's segmented generation."""
     from tqdm import tqdm
 
     builders = {rt: PromptBuilder(engine.tokenizer, rt) for rt in sorted({t.robot_type for t in templates})}
     reqs, owner = [], {}
-    for t in templates:
+    for ti, t in enumerate(templates):
         pb = builders[t.robot_type]
         ids = pb.token_ids(t.task_input)
         for k in range(samples):
-            # No per-request seed: vLLM restarts a seeded request's generator at every resubmission, so a
-            # seeded plan resumed after each segment replays the same draws (p(50);p(50);...).
+            # Seeded per sample; EngineRequest.sampling_seed offsets it by the tokens already generated, so a
+            # plan resumed after each segment does not replay its opening draws.
             extra: dict[str, Any] = {"temperature": 0.0 if k == 0 else temperature}
+            if k:
+                extra["seed"] = seed + 1000 * ti + k
             if constrained:
                 extra["regex"] = pb.regex  # re-evaluated at every resume, as in the planner
             gid = f"{t.name}/{k}"
@@ -195,13 +198,14 @@ def cmd_plan_quality(args: argparse.Namespace) -> int:
             t0 = time.perf_counter()
             plans = generate(engine, templates, samples=args.samples, temperature=args.temperature,
                              constrained=mode == "constrained", max_new_tokens=args.max_new_tokens,
-                             desc=f"{args.label} {mode}")
+                             desc=f"{args.label} {mode}", seed=args.seed)
             rows = evaluate(templates, plans)
             key = f"{args.label} / {mode}"
             data["runs"][key] = {
                 "label": args.label, "decoding": mode, "command": command, "engine": f"{args.engine}: "
                 f"{engine.info.name}, model {Path(engine.info.model).name}", "samples": args.samples,
-                "temperature": args.temperature, "max_new_tokens": args.max_new_tokens, "git": _git(),
+                "temperature": args.temperature, "seed": args.seed, "max_new_tokens": args.max_new_tokens,
+                "git": _git(),
                 "wall_s": time.perf_counter() - t0,
                 "host": f"{platform.machine()}, {os.cpu_count()} CPUs", "rows": rows, "totals": _totals(rows)}
             table = Table(title=f"plan quality: {key} ({args.samples} plans per template)")
@@ -231,6 +235,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--label", default="run", help="name of this run in results.json (e.g. before, after)")
     p.add_argument("--samples", type=int, default=3, help="plans per template: 1 greedy + N-1 sampled")
     p.add_argument("--temperature", type=float, default=0.7, help="temperature of the sampled plans")
+    p.add_argument("--seed", type=int, default=0, help="base seed of the sampled plans (each sample its own)")
     p.add_argument("--decoding", choices=(*MODES, "both"), default="both",
                    help="unconstrained, constrained to the skill grammar (vLLM backends), or both")
     p.add_argument("--max-new-tokens", type=int, default=128, help="a plan that has not ended by then is invalid")

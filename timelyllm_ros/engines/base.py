@@ -234,12 +234,29 @@ class Engine(abc.ABC):
         self.submissions = SubmissionLog()
 
     # -- public API used by the scheduler --------------------------------
-    def add(self, req: EngineRequest) -> None:
-        """Start a new generation or resume a suspended one."""
+    def add(self, req: EngineRequest, segment_so_far: Sequence[int] = ()) -> None:
+        """Start a new generation or resume a suspended one.
+
+        ``segment_so_far``: token ids of the current segment that another engine already wrote (they are the
+        tail of ``req.output_token_ids``; the stop checker has seen them). A generation moved mid-segment from
+        a failed engine (:class:`~timelyllm_ros.engines.pool.EnginePool`) keeps its segment whole: its event
+        carries every token of the segment and ``max_segment_tokens`` counts them all."""
         if req.gen_id in self._live:
             raise ValueError(f"gen_id {req.gen_id!r} is already running in the engine")
-        self._live[req.gen_id] = _Live(req)
+        self._live[req.gen_id] = _Live(req, list(segment_so_far), req.stop_checker.pending_text if segment_so_far
+                                       else "")
         self._backend_add(req)
+
+    def segment_so_far(self, gen_id: str) -> list[int]:
+        """Token ids of the running generation's current, unfinished segment ([] if it is not running)."""
+        live = self._live.get(gen_id)
+        return list(live.seg_token_ids) if live is not None else []
+
+    def step_ready(self) -> bool:
+        """Whether :meth:`step` would return output without waiting. An in-process engine computes its step
+        (always ready); a remote one hands over what its server streamed, and waits for it otherwise. A pool
+        of engines steps only the ready ones, so one slow member does not hold back the others' tokens."""
+        return True
 
     def abort(self, gen_id: str) -> None:
         """Stop a generation and free its batch slot (no-op if not running)."""

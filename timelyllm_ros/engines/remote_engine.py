@@ -414,6 +414,10 @@ class RemoteEngine(Engine):
             self._subs[req.gen_id] = s
         s.future = asyncio.run_coroutine_threadsafe(self._stream(s, body), self._loop)
 
+    def step_ready(self) -> bool:
+        with self._cond:
+            return any(s.tokens or s.done for s in self._subs.values())
+
     def _backend_step(self) -> tuple[Sequence[RawTokens], float | None, int]:
         def ready() -> bool:
             return any(s.tokens or s.done for s in self._subs.values())

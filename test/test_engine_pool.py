@@ -34,7 +34,7 @@ class _Flaky(SimEngine):
 
     def __init__(self, config: SimEngineConfig | None = None) -> None:
         super().__init__(config)
-        self.crash = self.cut = False
+        self.crash = self.cut = self.refuse = False
 
     def _backend_step(self):
         if self.crash:
@@ -42,7 +42,9 @@ class _Flaky(SimEngine):
         outs, dur, prefill = super()._backend_step()
         if self.cut:
             outs = [RawTokens(o.gen_id, o.token_ids, o.pieces, FinishReason.ERROR, error="the connection to the "
-                              "server broke: the server died") for o in outs]
+                              "server broke: the server died", engine_failed=True) for o in outs]
+        elif self.refuse:  # the request's own error (a remote server's HTTP 400): the engine is fine
+            outs = [RawTokens(o.gen_id, [], [], FinishReason.ERROR, error="HTTP 400: bad regex") for o in outs]
         return outs, dur, prefill
 
 
@@ -162,6 +164,17 @@ def test_a_member_that_fails_mid_generation_loses_no_generation_and_no_token(how
         assert [t for e in evs for t in e.token_ids] == r.output_token_ids  # each segment whole, across the move
         assert concat_segments(evs) == r.extra["plan_text"]
     assert pool.members()[0].failovers == moved
+
+
+def test_an_error_of_the_request_itself_ends_that_generation_and_leaves_the_member_up():
+    pool, members = _pool()
+    pool.add(_req(0))
+    pool.step()
+    members[0].refuse = True
+    (ev,) = pool.step().events
+    assert (ev.gen_id, ev.reason, ev.error) == ("g0", FinishReason.ERROR, "HTTP 400: bad regex")
+    assert not ev.engine_failed
+    assert pool.members()[0].up and pool.stats().failovers == 0 and not pool.has_work()
 
 
 def test_with_no_member_up_the_generations_end_with_an_error_that_names_the_cause():
@@ -314,3 +327,74 @@ def test_an_unreachable_member_is_named_at_start_up():
     with pytest.raises(EngineConfigError, match=r"pool member 1 \(remote: http://127\.0\.0\.1:9\): "
                                                 r"RemoteServerError: vLLM server at .* is unreachable"):
         make_engine(cfg)
+
+
+# -- two real vLLM servers, one killed mid-generation (CPU, bundled model; slow: -m "not engine") ---------------
+@pytest.fixture(scope="module")
+def two_servers(tmp_path_factory):
+    from test_engine_remote import SERVED, START_TIMEOUT_S, _model_dir
+
+    from devtools.vllm_server import VllmServer
+
+    model = _model_dir()
+    started = []
+    try:  # both start at once (a cold start is minutes on two cores), then both must be ready
+        for name in ("vllm-pool-a", "vllm-pool-b"):
+            started.append(VllmServer(model, SERVED, log_path=tmp_path_factory.mktemp(name) / "serve.log"))
+        for srv in started:
+            srv.wait_ready(START_TIMEOUT_S)
+        yield started
+    finally:
+        for srv in started:
+            srv.stop()
+
+
+@pytest.mark.engine
+def test_a_killed_server_s_generations_resume_on_the_other_with_the_same_greedy_output(two_servers):
+    import time
+
+    from test_engine_remote import BOY, CFG, _req
+
+    from timelyllm_ros.engines.prompts import PromptBuilder
+
+    a, b = two_servers
+    member = {**load_engine_config(CFG), "read_timeout_s": 5.0, "connect_timeout_s": 2.0}
+    member.pop("_path")
+    pool = make_engine({"backend": "pool", "members": [{**member, "url": a.url}, {**member, "url": b.url}],
+                        "probe_backoff_s": 600.0, "probe_max_backoff_s": 600.0})
+    try:
+        assert pool.info.model == "SmolLM2-135M-Instruct" and pool.info.max_model_len == 2048
+        pb = PromptBuilder(pool.tokenizer, "drone")
+
+        def reqs(tag):  # one streamed to 120 tokens whatever the model writes, one suspended at every boundary
+            return [_req(pb, f"long-{tag}", max_new_tokens=120, suspend_at_boundary=False, max_segment_tokens=1000,
+                         extra={"ignore_eos": True}),
+                    _req(pb, f"seg-{tag}", task=BOY)]
+
+        ref = reqs("ref")
+        ev_ref = driver.run(pool, ref)  # both on server a (the drone prompt's member), no failure
+        assert pool.members()[0].owned == 0 and pool.member_engine(1).submissions[:] == []
+        assert all(ev_ref[r.gen_id][-1].reason in (FinishReason.STOP, FinishReason.LENGTH) for r in ref)
+
+        run = reqs("run")
+        killed = {"at": None}
+        t0 = time.monotonic()
+
+        def kill_a(step: int) -> None:
+            if killed["at"] is None and len(run[0].output_token_ids) >= 20:
+                killed["at"] = len(run[0].output_token_ids)
+                a.kill()
+            assert time.monotonic() - t0 < 300, "the pool did not finish within 300 s"
+
+        events = driver.run(pool, run, on_step=kill_a)
+        assert killed["at"] is not None and not pool.members()[0].up and pool.members()[1].up
+        assert pool.stats().failovers >= 1 and f"server at {a.url}" in pool.members()[0].down_reason
+        for r, w in zip(run, ref, strict=True):
+            evs = events[r.gen_id]
+            assert evs[-1].reason is ev_ref[w.gen_id][-1].reason, evs[-1]
+            assert r.output_token_ids == w.output_token_ids  # across the failover: the unsegmented greedy output
+            assert [e.text for e in evs] == [e.text for e in ev_ref[w.gen_id]]
+        assert len(r.output_token_ids) > killed["at"]
+        assert any(s["gen_id"] == "long-run" for s in pool.member_engine(1).submissions)  # resumed on b
+    finally:
+        pool.close()

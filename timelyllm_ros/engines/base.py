@@ -168,6 +168,9 @@ class SegmentEvent:
     suspended: bool  # True: the generation left the batch and waits for resume
     cached_prompt_tokens: int = 0  # prefix-cache hits of the latest (re)submission
     error: str = ""
+    # With ERROR: the engine failed (its server died or stopped answering), not this request; a pool moves
+    # the generation to another member instead of ending it.
+    engine_failed: bool = False
 
     @property
     def final(self) -> bool:
@@ -205,6 +208,7 @@ class RawTokens:
     finished: FinishReason | None = None  # backend-side end (EOS, length, ...)
     cached_prompt_tokens: int = 0
     error: str = ""  # with ``finished``: what went wrong (e.g. the connection to a remote server broke)
+    engine_failed: bool = False  # with ERROR: the engine itself failed, not this request (SegmentEvent's)
 
 
 @dataclass
@@ -325,14 +329,16 @@ class Engine(abc.ABC):
                 self._finish(live, FinishReason.LENGTH, events)
                 return kept
         if out.finished is not None:
-            self._finish(live, out.finished, events, out.error)
+            self._finish(live, out.finished, events, out.error, out.engine_failed)
         return kept
 
-    def _finish(self, live: _Live, reason: FinishReason, events: list[SegmentEvent], error: str = "") -> None:
+    def _finish(self, live: _Live, reason: FinishReason, events: list[SegmentEvent], error: str = "",
+                engine_failed: bool = False) -> None:
         req = live.req
         text = req.stop_checker.pending_text
         events.append(SegmentEvent(req.gen_id, text, live.seg_token_ids, reason, suspended=False,
-                                   cached_prompt_tokens=live.cached_prompt_tokens, error=error))
+                                   cached_prompt_tokens=live.cached_prompt_tokens, error=error,
+                                   engine_failed=engine_failed and reason is FinishReason.ERROR))
         self._live.pop(req.gen_id, None)
         self._backend_abort(req.gen_id)
 

@@ -25,8 +25,9 @@ member-reported (modelled) duration: members run side by side, and the core's es
 token for a generation while ``batch_size`` run in the pool".
 
 Failover: a member fails when its ``add`` or ``step`` raises anything but a ValueError (a ValueError refuses
-that one request, e.g. a context too long), or when it ends a generation with :attr:`FinishReason.ERROR` (a
-remote server that died or stopped answering; see remote_engine). The member is marked down and every
+that one request, e.g. a context too long), or when it ends a generation with :attr:`FinishReason.ERROR` and
+``engine_failed`` (a remote server that died, stopped answering or broke the stream; see remote_engine; an
+error of the request itself, such as a 4xx refusal, ends that generation only). The member is marked down and every
 generation it held is resubmitted elsewhere from ``prompt_token_ids + output_token_ids`` (the
 :class:`EngineRequest` is carried over, with the tokens of its unfinished segment), so the output across a
 failover is what one engine would have written; a generation is moved at most ``max_failovers`` times. Where
@@ -282,7 +283,7 @@ class EnginePool(Engine):
         for ev in events:
             if ev.gen_id not in m.owned:
                 continue  # aborted meanwhile
-            if ev.reason is FinishReason.ERROR:
+            if ev.engine_failed:
                 failed[ev.gen_id] = list(ev.token_ids)
                 cause = cause or ev.error
                 continue

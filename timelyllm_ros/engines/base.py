@@ -76,6 +76,9 @@ class EngineInfo:
     supports_prefix_cache: bool = False
     # How long a step takes on this engine, when known (fitted, or the simulated engine's own model).
     step_model: StepModel | None = None
+    # A step hands over what a server streamed since the last one (remote): its duration is how long it
+    # waited, not the server's step time; the time between steps is (the engine pool measures it so).
+    streamed: bool = False
 
 
 SUBMISSION_LOG_LEN = 4096  # per-(re)submission records an engine keeps (a long-running node must not grow)

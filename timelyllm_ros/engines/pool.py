@@ -14,8 +14,10 @@ Placement (:meth:`EnginePool.add`), deterministic, among the members that are up
   member's prefix cache), a new one to the member that last served its robot type (``extra['robot_type']``,
   which the core sets; else its first :data:`AFFINITY_PREFIX_TOKENS` prompt ids): the shared system prompt is
   prefilled once per member, not once per request;
-* step time: the member's measured time per token (an EWMA over its steps, see :class:`_Member`), seeded from
-  its declared step model; unknown counts as 0 so a new member gets work and is measured.
+* step time: the member's measured time per token, an EWMA over its steps (an in-process member's step
+  duration; for a streamed member, :attr:`EngineInfo.streamed`, the time between two collections), over
+  the tokens each generation got; seeded from its declared step model; unknown counts as 0 so a new member
+  gets work and is measured.
 
 Stepping (:meth:`EnginePool.step`): members with work step in turn; a remote member is stepped only when its
 server has streamed something (:meth:`Engine.step_ready`), so a member in a long prefill does not hold back
@@ -266,11 +268,12 @@ class EnginePool(Engine):
             return None
         now = time.perf_counter()
         if rep.batch_size and rep.new_tokens:
-            # A remote member's step only collects what its server streamed: the time since its previous
-            # collection, over the tokens each generation got, is the server's time per token.
-            since = now - m.last_collect if m.last_collect is not None else 0.0
+            # A streamed (remote) member's step only collects what its server sent: the time since its
+            # previous collection, over the tokens each generation got, is the server's time per token.
+            # An in-process member's step is the step (modelled for a simulated one: deterministic).
             per_gen = max(1.0, rep.new_tokens / rep.batch_size)
-            sample = max(rep.duration_s, since) / per_gen
+            streamed = m.engine.info.streamed and m.last_collect is not None
+            sample = (max(rep.duration_s, now - m.last_collect) if streamed else rep.duration_s) / per_gen
             m.step_s = sample if m.step_s is None else m.step_s + STEP_EWMA * (sample - m.step_s)
         m.last_collect = now if m.engine.has_work() else None
         return rep

@@ -267,6 +267,27 @@ def test_a_down_member_is_rebuilt_after_a_growing_backoff_and_rejoins():
     assert pool.stats().members_up == 2
 
 
+def test_a_rebuild_runs_in_the_background_and_the_member_rejoins_when_it_is_done():
+    """The default: a probe of a hung server must not stall the planner loop (joined here, no timing)."""
+    clock = _Clock()
+    built = []
+    members = [_Flaky(), _Flaky()]
+    pool = EnginePool(members, rebuild=[lambda: built.append(_Flaky()) or built[-1], None], clock=clock)
+    try:
+        pool.add(_req(0))
+        members[0].crash = True
+        pool.step()
+        clock.t = 5.0
+        pool.step()  # the probe starts in the background
+        probe = pool._members[0].probe
+        assert probe is not None and not pool.members()[0].up
+        probe.result(timeout=60)
+        pool.step()  # and its engine joins at the next step
+        assert pool.members()[0].up and pool.member_engine(0) is built[0]
+    finally:
+        pool.close()
+
+
 def test_a_member_that_comes_back_serving_another_model_stays_down():
     clock = _Clock()
     pool, members = _pool(rebuild=[lambda: SimEngine(SimEngineConfig(prefix_caching=False)), None], clock=clock)

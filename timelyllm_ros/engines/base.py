@@ -67,7 +67,7 @@ class EngineInfo:
     backend attributes, so a new backend states its capabilities in one place.
     """
 
-    name: str  # backend: "vllm", "remote", "transformers" or "sim"
+    name: str  # backend: "vllm", "remote", "transformers", "sim" or "pool"
     model: str  # the model as loaded (local folder or hub name); "simulated" for the simulated engine
     max_model_len: int | None = None  # context limit in tokens (prompt + output); None: no fixed limit
     # Requests must carry extra['plan_text']: the simulated engine writes a known plan, it has no prompt.

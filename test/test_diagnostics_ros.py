@@ -346,3 +346,22 @@ def test_status_takes_the_worst_level_and_its_reasons():
     msg = st.to_msg()
     assert msg.level == DiagnosticStatus.ERROR and msg.message == "an error" and msg.hardware_id == "hw"
     assert values(msg) == {"n": "1", "f": "0.500", "b": "true"}
+
+
+def test_an_engine_pool_reports_each_member_and_warns_while_one_is_down():
+    from timelyllm_ros.engines.pool import EnginePool
+    from timelyllm_ros.engines.sim_engine import SimEngine
+    from timelyllm_ros.ros.diagnostics import ERROR, WARN, add_pool_members
+
+    pool = EnginePool([SimEngine(), SimEngine()], names=["a", "b"], background_probes=False)
+    st = add_pool_members(Status("planner: engine"), pool.stats())
+    v = dict(st.values)
+    assert st.level == 0 and (v["member_0_name"], v["member_0_state"], v["member_1_state"]) == ("a", "up", "up")
+    assert v["member_1_max_batch"] == "256" and v["pool_failovers"] == "0"
+    pool._down(pool._members[1], "the server died")
+    st = add_pool_members(Status("planner: engine"), pool.stats())
+    assert st.level == WARN and "1 of 2 members down (b)" in st.message
+    assert dict(st.values)["member_1_down_reason"] == "the server died"
+    pool._down(pool._members[0], "hung")
+    st = add_pool_members(Status("planner: engine"), pool.stats())
+    assert st.level == ERROR and "no member is up" in st.message

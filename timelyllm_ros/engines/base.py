@@ -67,7 +67,7 @@ class EngineInfo:
     backend attributes, so a new backend states its capabilities in one place.
     """
 
-    name: str  # backend: "vllm", "remote", "transformers" or "sim"
+    name: str  # backend: "vllm", "remote", "transformers", "sim" or "pool"
     model: str  # the model as loaded (local folder or hub name); "simulated" for the simulated engine
     max_model_len: int | None = None  # context limit in tokens (prompt + output); None: no fixed limit
     # Requests must carry extra['plan_text']: the simulated engine writes a known plan, it has no prompt.
@@ -76,6 +76,9 @@ class EngineInfo:
     supports_prefix_cache: bool = False
     # How long a step takes on this engine, when known (fitted, or the simulated engine's own model).
     step_model: StepModel | None = None
+    # A step hands over what a server streamed since the last one (remote): its duration is how long it
+    # waited, not the server's step time; the time between steps is (the engine pool measures it so).
+    streamed: bool = False
 
 
 SUBMISSION_LOG_LEN = 4096  # per-(re)submission records an engine keeps (a long-running node must not grow)
@@ -168,6 +171,9 @@ class SegmentEvent:
     suspended: bool  # True: the generation left the batch and waits for resume
     cached_prompt_tokens: int = 0  # prefix-cache hits of the latest (re)submission
     error: str = ""
+    # With ERROR: the engine failed (its server died or stopped answering), not this request; a pool moves
+    # the generation to another member instead of ending it.
+    engine_failed: bool = False
 
     @property
     def final(self) -> bool:
@@ -205,6 +211,7 @@ class RawTokens:
     finished: FinishReason | None = None  # backend-side end (EOS, length, ...)
     cached_prompt_tokens: int = 0
     error: str = ""  # with ``finished``: what went wrong (e.g. the connection to a remote server broke)
+    engine_failed: bool = False  # with ERROR: the engine itself failed, not this request (SegmentEvent's)
 
 
 @dataclass
@@ -234,12 +241,29 @@ class Engine(abc.ABC):
         self.submissions = SubmissionLog()
 
     # -- public API used by the scheduler --------------------------------
-    def add(self, req: EngineRequest) -> None:
-        """Start a new generation or resume a suspended one."""
+    def add(self, req: EngineRequest, segment_so_far: Sequence[int] = ()) -> None:
+        """Start a new generation or resume a suspended one.
+
+        ``segment_so_far``: token ids of the current segment that another engine already wrote (they are the
+        tail of ``req.output_token_ids``; the stop checker has seen them). A generation moved mid-segment from
+        a failed engine (:class:`~timelyllm_ros.engines.pool.EnginePool`) keeps its segment whole: its event
+        carries every token of the segment and ``max_segment_tokens`` counts them all."""
         if req.gen_id in self._live:
             raise ValueError(f"gen_id {req.gen_id!r} is already running in the engine")
-        self._live[req.gen_id] = _Live(req)
+        self._live[req.gen_id] = _Live(req, list(segment_so_far), req.stop_checker.pending_text if segment_so_far
+                                       else "")
         self._backend_add(req)
+
+    def segment_so_far(self, gen_id: str) -> list[int]:
+        """Token ids of the running generation's current, unfinished segment ([] if it is not running)."""
+        live = self._live.get(gen_id)
+        return list(live.seg_token_ids) if live is not None else []
+
+    def step_ready(self) -> bool:
+        """Whether :meth:`step` would return output without waiting. An in-process engine computes its step
+        (always ready); a remote one hands over what its server streamed, and waits for it otherwise. A pool
+        of engines steps only the ready ones, so one slow member does not hold back the others' tokens."""
+        return True
 
     def abort(self, gen_id: str) -> None:
         """Stop a generation and free its batch slot (no-op if not running)."""
@@ -308,14 +332,16 @@ class Engine(abc.ABC):
                 self._finish(live, FinishReason.LENGTH, events)
                 return kept
         if out.finished is not None:
-            self._finish(live, out.finished, events, out.error)
+            self._finish(live, out.finished, events, out.error, out.engine_failed)
         return kept
 
-    def _finish(self, live: _Live, reason: FinishReason, events: list[SegmentEvent], error: str = "") -> None:
+    def _finish(self, live: _Live, reason: FinishReason, events: list[SegmentEvent], error: str = "",
+                engine_failed: bool = False) -> None:
         req = live.req
         text = req.stop_checker.pending_text
         events.append(SegmentEvent(req.gen_id, text, live.seg_token_ids, reason, suspended=False,
-                                   cached_prompt_tokens=live.cached_prompt_tokens, error=error))
+                                   cached_prompt_tokens=live.cached_prompt_tokens, error=error,
+                                   engine_failed=engine_failed and reason is FinishReason.ERROR))
         self._live.pop(req.gen_id, None)
         self._backend_abort(req.gen_id)
 

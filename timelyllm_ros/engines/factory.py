@@ -7,6 +7,8 @@
     backend: transformers  # model, dtype, threads, max_batch, max_suspended
     backend: sim           # sim_engine: SimEngineConfig fields (or a top-level mapping);
                            # time_scale: wall-clock pacing (realtime engines only)
+    backend: pool          # members: [engine config file or mapping, ...] (no pools), step_wait_s,
+                           # probe_backoff_s, probe_max_backoff_s, max_failovers (engines/pool.py)
     constrained: false     # decode constrained to the skill grammar (read by the caller, see planner_engine)
     step_model: FILE       # real backends: the fitted step time that seeds the scheduler's latency estimate
                            # (a file with decode_s, batch_slowdown, prefill_s_per_token, as made by
@@ -32,7 +34,9 @@ import yaml
 from timelyllm_ros import paths
 from timelyllm_ros.engines.base import Engine, StepModel
 
-BACKENDS = ("vllm", "remote", "transformers", "sim")
+BACKENDS = ("vllm", "remote", "transformers", "sim", "pool")
+_POOL_KEYS = frozenset({"backend", "_path", "constrained", "members", "step_wait_s", "probe_backoff_s",
+                        "probe_max_backoff_s", "max_failovers"})
 _REMOTE_LIMITS = ("connect_timeout_s", "read_timeout_s", "first_token_timeout_s", "max_batch", "step_wait_s")
 _REMOTE_KEYS = frozenset({"backend", "_path", "constrained", "url", "model", "tokenizer", "metrics_interval_s",
                           "step_model", *_REMOTE_LIMITS})
@@ -146,6 +150,8 @@ def make_engine(config: dict | str | Path, *, realtime: bool = False, **override
     if backend not in BACKENDS:
         raise EngineConfigError(f"{cfg.get('_path', 'engine config')}: backend must be one of {BACKENDS}, "
                                 f"got {backend!r}")
+    if backend == "pool":
+        return _pool_engine(cfg, realtime)
     if backend == "sim":
         if "step_model" in cfg:  # its step model is its own configuration
             raise EngineConfigError(f"{cfg.get('_path', 'engine config')}: step_model is for real backends; "
@@ -199,6 +205,75 @@ def _real_engine(cfg: dict, backend: str) -> Engine:
             threads=int(cfg.get("threads", 0)), max_batch=int(cfg.get("max_batch", 4)),
             max_suspended=int(cfg.get("max_suspended", 64)))
     raise AssertionError(backend)
+
+
+def pool_member_configs(cfg: dict) -> list[dict]:
+    """The member configs of a ``backend: pool`` config, loaded and checked (no member contacted). A member
+    named by a file is looked up beside the pool's config first, then as engine configs are."""
+    where = cfg.get("_path", "engine config")
+    unknown = sorted(set(cfg) - _POOL_KEYS)
+    if unknown:
+        raise EngineConfigError(f"{where}: pool: unknown key(s) {unknown}; known: {sorted(_POOL_KEYS)}")
+    members = cfg.get("members")
+    if not isinstance(members, list) or not members:
+        raise EngineConfigError(f"{where}: pool: `members` must be a non-empty list of engine configs (a file name "
+                                f"or a mapping each), got {members!r}")
+    out = []
+    for i, spec in enumerate(members):
+        if isinstance(spec, str | Path):
+            beside = Path(cfg["_path"]).parent / spec if cfg.get("_path") else None
+            spec = beside if beside is not None and beside.is_file() else spec
+        elif not isinstance(spec, dict):
+            raise EngineConfigError(f"{where}: pool member {i}: a file name or a mapping, got {spec!r}")
+        try:
+            m = load_engine_config(spec)
+        except EngineConfigError as e:
+            raise EngineConfigError(f"{where}: pool member {i}: {e}") from None
+        if m.get("backend") == "pool":
+            raise EngineConfigError(f"{where}: pool member {i}: a pool cannot be a member of a pool")
+        if m.get("backend") not in BACKENDS:
+            raise EngineConfigError(f"{where}: pool member {i}: backend must be one of {BACKENDS[:-1]}, got "
+                                    f"{m.get('backend')!r}")
+        out.append(m)
+    for k in ("step_wait_s", "probe_backoff_s", "probe_max_backoff_s", "max_failovers"):
+        v = cfg.get(k)
+        if v is not None and not (isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
+                                  and (v > 0 or k == "max_failovers")):
+            raise EngineConfigError(f"{where}: pool: {k} must be a number > 0 (max_failovers >= 0), got {v!r}")
+    return out
+
+
+def _member_name(i: int, m: dict) -> str:
+    what = m.get("url") or m.get("_path") or m.get("backend")
+    return f"member {i} ({m.get('backend')}: {what})"
+
+
+def _pool_engine(cfg: dict, realtime: bool) -> Engine:
+    from timelyllm_ros.engines.pool import EnginePool, PoolMismatchError
+
+    where = cfg.get("_path", "engine config")
+    mcfgs = pool_member_configs(cfg)
+    names = [_member_name(i, m) for i, m in enumerate(mcfgs)]
+    engines: list[Engine] = []
+    try:
+        for i, m in enumerate(mcfgs):
+            try:
+                engines.append(make_engine(m, realtime=realtime))
+            except Exception as e:  # an unreachable server, another model, no prefix caching: say which member
+                raise EngineConfigError(f"{where}: pool {names[i]}: {type(e).__name__}: {e}") from e
+        kw = {k: cfg[k] for k in ("step_wait_s", "probe_backoff_s", "probe_max_backoff_s", "max_failovers")
+              if cfg.get(k) is not None}
+        return EnginePool(engines, names=names, rebuild=[_rebuilder(m, realtime) for m in mcfgs], **kw)
+    except BaseException as e:
+        for eng in engines:
+            eng.close()
+        if isinstance(e, PoolMismatchError):
+            raise EngineConfigError(f"{where}: {e}") from e
+        raise
+
+
+def _rebuilder(member: dict, realtime: bool) -> Any:
+    return lambda: make_engine(member, realtime=realtime)
 
 
 def _sim_engine(cfg: dict, realtime: bool) -> Engine:

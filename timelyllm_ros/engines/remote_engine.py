@@ -116,6 +116,7 @@ class _Stream:
     stop_reason: Any = None
     usage: dict | None = None
     error: str = ""
+    server_failed: bool = False  # with error: the server failed (down, hung, broke the stream), not the request
     done: bool = False  # the stream ended (normally or not); nothing more will arrive
     # Engine thread only:
     record: dict | None = None  # this submission's entry in Engine.submissions
@@ -237,7 +238,7 @@ class RemoteEngine(Engine):
                         "--enable-prompt-tokens-details): prefix-cache hits will read as unknown", self.url)
         self.info = EngineInfo(name="remote", model=self.model,
                                max_model_len=int(max_len) if isinstance(max_len, int) else None,
-                               needs_plan_text=False, supports_prefix_cache=True)
+                               needs_plan_text=False, supports_prefix_cache=True, streamed=True)
 
     def _load_tokenizer(self, tokenizer: str | None, root: str | None) -> tuple[Any, str]:
         from transformers import AutoTokenizer
@@ -320,7 +321,7 @@ class RemoteEngine(Engine):
                 if resp.status_code != 200:
                     text = (await resp.aread()).decode(errors="replace")
                     self._end(s, error=f"the server at {self.url} refused the request: HTTP {resp.status_code}: "
-                                       f"{_error_message(text)}")
+                                       f"{_error_message(text)}", server_failed=resp.status_code >= 500)
                     return
                 lines = resp.aiter_lines()
                 while True:
@@ -377,9 +378,12 @@ class RemoteEngine(Engine):
                 s.finish, s.stop_reason = finish, stop_reason
             self._cond.notify_all()
 
-    def _end(self, s: _Stream, *, error: str = "", usage: dict | None = None) -> None:
+    def _end(self, s: _Stream, *, error: str = "", usage: dict | None = None, server_failed: bool = True) -> None:
+        """The stream is over; ``error``: how it failed, by default a failure of the server (a 4xx refusal is
+        the request's own)."""
         with self._cond:
             s.error, s.usage, s.done = error, usage, True
+            s.server_failed = bool(error) and server_failed
             self._cond.notify_all()
 
     async def _poll_metrics(self) -> None:
@@ -414,6 +418,10 @@ class RemoteEngine(Engine):
             self._subs[req.gen_id] = s
         s.future = asyncio.run_coroutine_threadsafe(self._stream(s, body), self._loop)
 
+    def step_ready(self) -> bool:
+        with self._cond:
+            return any(s.tokens or s.done for s in self._subs.values())
+
     def _backend_step(self) -> tuple[Sequence[RawTokens], float | None, int]:
         def ready() -> bool:
             return any(s.tokens or s.done for s in self._subs.values())
@@ -437,15 +445,18 @@ class RemoteEngine(Engine):
                             "ttft_s": (s.first_token_at - s.submitted) if s.first_token_at is not None else None}
                 self.submissions.append(s.record)
                 self._prompt_tokens += len(s.prompt_ids)
-            finished, error = None, ""
+            finished, error, failed = None, "", False
             if done:
                 cached = self._take_usage(s)
                 finished, error = self._finish_of(s)
+                # a stream that ended without a finish reason was cut: the server's failure as well
+                failed = finished is FinishReason.ERROR and (s.server_failed or not s.error)
                 if error:
                     log.warning("%s: %s", s.gen_id, error)
                 if cached is not None:
                     prefill += len(s.prompt_ids) - cached
-            raw.append(RawTokens(s.gen_id, toks, s.detok.push_many(toks), finished, cached or 0, error))
+            raw.append(RawTokens(s.gen_id, toks, s.detok.push_many(toks), finished, cached or 0, error,
+                                 engine_failed=failed))
         return raw, None, prefill
 
     def _take_usage(self, s: _Stream) -> int | None:

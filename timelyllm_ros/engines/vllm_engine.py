@@ -281,12 +281,12 @@ class VllmEngine(Engine):
             raw.append(RawTokens(sub.gen_id, toks, sub.detok.push_many(toks), finished, cached))
         return raw, None, prefill
 
-    def _finish(self, live, reason: FinishReason, events, error: str = "") -> None:
+    def _finish(self, live, reason: FinishReason, events, error: str = "", engine_failed: bool = False) -> None:
         # Engine._consume ends a generation vLLM finished without an error text: add what vLLM reported.
         reported = self._finish_errors.pop(live.req.gen_id, None)
         if not error and reported is not None and reported[0] is reason:
             error = reported[1]
-        super()._finish(live, reason, events, error)
+        super()._finish(live, reason, events, error, engine_failed)
 
     def _drop(self, sub: _Sub) -> None:
         self._by_ext.pop(sub.ext_id, None)

@@ -57,6 +57,8 @@ from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.node import Node
 from rclpy.qos import QoSDurabilityPolicy, QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
 
+from timelyllm_ros.engines.pool import PoolStats
+
 OK, WARN, ERROR, STALE = 0, 1, 2, 3
 LEVEL_NAMES = {OK: "OK", WARN: "WARN", ERROR: "ERROR", STALE: "STALE"}
 
@@ -81,6 +83,27 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.3f}" if math.isfinite(value) else str(value)
     return str(value)
+
+
+def add_pool_members(st: Status, stats: PoolStats) -> Status:
+    """An engine pool's members as ``member_<i>_*`` values (EngineState has one engine's fields only); WARN while
+    a member is down, ERROR while none is up (every task then fails)."""
+    for m in stats.members:
+        pre = f"member_{m.index}"
+        st.add(f"{pre}_name", m.name).add(f"{pre}_state", "up" if m.up else "down")
+        if m.up:
+            st.add(f"{pre}_running", m.owned).add(f"{pre}_max_batch", m.max_batch)
+            st.add(f"{pre}_step_time_s", float(m.step_time_s) if m.step_time_s is not None else float("nan"))
+        else:
+            st.add(f"{pre}_down_reason", m.down_reason)
+        st.add(f"{pre}_failovers", m.failovers).add(f"{pre}_rejoins", m.rejoins)
+    st.add("pool_failovers", stats.failovers).add("pool_failed_unplaced", stats.failed_unplaced)
+    down = [m.name for m in stats.members if not m.up]
+    if not stats.members_up:
+        st.raise_to(ERROR, f"engine pool: no member is up ({'; '.join(down)}): tasks fail until one rejoins")
+    elif down:
+        st.raise_to(WARN, f"engine pool: {len(down)} of {len(stats.members)} members down ({', '.join(down)})")
+    return st
 
 
 class Status:
@@ -391,6 +414,8 @@ class PlannerDiagnostics:
         st.add("batch", stats.running).add("max_batch", stats.max_batch).add("waiting", stats.waiting)
         st.add("tokens_per_s", float(stats.tokens_per_s)).add("step_time_s", float(stats.step_time_s))
         st.add("kv_cache_usage", float(stats.kv_cache_usage))
+        if isinstance(stats, PoolStats):
+            add_pool_members(st, stats)
         if h.core is not None:  # what admission believes a step costs, and where that belief started
             for k, v in h.core.estimator.describe().items():
                 st.add(f"latency_{k}", v)

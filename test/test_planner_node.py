@@ -201,6 +201,27 @@ def test_engine_state_names_the_declared_backend_and_model(stack):
     assert (got[-1].backend, got[-1].model) == (stack.engine.info.name, stack.engine.info.model) == ("sim", "simulated")
 
 
+def test_engine_state_reports_each_member_of_an_engine_pool():
+    from timelyllm_ros.engines.pool import EnginePool
+    from timelyllm_ros.msg import EngineState
+    from timelyllm_ros.ros import topics
+
+    s = Stack(engine=EnginePool([RealtimeSimEngine(), RealtimeSimEngine()], names=["a", "b"]))
+    try:
+        _, h = s.send("drone_0", CAT)
+        assert s.result(h).status == PlanTask.Result.STATUS_SUCCEEDED
+        got: list = []
+        s.client.create_subscription(EngineState, "/engine_state", got.append, topics.TELEMETRY)
+        assert _wait(lambda: got), "no /engine_state"
+        m = got[-1]
+        assert (m.backend, [(x.index, x.name, x.backend, x.up) for x in m.members]) == \
+            ("pool", [(0, "a", "sim", True), (1, "b", "sim", True)])
+        assert all(x.max_batch > 0 and x.down_reason == "" for x in m.members)
+        assert m.max_batch == sum(x.max_batch for x in m.members)
+    finally:
+        s.close()
+
+
 def test_a_silent_robot_does_not_stall_the_others():
     s = Stack(silent=("drone_mute",))
     try:

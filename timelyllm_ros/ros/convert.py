@@ -7,9 +7,11 @@ import time
 
 from builtin_interfaces.msg import Duration, Time
 
+from timelyllm_ros.engines.base import EngineStats
+from timelyllm_ros.engines.pool import MemberStats, PoolStats
 from timelyllm_ros.model.tuf import LEVELS, TimeUtility
 from timelyllm_ros.model.types import STATUS_CODE, STATUS_FROM_CODE, TaskStatus
-from timelyllm_ros.msg import PlanSegment, SkillCall
+from timelyllm_ros.msg import EngineMember, PlanSegment, SkillCall
 from timelyllm_ros.msg import TimeUtility as TimeUtilityMsg
 
 
@@ -120,3 +122,19 @@ def segment_msg(task_id: str, robot_id: str, seg, bridge: ClockBridge, skillset_
         stamp_generated=bridge.to_msg(seg.ready), predicted_execution=duration_msg(seg.est_exec_s),
         next_segment_deadline=bridge.to_msg(seg.pred_end),
     )
+
+
+def pool_members(stats: EngineStats) -> tuple[MemberStats, ...]:
+    """An engine pool's members (none for a single engine)."""
+    return stats.members if isinstance(stats, PoolStats) else ()
+
+
+def engine_member_msg(m: MemberStats) -> EngineMember:
+    """One pool member as an EngineMember message (NaN where a member that is down has no figure)."""
+    st = m.stats
+    return EngineMember(
+        index=m.index, name=m.name, backend=m.backend, up=m.up, down_reason=m.down_reason, running=m.owned,
+        waiting=int(st.waiting) if st is not None else 0, max_batch=m.max_batch,
+        step_time_s=float(m.step_time_s) if m.step_time_s is not None else math.nan,
+        kv_cache_usage=float(st.kv_cache_usage) if st is not None else math.nan,
+        failovers=m.failovers, rejoins=m.rejoins)

@@ -57,6 +57,8 @@ from timelyllm_ros.ros.actions import BatchedActionServer
 from timelyllm_ros.ros.convert import (
     ClockBridge,
     duration_msg,
+    engine_member_msg,
+    pool_members,
     segment_msg,
     skill_call_msg,
     status_code,
@@ -893,7 +895,7 @@ class PlannerNode(LifecycleNode):
             stamp=self.get_clock().now().to_msg(), backend=info.name, model=info.model,
             running=st.running, waiting=st.waiting,
             max_batch=st.max_batch, tokens_per_second=float(st.tokens_per_s), step_time_s=float(st.step_time_s),
-            kv_cache_usage=float(st.kv_cache_usage)))
+            kv_cache_usage=float(st.kv_cache_usage), members=[engine_member_msg(m) for m in pool_members(st)]))
 
     # -- journal recovery --------------------------------------------------------------------------
     def _recover(self) -> None:

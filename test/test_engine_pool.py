@@ -233,6 +233,28 @@ def test_a_planner_core_on_a_pool_finishes_every_task_across_a_failover():
     assert "no member of the engine pool is up" in results[-1].reason
 
 
+def test_warm_up_reaches_every_member_that_is_up():
+    """Each member has its own prefix cache: the planner's warm-up prefills the shared prompts on each one."""
+
+    class _Prompted(SimEngine):  # takes a prompt without a recorded plan, as a real engine does
+        def __init__(self) -> None:
+            super().__init__()
+            self.added: list[str] = []
+
+        def _backend_add(self, req):
+            self.added.append(req.gen_id)
+            req.extra.setdefault("plan_text", "tc(30);")
+            super()._backend_add(req)
+
+    members = [_Prompted(), _Prompted(), _Prompted()]
+    pool = EnginePool(members, background_probes=False)
+    pool._down(pool._members[2], "test: down before start")
+    core = PlannerCore(pool, make_policy("pud"), SimClock())
+    assert core.warm_up([("drone", list(range(40))), ("arm", list(range(50, 90)))]) > 0
+    assert [m.added for m in members] == [["warmup-drone-0", "warmup-arm-1"]] * 2 + [[]]
+    assert not pool.has_work() and all(not m.owned for m in pool.members())
+
+
 # -- rejoin -----------------------------------------------------------------------------------------------------
 def test_a_down_member_is_rebuilt_after_a_growing_backoff_and_rejoins():
     clock = _Clock()

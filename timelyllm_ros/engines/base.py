@@ -259,6 +259,10 @@ class Engine(abc.ABC):
         live = self._live.get(gen_id)
         return list(live.seg_token_ids) if live is not None else []
 
+    def warm_up_targets(self) -> list[Engine]:
+        """The engines a warm-up must reach (:meth:`PlannerCore.warm_up`): this one; a pool, each member."""
+        return [self]
+
     def step_ready(self) -> bool:
         """Whether :meth:`step` would return output without waiting. An in-process engine computes its step
         (always ready); a remote one hands over what its server streamed, and waits for it otherwise. A pool

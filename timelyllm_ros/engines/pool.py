@@ -481,6 +481,10 @@ class EnginePool(Engine):
                                    m.max_batch, m.step_s, m.failovers, m.rejoins, st))
         return out
 
+    def warm_up_targets(self) -> list[Engine]:
+        """Every member that is up: each has its own prefix cache to fill (placement would warm one)."""
+        return [m.engine for m in self._members if m.up]
+
     def member_engine(self, index: int) -> Engine:
         return self._members[index].engine
 

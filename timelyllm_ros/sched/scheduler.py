@@ -360,13 +360,14 @@ class PlannerCore:
         steps = 0
         waves = [[(f"warmup-{rt}-{i}", rt, ids, 1, True)] for i, (rt, ids) in enumerate(prompts)]
         waves.append([(f"warmup-burst-{i}", rt, ids, 4, False) for i, (rt, ids) in enumerate(burst or [])])
-        for wave in waves:
-            for gid, rt, ids, n, suspend in wave:
-                self.engine.add(EngineRequest(gid, list(ids), self.hooks.stop_checker(rt), max_new_tokens=n,
-                                              suspend_at_boundary=suspend))
-            while self.engine.has_work():
-                self.engine.step()
-                steps += 1
+        for engine in self.engine.warm_up_targets():  # a pool: each member (each has its own prefix cache)
+            for wave in waves:
+                for gid, rt, ids, n, suspend in wave:
+                    engine.add(EngineRequest(gid, list(ids), self.hooks.stop_checker(rt), max_new_tokens=n,
+                                             suspend_at_boundary=suspend))
+                while engine.has_work():
+                    engine.step()
+                    steps += 1
         return steps
 
     def restore(self, spec: TaskSpec, segments: list[Segment], *, final: bool = False) -> str:

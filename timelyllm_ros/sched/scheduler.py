@@ -569,6 +569,8 @@ class PlannerCore:
 
     def _schedule(self, now: float) -> None:
         self._promote(now)
+        if self.policy.sheds:
+            self._shed(now)
         if not self._cands:
             return
         t0 = time.perf_counter()
@@ -605,6 +607,29 @@ class PlannerCore:
         hit = self._cache_hit.get(spec.robot_type)
         uncached = n if hit is None else max(1.0, n - hit)
         return self.estimator.prefill_time(int(uncached))
+
+    def _shed(self, now: float) -> None:
+        """Ask a shedding policy (Policy.hopeless) about every first segment, queued or running, and end
+        the hopeless ones OVERDUE (a running one is aborted in the engine first: this is the engine thread).
+        Queued: best case, batch-1 step time; running: its remaining tokens at the current batch size."""
+        comm, pol = self.cfg.comm_s, self.policy
+        best = self.estimator.step_time(1)
+        for g in [g for g in self._cands.values() if g.k == 0]:
+            left = g.tok_est * best + g.prefill_est_s
+            if pol.hopeless(g, now, left, comm):
+                self._finish(g, TaskStatus.OVERDUE, self._overdue_reason(g, now, "queued"))
+        tpt = self.estimator.step_time(len(self._running))
+        for g in [g for g in self._running.values() if g.k == 0 and not g.pending_abort]:
+            done = g.seg_tokens()
+            left = max(1.0, g.tok_est - done) * tpt + (g.prefill_est_s if done == 0 else 0.0)
+            if pol.hopeless(g, now, left, comm):
+                self.engine.abort(g.task_id)
+                self._running.pop(g.task_id, None)
+                self._finish(g, TaskStatus.OVERDUE, self._overdue_reason(g, now, "running"))
+
+    def _overdue_reason(self, g: Generation, now: float, where: str) -> str:
+        return (f"overdue ({where}, shed by {self.policy.name}): the first segment cannot arrive before the "
+                f"utility cutoff ({g.tuf.cutoff:.3f} s after arrival); waited {now - g.arrival:.3f} s")
 
     def _reject_hopeless(self, now: float) -> None:
         tpt = self.estimator.step_time(len(self._running) + 1)

@@ -9,7 +9,8 @@ generates WID 2-like workloads (Table 3 arrivals at 0.25 events/s) with a differ
 tasks per event. Every figure counts all tasks: U/beta all is TUF_0 / beta of a task that ended done
 and 0 for one that did not (shed OVERDUE, failed, ...), see :mod:`timelyllm_ros.sim.metrics`. Repeats:
 ``--seeds`` simulator seeds per point (a generated workload is generated anew per seed; the trace is
-the same, only robot sampling and prompt contexts change), reported as mean +- 95 % CI (Student t),
+the same, only robot sampling and prompt contexts change, unless ``--jitter-ms`` moves each of its events
+a little per seed), reported as mean +- 95 % CI (Student t),
 and the default policy's edge as the paired difference per seed.
 """
 
@@ -65,6 +66,24 @@ def scale_load(wl: Workload, factor: float) -> Workload:
     return Workload(f"{wl.name}-x{factor:g}", jobs, {**wl.config, "load_factor": factor})
 
 
+def jitter(wl: Workload, jitter_s: float, seed: int) -> Workload:
+    """Every event of ``wl`` (the tasks released at one trigger time, 1 ms apart) moved by U(0, jitter_s),
+    seeded: a fixed trace then gives a spread over seeds where only its exact timing changes."""
+    if jitter_s <= 0:
+        return wl
+    import random
+
+    rng = random.Random(f"jitter-{seed}")
+    jobs, shift, last = [], 0.0, -math.inf
+    for j in wl.jobs:  # sorted by arrival; a gap above 10 ms starts a new event
+        if j.trigger_time - last > 0.01:
+            shift = rng.uniform(0.0, jitter_s)
+        last = j.trigger_time
+        jobs.append(dataclasses.replace(j, trigger_time=j.trigger_time + shift))
+    jobs.sort(key=lambda j: (j.trigger_time, j.job_id))
+    return Workload(f"{wl.name}-j{seed}", jobs, wl.config)
+
+
 def burst_workload(max_per_event: int, seed: int) -> Workload:
     """WID 2's settings (Table 3) with a different burst size: U[max/2, max] tasks per event."""
     st = dataclasses.replace(SETTINGS["wid2"], max_per_event=max_per_event)
@@ -105,10 +124,11 @@ def sweep(kind: str, xs: Sequence[float], policies: Sequence[str], seeds: Sequen
     for x in xs:
         for p in policies:
             rs = runs[(x, p)]
-            pt: dict[str, Any] = {"sweep": kind, "x": x, "policy": p, "seeds": len(rs), "n": rs[0]["n"]}
+            pt: dict[str, Any] = {"sweep": kind, "x": x, "policy": p, "seeds": len(rs),
+                                  "n": statistics.fmean(r["n"] for r in rs)}
             for lvl in LEVELS:
                 pt[lvl], pt[f"{lvl}_ci"] = mean_ci([r[lvl] for r in rs])
-                pt[f"n_{lvl}"] = rs[0][f"n_{lvl}"]
+                pt[f"n_{lvl}"] = statistics.fmean(r[f"n_{lvl}"] for r in rs)  # a generated workload varies by seed
                 pt[f"shed_{lvl}"] = statistics.fmean(r[f"shed_{lvl}"] for r in rs)
             pt["shed"] = statistics.fmean(r["shed"] for r in rs)
             pt["not_done"] = statistics.fmean(r["not_done"] for r in rs)
@@ -155,7 +175,7 @@ def table(points: list[dict[str, Any]], policies: Sequence[str], xlabel: str) ->
             if base[f"n_{lvl}"] == 0:
                 continue
             rows.append([f"{x:g}", lvl] + [_cell(by[p][lvl], by[p][f"{lvl}_ci"]) for p in policies]
-                        + [f"{base[f'shed_{lvl}']:.0f}/{base[f'n_{lvl}']}"]
+                        + [f"{base[f'shed_{lvl}']:.0f}/{base[f'n_{lvl}']:.0f}"]
                         + [f"{verdict(base, o, lvl)} ({_cell(base[f'diff_{o}_{lvl}'], base[f'diff_{o}_{lvl}_ci'])})"
                            for o in COMPARED if o in policies and o != policies[0]])
     return header, rows
@@ -195,19 +215,21 @@ def cmd_load_sweep(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else _results_root() / "load_sweep"
     out.mkdir(parents=True, exist_ok=True)
     command = " ".join(["timelyllm-bench", *sys.argv[1:]]) if args.command is None else args.command
-    results: dict[str, Any] = {"command": command, "policies": policies, "seeds": seeds,
+    results: dict[str, Any] = {"command": command, "policies": policies, "seeds": seeds, "jitter_ms": args.jitter_ms,
                                "metric": "mean TUF_0/beta over all tasks, a task not done (shed, failed) counting 0",
                                "sweeps": {}}
+    moved = f" (each event moved by U(0, {args.jitter_ms:g}) ms per seed)" if args.jitter_ms else ""
     md = [f"# Load sweep\n\nCommand: `{command}`\n\n",
           f"Mean U/beta over **all** tasks (a task not done, e.g. shed OVERDUE, counts 0) ± 95 % CI over "
-          f"{len(seeds)} seed(s); `{policies[0]} shed`: tasks it ended OVERDUE (mean per run) / tasks; `vs X`: "
+          f"{len(seeds)} seed(s){moved}; `{policies[0]} shed`: tasks it ended OVERDUE / tasks (means per run); `vs X`: "
           f"paired difference {policies[0]} - X per seed, 'better'/'worse' when its 95 % CI excludes 0.\n"]
     for wname in [w for w in args.workloads.split(",") if w]:
         cache: dict[int, Workload] = {}
 
         def make(f: float, seed: int, wname: str = wname, cache: dict[int, Workload] = cache) -> Workload:
             if seed not in cache:
-                cache[seed] = _truncate(load_workload(wname, seed=seed), args.max_jobs)
+                cache[seed] = jitter(_truncate(load_workload(wname, seed=seed), args.max_jobs), args.jitter_ms / 1e3,
+                                     seed)
             return scale_load(cache[seed], f)
 
         pts = sweep("load", loads, policies, seeds, make, args, f"load {wname}")
@@ -251,6 +273,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--bursts", default=DEFAULT_BURSTS,
                    help="max tasks per event for the burst sweep (WID 2 settings); empty: no burst sweep")
     p.add_argument("--seeds", type=int, default=3, help="repetitions per point (seeds --seed, --seed+1, ...)")
+    p.add_argument("--jitter-ms", type=float, default=0.0,
+                   help="move each arrival event by U(0, this) ms per seed (gives a fixed trace a spread over seeds)")
     p.add_argument("--max-jobs", type=int, default=None, help="keep only each workload's first N tasks (smoke runs)")
     p.add_argument("--seed", type=int, default=0, help="first seed")
     p.add_argument("--out", help="output folder (default bench/results/load_sweep)")

@@ -116,6 +116,16 @@ def test_sweep_helpers():
     assert m == 2.0 and ci == pytest.approx(4.303 * 1.0 / math.sqrt(3))
     with pytest.raises(ValueError):
         scale_load(wl, 0.0)
+    from bench.load_sweep import jitter
+
+    assert jitter(wl, 0.0, 1) is wl
+    a, b = jitter(wl, 0.02, 1), jitter(wl, 0.02, 1)
+    assert [j.trigger_time for j in a.jobs] == [j.trigger_time for j in b.jobs]  # seeded
+    shift = {j.job_id: j.trigger_time for j in a.jobs}
+    d = [shift[j.job_id] - j.trigger_time for j in wl.jobs]
+    assert all(0.0 <= x <= 0.02 for x in d) and len(set(d)) > 1
+    first_event = [x for j, x in zip(wl.jobs, d, strict=True) if j.trigger_time - wl.jobs[0].trigger_time < 0.01]
+    assert len(first_event) > 1 and max(first_event) - min(first_event) < 1e-12  # an event moves as one
 
 
 def test_load_sweep_command_writes_results_and_counts_every_task(tmp_path):

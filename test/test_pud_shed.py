@@ -104,6 +104,30 @@ def test_core_aborts_a_running_first_segment_that_became_hopeless():
     assert core.running_ids() == [] and core.pending() == 0
 
 
+def test_a_cold_prompt_does_not_make_the_next_ones_look_hopeless():
+    """After a prompt missed the prefix cache, the ranking's prefill estimate (a running average of the hits)
+    stays pessimistic for a while; shedding uses the best case (the largest hit seen), so an urgent task that
+    can still make it is served, not shed."""
+    clock = SimClock(0.0)
+    core, results = make_core(clock=clock)
+    prompt = list(range(3000))  # ~0.34 s to prefill uncached at the engine's prior cost
+
+    def task(tid, level, arrival):
+        return TaskSpec(robot_id=tid, prompt="p", tuf=LEVELS[level], task_id=tid, arrival=arrival,
+                        prompt_token_ids=prompt, extra={"plan_text": "tc(30);"})
+
+    core.submit(task("cold", "normal", 0.0))  # no hit
+    drain(core, clock)
+    core.submit(task("warm", "normal", clock.now()))  # all but a block cached: the average hit is 1/5 of it
+    drain(core, clock)
+    now = clock.now()
+    core.submit(task("urgent", "urgent", now - 0.15))  # 0.15 s + an average-based prefill (~0.26 s) would be hopeless
+    drain(core, clock)
+    res = {r.task_id: r for r in results}
+    assert [res[t].status for t in ("cold", "warm", "urgent")] == [TaskStatus.DONE] * 3
+    assert res["urgent"].utility > 0
+
+
 def test_sweep_helpers():
     from bench.load_sweep import mean_ci, scale_load
     from timelyllm_ros.sim.workloads import load_workload

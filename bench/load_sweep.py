@@ -35,6 +35,7 @@ DEFAULT_BURSTS = "4,8,16,24,32,48"
 DEFAULT_POLICIES = "pud-shed,pud,edf-seg,fcfs"
 COMPARED = ("pud", "edf-seg")  # the policies the first one must never be worse than
 LEVELS = ("urgent", "normal", "all")
+Y_FLOOR = -1.5  # plots clip utility below this
 # Student t, two-sided 95 %, by degrees of freedom (more than 30: normal).
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
         15: 2.131, 20: 2.086, 30: 2.042}
@@ -195,6 +196,11 @@ def plot(path: Path, points: list[dict[str, Any]], policies: Sequence[str], xlab
             ax.errorbar([p["x"] for p in ps], [p[lvl] for p in ps],
                         yerr=[0 if math.isnan(p[f"{lvl}_ci"]) else p[f"{lvl}_ci"] for p in ps],
                         marker="o", ms=3, capsize=2, label=pol, lw=2 if pol == policies[0] else 1)
+        low = min((p[lvl] for p in points if not math.isnan(p[lvl])), default=0.0)
+        if low < Y_FLOOR:  # a collapse to -28 would flatten every other curve: clip, and say so
+            ax.set_ylim(bottom=Y_FLOOR, top=1.05)
+            ax.text(0.02, 0.02, f"clipped at {Y_FLOOR:g} (lowest {low:.1f}, see summary.md)", transform=ax.transAxes,
+                    fontsize=6, color="gray")
         ax.set_title(f"{lvl} tasks", fontsize=9)
         ax.set_xlabel(xlabel)
         ax.axhline(0, color="black", lw=0.5)

@@ -4,6 +4,7 @@
     timelyllm-bench sim --workload wid2 --policies fcfs-seg,edf-seg,pud --admission adaptive,adaptive-cutoff
     timelyllm-bench figures            # paper Figs. 5, 7, 8, 9 under bench/results/
     timelyllm-bench overhead           # decision time at queue lengths 1 .. 10000
+    timelyllm-bench load-sweep         # utility vs load factor and burst size, pud-shed / pud / edf-seg / fcfs
     timelyllm-bench diagnose --workload wid2   # PUD vs EDF: ordering vs admission; urgent-only bound
     timelyllm-bench fleet-load         # planner + 50 simulated robots (processes), 1200 goals: nothing lost
     timelyllm-bench plan-quality --label after   # real engine: valid / acceptable plans per task template
@@ -304,6 +305,10 @@ def build_parser() -> argparse.ArgumentParser:
     from bench.plan_quality import add_parser as add_plan_quality
 
     add_plan_quality(sub)  # plan-quality: the real engine's plans judged per task template
+
+    from bench.load_sweep import add_parser as add_load_sweep
+
+    add_load_sweep(sub)  # load-sweep: utility vs load and burst size (issue 12, item 6)
 
     p = sub.add_parser("overhead", help="scheduler decision time vs queue length")
     p.add_argument("--sizes", default="1,8,64,1000,10000")

@@ -48,6 +48,7 @@ class Policy:
     name: str = "base"
     segmented: bool = True  # suspend at segment boundaries
     streams: bool = True  # send each segment as soon as it is detected
+    sheds: bool = False  # the scheduler asks :meth:`hopeless` about first segments (queued and running)
 
     def gen_time(self, g: Generation, ctx: RankContext) -> float:
         """G(s_k): estimated generation time of the next segment."""
@@ -62,8 +63,14 @@ class Policy:
         p = self.priority
         return [p(g, now, ctx) for g in gens]
 
+    def hopeless(self, g: Generation, now: float, left_s: float, comm_s: float) -> bool:
+        """Should the scheduler end ``g`` now (OVERDUE, an explicit result), given ``left_s``, the
+        scheduler's estimate of the generation time its next segment still needs? Asked only when
+        :attr:`sheds` is set."""
+        return False
+
     def describe(self) -> str:
-        return f"{self.name} (segmented={self.segmented}, streams={self.streams})"
+        return f"{self.name} (segmented={self.segmented}, streams={self.streams}, sheds={self.sheds})"
 
 
 class PUD(Policy):
@@ -92,6 +99,28 @@ class PUD(Policy):
                 L = floor
             append(u / (G * L))
         return out
+
+
+class PUDShed(PUD):
+    """Feasibility-aware utility accrual: PUD's order (Eq. 4) plus shedding of first segments that can
+    no longer earn positive utility.
+
+    At every decision the scheduler estimates, for each first segment s_0 queued or in the batch, the
+    generation time it still needs (queued: its tokens at the batch-1 step time plus its prefill, the
+    best case; running: its remaining tokens at the current batch's step time). If even then
+    TUF_0(now - arrival + left + comm) <= 0, the task is ended OVERDUE (the robot gets that result at
+    once, not a late plan): serving it could only add negative utility, and under overload it takes
+    batch slots and step time from tasks that can still make their deadlines, which is how EDF (and
+    PUD, which still serves such tasks, last) collapse. Later segments are never shed: the robot is
+    mid-plan, and the answer it already got counts. With no overload nothing is hopeless and this is
+    PUD exactly.
+    """
+
+    name = "pud-shed"
+    sheds = True
+
+    def hopeless(self, g: Generation, now: float, left_s: float, comm_s: float) -> bool:
+        return g.k == 0 and g.tuf.tuf0(now - g.arrival + left_s + comm_s) <= 0.0
 
 
 class PortExp(Policy):
@@ -160,6 +189,7 @@ class StaticPriority(Policy):
 
 POLICIES: dict[str, Callable[[], Policy]] = {
     "pud": PUD,
+    "pud-shed": PUDShed,
     "port-exp": PortExp,
     "fcfs": FCFS,
     "fcfs-stream": FCFSStream,

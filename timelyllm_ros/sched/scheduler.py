@@ -169,6 +169,7 @@ class PlannerCore:
         self._aborts: list[str] = []
         self._tok_est = dict(self.cfg.segment_tokens_prior)
         self._cache_hit: dict[str, float] = {}  # robot type -> prefix-cache hit tokens of new prompts (EWMA)
+        self._cache_hit_max: dict[str, int] = {}  # robot type -> the largest hit seen (a best case, for shedding)
         self._outbox: list[tuple[str, Any, Any]] = []  # callbacks to fire outside the lock
         self.decision_times: list[float] = []  # seconds, one per decision with candidates
         self.step_count = 0
@@ -570,6 +571,8 @@ class PlannerCore:
 
     def _schedule(self, now: float) -> None:
         self._promote(now)
+        if self.policy.sheds:
+            self._shed(now)
         if not self._cands:
             return
         t0 = time.perf_counter()
@@ -606,6 +609,35 @@ class PlannerCore:
         hit = self._cache_hit.get(spec.robot_type)
         uncached = n if hit is None else max(1.0, n - hit)
         return self.estimator.prefill_time(int(uncached))
+
+    def _shed(self, now: float) -> None:
+        """Ask a shedding policy (Policy.hopeless) about every first segment, queued or running, and end
+        the hopeless ones OVERDUE (a running one is aborted in the engine first: this is the engine thread).
+        Queued: best case, batch-1 step time; running: its remaining tokens at the current batch size. The
+        prefill of either is its best case too: the prompt less the largest prefix-cache hit this robot type
+        has had (the ranking's running average would shed tasks right after one cold prompt)."""
+        comm, pol = self.cfg.comm_s, self.policy
+        best = self.estimator.step_time(1)
+        for g in [g for g in self._cands.values() if g.k == 0]:
+            left = g.tok_est * best + self._prefill_best(g.spec)
+            if pol.hopeless(g, now, left, comm):
+                self._finish(g, TaskStatus.OVERDUE, self._overdue_reason(g, now, "queued"))
+        tpt = self.estimator.step_time(len(self._running))
+        for g in [g for g in self._running.values() if g.k == 0 and not g.pending_abort]:
+            done = g.seg_tokens()
+            left = max(1.0, g.tok_est - done) * tpt + (self._prefill_best(g.spec) if done == 0 else 0.0)
+            if pol.hopeless(g, now, left, comm):
+                self.engine.abort(g.task_id)
+                self._running.pop(g.task_id, None)
+                self._finish(g, TaskStatus.OVERDUE, self._overdue_reason(g, now, "running"))
+
+    def _prefill_best(self, spec: TaskSpec) -> float:
+        n = len(spec.prompt_token_ids) if spec.prompt_token_ids else self.cfg.prefill_tokens_default
+        return self.estimator.prefill_time(max(1, n - self._cache_hit_max.get(spec.robot_type, 0)))
+
+    def _overdue_reason(self, g: Generation, now: float, where: str) -> str:
+        return (f"overdue ({where}, shed by {self.policy.name}): the first segment cannot arrive before the "
+                f"utility cutoff ({g.tuf.cutoff:.3f} s after arrival); waited {now - g.arrival:.3f} s")
 
     def _reject_hopeless(self, now: float) -> None:
         tpt = self.estimator.step_time(len(self._running) + 1)
@@ -685,6 +717,7 @@ class PlannerCore:
             rt, hit = g.robot_type, float(ev.cached_prompt_tokens)
             old = self._cache_hit.get(rt)
             self._cache_hit[rt] = hit if old is None else 0.8 * old + 0.2 * hit
+            self._cache_hit_max[rt] = max(self._cache_hit_max.get(rt, 0), ev.cached_prompt_tokens)
             for q in self._cands.values():
                 if q.k == 0 and q.robot_type == rt:
                     q.prefill_est_s = self._prefill_estimate(q.spec)

@@ -1,0 +1,174 @@
+"""pud-shed (feasibility-aware utility accrual) on hand-built cases, and the load-sweep bench command."""
+
+import json
+import math
+
+import pytest
+
+from timelyllm_ros.engines.sim_engine import SimEngine
+from timelyllm_ros.model.clock import SimClock
+from timelyllm_ros.model.tuf import LEVELS
+from timelyllm_ros.model.types import Generation, TaskSpec, TaskStatus
+from timelyllm_ros.sched.policies import POLICIES, RankContext, make_policy
+from timelyllm_ros.sched.scheduler import PlannerCore
+
+CTX = RankContext(comm_s=0.008, per_token_s=0.02, slack_floor_s=0.001)
+
+
+def gen(level="normal", arrival=0.0, k=0, prev_end=math.nan, seq=0, tok=5.0, prefill=0.0):
+    g = Generation(TaskSpec(robot_id="r", prompt="p", tuf=LEVELS[level]), f"t{seq}", arrival, seq)
+    g.k, g.prev_end, g.tok_est, g.prefill_est_s = k, prev_end, tok, prefill
+    return g
+
+
+def test_pud_shed_is_registered_and_orders_exactly_as_pud():
+    assert "pud-shed" in POLICIES
+    shed, pud = make_policy("pud-shed"), make_policy("pud")
+    assert shed.sheds and shed.segmented and shed.streams and not pud.sheds
+    gens = [gen("normal", seq=0), gen("urgent", arrival=0.05, seq=1), gen("urgent", arrival=-2.0, seq=2),
+            gen("normal", k=1, prev_end=0.4, seq=3)]
+    assert shed.priorities(gens, 0.1, CTX) == pud.priorities(gens, 0.1, CTX)
+
+
+def test_hopeless_only_when_even_the_estimate_cannot_earn_positive_utility():
+    shed = make_policy("pud-shed")
+    urgent = gen("urgent", arrival=0.0)  # ERT 0.2 s, utility 0 at 0.5 s
+    assert not shed.hopeless(urgent, 0.2, 0.1, 0.008)  # response 0.308 s: late, still positive
+    assert shed.hopeless(urgent, 0.45, 0.1, 0.008)  # response 0.558 s: past the cutoff
+    assert shed.hopeless(urgent, 0.5 - 0.108, 0.1, 0.008)  # exactly at the cutoff: 0 is not positive
+    normal = gen("normal", arrival=0.0)  # utility 0 at 1.5 s
+    assert not shed.hopeless(normal, 1.3, 0.1, 0.008) and shed.hopeless(normal, 1.4, 0.1, 0.008)
+    # A later segment is never shed (the robot is mid-plan), however late; PUD never sheds.
+    assert not shed.hopeless(gen("normal", k=2, prev_end=0.0), 100.0, 0.1, 0.008)
+    assert not make_policy("pud").hopeless(urgent, 100.0, 0.1, 0.008)
+
+
+def make_core(policy="pud-shed", clock=None):
+    results = []
+    core = PlannerCore(SimEngine(), make_policy(policy), clock or SimClock(), on_result=results.append)
+    return core, results
+
+
+def spec(i, level="normal", arrival=0.0, plan="tc(30);mf(50);"):
+    return TaskSpec(robot_id=f"r{i}", prompt=f"task {i}", tuf=LEVELS[level], task_id=f"t{i}", arrival=arrival,
+                    extra={"plan_text": plan})
+
+
+def drain(core, clock, limit=10000):
+    for _ in range(limit):
+        rep = core.start_step()
+        if rep is not None:
+            clock.advance(rep.duration_s)
+            core.complete_step(rep)
+            continue
+        w = core.next_wakeup()
+        if w is None:
+            return
+        clock.set(max(w, clock.now()))
+    raise AssertionError("did not drain")
+
+
+def test_core_sheds_a_hopeless_queued_task_with_an_explicit_result():
+    clock = SimClock(10.0)
+    core, results = make_core(clock=clock)
+    core.submit(spec(0, "urgent", arrival=9.0))  # 1 s old: past its 0.5 s cutoff before anything runs
+    core.submit(spec(1, "normal", arrival=10.0))
+    drain(core, clock)
+    st = {r.task_id: r for r in results}
+    assert set(st) == {"t0", "t1"}  # every task ends in a result
+    assert st["t0"].status is TaskStatus.OVERDUE and "queued, shed by pud-shed" in st["t0"].reason
+    assert st["t0"].segments == [] and st["t1"].status is TaskStatus.DONE
+
+
+def test_pud_serves_the_same_hopeless_task_late():
+    clock = SimClock(10.0)
+    core, results = make_core("pud", clock=clock)
+    core.submit(spec(0, "urgent", arrival=9.0))
+    drain(core, clock)
+    (res,) = results
+    assert res.status is TaskStatus.DONE and res.utility < 0
+
+
+def test_core_aborts_a_running_first_segment_that_became_hopeless():
+    clock = SimClock(0.0)
+    core, results = make_core(clock=clock)
+    core.submit(spec(0, "urgent", arrival=0.0))
+    rep = core.start_step()  # admitted: in the engine's batch, no segment yet
+    clock.advance(rep.duration_s)
+    core.complete_step(rep)
+    assert core.running_ids() == ["t0"] and not results
+    clock.set(0.6)  # past the urgent cutoff (0.5 s) while its first segment is unfinished
+    core.start_step()
+    (res,) = results
+    assert res.status is TaskStatus.OVERDUE and "running, shed by pud-shed" in res.reason
+    assert core.running_ids() == [] and core.pending() == 0
+
+
+def test_a_cold_prompt_does_not_make_the_next_ones_look_hopeless():
+    """After a prompt missed the prefix cache, the ranking's prefill estimate (a running average of the hits)
+    stays pessimistic for a while; shedding uses the best case (the largest hit seen), so an urgent task that
+    can still make it is served, not shed."""
+    clock = SimClock(0.0)
+    core, results = make_core(clock=clock)
+    prompt = list(range(3000))  # ~0.34 s to prefill uncached at the engine's prior cost
+
+    def task(tid, level, arrival):
+        return TaskSpec(robot_id=tid, prompt="p", tuf=LEVELS[level], task_id=tid, arrival=arrival,
+                        prompt_token_ids=prompt, extra={"plan_text": "tc(30);"})
+
+    core.submit(task("cold", "normal", 0.0))  # no hit
+    drain(core, clock)
+    core.submit(task("warm", "normal", clock.now()))  # all but a block cached: the average hit is 1/5 of it
+    drain(core, clock)
+    now = clock.now()
+    core.submit(task("urgent", "urgent", now - 0.15))  # 0.15 s + an average-based prefill (~0.26 s) would be hopeless
+    drain(core, clock)
+    res = {r.task_id: r for r in results}
+    assert [res[t].status for t in ("cold", "warm", "urgent")] == [TaskStatus.DONE] * 3
+    assert res["urgent"].utility > 0
+
+
+def test_sweep_helpers():
+    from bench.load_sweep import mean_ci, scale_load
+    from timelyllm_ros.sim.workloads import load_workload
+
+    wl = load_workload("wid2")
+    fast = scale_load(wl, 2.0)
+    assert [j.trigger_time for j in fast.jobs] == pytest.approx([j.trigger_time / 2 for j in wl.jobs])
+    assert len(fast.jobs) == len(wl.jobs) and wl.jobs[0].trigger_time > fast.jobs[0].trigger_time
+    m, ci = mean_ci([1.0, 2.0, 3.0])
+    assert m == 2.0 and ci == pytest.approx(4.303 * 1.0 / math.sqrt(3))
+    with pytest.raises(ValueError):
+        scale_load(wl, 0.0)
+    from bench.load_sweep import jitter
+
+    assert jitter(wl, 0.0, 1) is wl
+    a, b = jitter(wl, 0.02, 1), jitter(wl, 0.02, 1)
+    assert [j.trigger_time for j in a.jobs] == [j.trigger_time for j in b.jobs]  # seeded
+    shift = {j.job_id: j.trigger_time for j in a.jobs}
+    d = [shift[j.job_id] - j.trigger_time for j in wl.jobs]
+    assert all(0.0 <= x <= 0.02 for x in d) and len(set(d)) > 1
+    first_event = [x for j, x in zip(wl.jobs, d, strict=True) if j.trigger_time - wl.jobs[0].trigger_time < 0.01]
+    assert len(first_event) > 1 and max(first_event) - min(first_event) < 1e-12  # an event moves as one
+
+
+def test_load_sweep_command_writes_results_and_counts_every_task(tmp_path):
+    from bench import cli, load_sweep
+
+    args = cli.build_parser().parse_args(
+        ["load-sweep", "--workloads", "wid2", "--loads", "1,3", "--bursts", "8", "--seeds", "1", "--max-jobs", "12",
+         "--policies", "pud-shed,pud,edf-seg", "--out", str(tmp_path)])
+    assert args.fn is load_sweep.cmd_load_sweep
+    assert args.fn(args) == 0
+    for f in ("results.json", "summary.md", "load_wid2.png", "burst_wid2.png"):
+        assert (tmp_path / f).stat().st_size > 0, f
+    res = json.loads((tmp_path / "results.json").read_text())
+    pts = res["sweeps"]["load-wid2"]["points"]
+    assert {(p["x"], p["policy"]) for p in pts} == {(x, p) for x in (1.0, 3.0) for p in ("pud-shed", "pud", "edf-seg")}
+    for p in pts + res["sweeps"]["burst-wid2"]["points"]:
+        for run in p["per_seed"]:
+            assert sum(run["statuses"].values()) == run["n"] and run["statuses"]["other"] == 0
+            assert run["n_urgent"] + run["n_normal"] == run["n_all"] == run["n"]
+    assert all(p["n"] == 12 for p in pts)
+    assert "diff_pud_all" in next(p for p in pts if p["policy"] == "pud-shed")
+    assert "U/beta over **all** tasks" in (tmp_path / "summary.md").read_text()

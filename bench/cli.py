@@ -308,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from bench.load_sweep import add_parser as add_load_sweep
 
-    add_load_sweep(sub)  # load-sweep: utility vs load and burst size (issue 12, item 6)
+    add_load_sweep(sub, common)  # load-sweep: utility vs load and burst size (issue 12, item 6)
 
     p = sub.add_parser("overhead", help="scheduler decision time vs queue length")
     p.add_argument("--sizes", default="1,8,64,1000,10000")

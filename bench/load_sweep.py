@@ -22,7 +22,7 @@ import json
 import math
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -269,7 +269,7 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
     p = sub.add_parser("load-sweep", help="utility per policy vs load factor and burst size (all tasks counted)")
     p.add_argument("--workloads", default="wid1,wid2,wid3",
                    help="comma list: wid2 (the published trace), wid1/wid3 (generated), a trace name or folder")
@@ -282,10 +282,5 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--jitter-ms", type=float, default=0.0,
                    help="move each arrival event by U(0, this) ms per seed (gives a fixed trace a spread over seeds)")
     p.add_argument("--max-jobs", type=int, default=None, help="keep only each workload's first N tasks (smoke runs)")
-    p.add_argument("--seed", type=int, default=0, help="first seed")
-    p.add_argument("--out", help="output folder (default bench/results/load_sweep)")
-    p.add_argument("--context-tokens", type=int, default=150,
-                   help="per-task prompt tokens that miss the prefix cache (of 2884)")
-    p.add_argument("--resume-lead", type=float, default=0.05, help="resume lead margin (s)")
-    p.add_argument("--engine-config", help="YAML with sim_engine: parameters (SimEngineConfig)")
+    common(p)  # --seed (the first seed), --out (default bench/results/load_sweep), the simulator's settings
     p.set_defaults(fn=cmd_load_sweep, command=None)

@@ -4,6 +4,7 @@ import json
 import math
 
 import pytest
+from test_scheduler import drain, spec
 
 from timelyllm_ros.engines.sim_engine import SimEngine
 from timelyllm_ros.model.clock import SimClock
@@ -49,30 +50,11 @@ def make_core(policy="pud-shed", clock=None):
     return core, results
 
 
-def spec(i, level="normal", arrival=0.0, plan="tc(30);mf(50);"):
-    return TaskSpec(robot_id=f"r{i}", prompt=f"task {i}", tuf=LEVELS[level], task_id=f"t{i}", arrival=arrival,
-                    extra={"plan_text": plan})
-
-
-def drain(core, clock, limit=10000):
-    for _ in range(limit):
-        rep = core.start_step()
-        if rep is not None:
-            clock.advance(rep.duration_s)
-            core.complete_step(rep)
-            continue
-        w = core.next_wakeup()
-        if w is None:
-            return
-        clock.set(max(w, clock.now()))
-    raise AssertionError("did not drain")
-
-
 def test_core_sheds_a_hopeless_queued_task_with_an_explicit_result():
     clock = SimClock(10.0)
     core, results = make_core(clock=clock)
-    core.submit(spec(0, "urgent", arrival=9.0))  # 1 s old: past its 0.5 s cutoff before anything runs
-    core.submit(spec(1, "normal", arrival=10.0))
+    core.submit(spec(0, level="urgent", arrival=9.0))  # 1 s old: past its 0.5 s cutoff before anything runs
+    core.submit(spec(1, level="normal", arrival=10.0))
     drain(core, clock)
     st = {r.task_id: r for r in results}
     assert set(st) == {"t0", "t1"}  # every task ends in a result
@@ -83,7 +65,7 @@ def test_core_sheds_a_hopeless_queued_task_with_an_explicit_result():
 def test_pud_serves_the_same_hopeless_task_late():
     clock = SimClock(10.0)
     core, results = make_core("pud", clock=clock)
-    core.submit(spec(0, "urgent", arrival=9.0))
+    core.submit(spec(0, level="urgent", arrival=9.0))
     drain(core, clock)
     (res,) = results
     assert res.status is TaskStatus.DONE and res.utility < 0
@@ -92,7 +74,7 @@ def test_pud_serves_the_same_hopeless_task_late():
 def test_core_aborts_a_running_first_segment_that_became_hopeless():
     clock = SimClock(0.0)
     core, results = make_core(clock=clock)
-    core.submit(spec(0, "urgent", arrival=0.0))
+    core.submit(spec(0, level="urgent", arrival=0.0))
     rep = core.start_step()  # admitted: in the engine's batch, no segment yet
     clock.advance(rep.duration_s)
     core.complete_step(rep)

@@ -69,7 +69,8 @@ def side_by_side(results: Sequence[SimResult]) -> tuple[list[str], list[list[str
         cells = [row.group]
         for s in summaries:
             x = s[i]
-            cells.append(f"{x.utility_norm:+.3f} | {x.utility_norm_all:+.3f} | {x.response_mean:.3f}s")
+            cells.append(f"{metrics.fmt(x.utility_norm, '+.3f')} | {metrics.fmt(x.utility_norm_all, '+.3f')} | "
+                         f"{metrics.fmt(x.response_mean, '.3f', 's')}")
         rows.append(cells)
     rows.append(["not done"] + [metrics.not_done_text(s[-1]) for s in summaries])  # the overall row's statuses
     return header, rows

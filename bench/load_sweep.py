@@ -151,7 +151,7 @@ def verdict(pt: dict[str, Any], other: str, lvl: str = "all") -> str:
     """'better' / 'worse' when the paired 95 % CI excludes 0, '=' when it holds 0 (or one seed: the sign)."""
     d, ci = pt.get(f"diff_{other}_{lvl}", math.nan), pt.get(f"diff_{other}_{lvl}_ci", math.nan)
     if math.isnan(d):
-        return "nan"
+        return "-"
     if math.isnan(ci):
         ci = 0.0
     if abs(d) < 5e-4:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -211,15 +210,12 @@ def print_table(results: list[RunResult]) -> None:
     for r in results:
         for s in r.summary:
             style = "bold" if s.group.startswith("all") else None
-            t.add_row(r.policy, s.group, str(s.n), _f(s.utility), _f(s.utility_norm), _f(s.utility_norm_all),
-                      _f(s.response_mean), _f(s.response_p95), _f(s.waiting_mean), f"{s.miss_rate:.0%}",
+            f = metrics.fmt
+            t.add_row(r.policy, s.group, str(s.n), f(s.utility), f(s.utility_norm), f(s.utility_norm_all),
+                      f(s.response_mean), f(s.response_p95), f(s.waiting_mean), f"{s.miss_rate:.0%}",
                       metrics.not_done_text(s), style=style)
         t.add_section()
     console.print(t)
-
-
-def _f(x: float) -> str:
-    return "nan" if math.isnan(x) else f"{x:.3f}"
 
 
 def write_results(results: list[RunResult], out: Path, args: argparse.Namespace) -> Path:

@@ -20,6 +20,21 @@ Threading model
 * ``on_segment`` / ``on_result`` callbacks run on the engine thread, outside
   the lock (they may call back into the core).
 
+One task per robot
+------------------
+A robot runs one task at a time, and the planner decides which (the same rule in the ROS planner, the
+simulator and the demo; README "A busy robot"). A task *owns* its robot from when it is accepted (or
+released to) until it has ended and the robot has reported every segment sent to it. A new task for
+a robot owned by another:
+
+* preempts it when its beta is strictly higher (an urgent task over a normal one): the older task
+  ends CANCELLED ("preempted by task ..."; a finished generation whose plan the robot is still
+  running has its result revised to that), and the robot drops the rest of it when the new task's
+  segment 0 arrives (executor_base: segment 0 of a different task preempts);
+* otherwise waits its turn: it is not generated (not a candidate) until the robot is released, so
+  its segment 0 never interrupts the plan in progress; its response time still counts from its
+  arrival.
+
 Resume timing
 -------------
 A suspended generation becomes *eligible* again at
@@ -41,6 +56,7 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -162,6 +178,8 @@ class PlannerCore:
         self._report_lag = 0.0  # how far behind the caller reads robot reports (s): not the robot's silence
         self._report_lag_at = 0.0
         self._robot_heard: dict[str, float] = {}  # robot -> when its latest report was read (clock time)
+        self._owner: dict[str, tuple[str, float]] = {}  # robot -> (task that owns it, its beta)
+        self._turns: dict[str, deque[str]] = {}  # robot -> tasks waiting for it, in arrival order
         self.lag_window_s = 10.0
         self._cands: dict[str, Generation] = {}  # eligible, not running
         self._waiting: list[tuple[float, int, int, Generation]] = []  # (eligible_at, seq, version, gen)
@@ -187,8 +205,9 @@ class PlannerCore:
             g.tok_est = self._tok_est.get(spec.robot_type, 8.0)
             g.prefill_est_s = self._prefill_estimate(spec)
             self._tasks[tid] = g
-            self._cands[tid] = g
+            self._claim(g)
         self.wake.set()
+        self._flush()
         return tid
 
     def cancel(self, task_id: str, reason: str = "cancelled by client") -> bool:
@@ -261,9 +280,65 @@ class PlannerCore:
             return
         res = self._done.get(task_id)
         if res is not None and res.status is TaskStatus.DONE:
-            res.status, res.reason = TaskStatus.ROBOT_FAILED, reason
-            self._watch.pop(task_id, None)
-            self._outbox.append(("result", res, None))
+            self._revise(res, TaskStatus.ROBOT_FAILED, reason)
+
+    def _revise(self, res: TaskResult, status: TaskStatus, reason: str) -> None:
+        """A finished task's robot did not run its plan to the end: publish the result again, revised."""
+        res.status, res.reason = status, reason
+        self._watch.pop(res.task_id, None)
+        self._outbox.append(("result", res, None))
+        self._release(res.robot_id)
+
+    # -- one task per robot (module docstring) ------------------------------------------
+    def _claim(self, g: Generation) -> None:
+        """A new task asks for its robot: it owns a free one, preempts a lower-beta owner, or waits its turn."""
+        rid = g.robot_id
+        self._release(rid)  # the owner may have ended since
+        owner = self._owner.get(rid)
+        if owner is not None and g.tuf.beta <= owner[1]:
+            self._turns.setdefault(rid, deque()).append(g.task_id)
+            return
+        self._owner[rid] = (g.task_id, g.tuf.beta)  # first: ending the old owner must not release the robot
+        self._cands[g.task_id] = g
+        if owner is not None:
+            self._preempt(owner[0], owner[1], g)
+
+    def _preempt(self, old_id: str, old_beta: float, by: Generation) -> None:
+        reason = f"preempted by task {by.task_id} (beta {by.tuf.beta:g} > {old_beta:g})"
+        old = self._tasks.get(old_id)
+        if old is not None:
+            if old_id in self._running:
+                old.pending_abort, old.reason, old.abort_status = True, reason, TaskStatus.CANCELLED
+                self._aborts.append(old_id)
+            else:
+                self._finish(old, TaskStatus.CANCELLED, reason)
+            return
+        res = self._done.get(old_id)
+        if res is not None and res.status is TaskStatus.DONE:  # generated, and the robot is still running it
+            self._revise(res, TaskStatus.CANCELLED, reason)
+
+    def _release(self, robot_id: str) -> None:
+        """Hand the robot to the next waiting task once its owner has ended and every segment sent to it
+        has been reported (or given up on)."""
+        owner = self._owner.get(robot_id)
+        if owner is not None and (owner[0] in self._tasks or owner[0] in self._watch):
+            return
+        self._owner.pop(robot_id, None)
+        turns = self._turns.get(robot_id)
+        while turns:
+            g = self._tasks.get(turns.popleft())
+            if g is not None and not g.status.terminal:
+                self._owner[robot_id] = (g.task_id, g.tuf.beta)
+                g.enqueued_at = self.clock.now()
+                self._cands[g.task_id] = g
+                break
+        if turns is not None and not turns:
+            del self._turns[robot_id]
+
+    def waiting_for_robot(self) -> int:
+        """Tasks accepted but waiting for their robot to finish another task (telemetry)."""
+        with self._lock:
+            return sum(len(t) for t in self._turns.values())
 
     def _reported(self, task_id: str, seg: Segment) -> None:
         pending = self._watch.get(task_id)
@@ -271,6 +346,9 @@ class PlannerCore:
             pending[:] = [s for s in pending if s is not seg]  # identity: segments compare by value
             if not pending:
                 del self._watch[task_id]
+                owner = self._tasks.get(task_id) or self._done.get(task_id)
+                if owner is not None:
+                    self._release(owner.robot_id)
 
     def note_report_lag(self, lag_s: float) -> None:
         """How old the robot report just read was (now - its stamp). A planner that is behind on reading
@@ -386,6 +464,8 @@ class PlannerCore:
             g.prefill_est_s = self._prefill_estimate(spec)
             g.segments = list(segments)
             self._tasks[tid] = g
+            if g.segments:  # its plan was already on the robot when the planner died
+                self._owner[g.robot_id] = (tid, g.tuf.beta)
             unreported = [s for s in g.segments if s.dispatch is not None and s.real_end is None]
             if unreported:
                 restored_at = self.clock.now()
@@ -397,7 +477,7 @@ class PlannerCore:
                     g.segments[-1].final = True
                 self._finish(g, TaskStatus.DONE, "")
             elif not g.segments:
-                self._cands[tid] = g
+                self._claim(g)
             else:
                 ids = spec.prompt_token_ids if spec.prompt_token_ids is not None else self.engine.tokenize(spec.prompt)
                 g.checker = self.hooks.stop_checker(g.robot_type)
@@ -442,6 +522,7 @@ class PlannerCore:
         with self._lock:
             return {"queued": len(self._cands), "suspended": len(self._waiting), "running": len(self._running),
                     "tasks": len(self._tasks), "done": len(self._done), "policy": self.policy.name,
+                    "waiting_for_robot": sum(len(t) for t in self._turns.values()),
                     "admission": self.admission.name,
                     "per_token_s": self.estimator.step_time(max(1, len(self._running)))}
 
@@ -811,6 +892,10 @@ class PlannerCore:
         self._done_at[g.task_id] = now
         self._evict_results(now)
         self._outbox.append(("result", res, None))
+        turns = self._turns.get(g.robot_id)
+        if turns and g.task_id in turns:  # ended while waiting for its robot
+            turns.remove(g.task_id)
+        self._release(g.robot_id)
 
     def _evict_results(self, now: float) -> None:
         """Bounded memory: forget the oldest results (their task ids become usable again)."""
@@ -819,8 +904,9 @@ class PlannerCore:
             if len(self._done_at) <= self.cfg.keep_results_max and self._done_at[tid] > horizon:
                 break
             del self._done_at[tid]
-            self._done.pop(tid, None)
-            self._watch.pop(tid, None)
+            res = self._done.pop(tid, None)
+            if self._watch.pop(tid, None) is not None and res is not None:
+                self._release(res.robot_id)
 
     def _flush(self) -> None:
         with self._lock:

@@ -90,7 +90,7 @@ def summarize_group(name: str, recs: Sequence[TaskRecord]) -> Summary:
         utility=_mean(us), utility_norm=_mean(un), total_utility=_mean(tot),
         response_mean=_mean(rts), response_p50=percentile(rts, 0.5), response_p95=percentile(rts, 0.95),
         waiting_mean=_mean([r.robot_waiting for r in served]),
-        completion_mean=_mean([r.completion_time for r in served]),
+        completion_mean=_mean([c for c in (r.completion_time for r in served) if c is not None]),
         miss_rate=misses / n if n else math.nan,
         utility_norm_all=_mean([r.utility_all() for r in recs]),
         total_utility_all=_mean([r.total_utility_all() for r in recs]),
@@ -125,9 +125,12 @@ LEGEND = ("U, U/beta, U total, resp, wait, completion: means over served tasks (
           "U/beta all, U total all, miss: over all tasks (a task not done counts 0, an unserved one misses).")
 
 
-def _fmt(v: Any) -> str:
+def fmt(v: Any, spec: str = ".3f", unit: str = "") -> str:
+    """A table cell; a figure with nothing to average over (no task of the row was served) is "-", never "nan"."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
     if isinstance(v, float):
-        return "nan" if math.isnan(v) else f"{v:.3f}"
+        return f"{v:{spec}}{unit}"
     return str(v)
 
 
@@ -151,7 +154,7 @@ def to_markdown(rows: Sequence[Summary], extra_cols: dict[str, list[Any]] | None
     cols = list(extra_cols or {}) + [h for _, h in COLUMNS] + status_cols
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for i, r in enumerate(rows):
-        vals = ([_fmt(v[i]) for v in (extra_cols or {}).values()] + [_fmt(getattr(r, k)) for k, _ in COLUMNS]
+        vals = ([fmt(v[i]) for v in (extra_cols or {}).values()] + [fmt(getattr(r, k)) for k, _ in COLUMNS]
                 + [str(r.statuses.get(s, 0)) for s in status_cols])
         lines.append("| " + " | ".join(vals) + " |")
     if legend:

@@ -14,8 +14,12 @@ in every table (design §2, §8):
 - utility per segment (paper Eq. 3): TUF_0(W(s_0)), then TUF_1(W(s_k)); a task's utility is their
   sum, and every utility is also reported divided by beta.
 
-Every W is clamped at 0 (a negative gap is clock skew between robot and planner, not time gained);
-an unknown time (NaN: a segment the robot never reported) stays NaN rather than reading as 0.
+Only segments the robot actually started count, at the time it started them: a task's figures are
+taken over its segments up to the first one that never started (refused, preempted before it began,
+or never reported). A task none of whose segments started has no response time or utility (None), is
+not "served", counts as a miss, and counts 0 in the all-tasks columns.
+
+Every W is clamped at 0 (a negative gap is clock skew between robot and planner, not time gained).
 """
 
 from __future__ import annotations
@@ -92,9 +96,14 @@ class SegRecord:
     skills: int  # number of skill calls (0: pure syntax such as '};')
     dispatch: float
     recv: float
-    start: float = float("nan")
+    start: float = float("nan")  # NaN: never started
     end: float = float("nan")
     exec_s: float = 0.0
+    preempted: str = ""  # why the robot stopped it or never ran it (a preempting task, a refusal)
+
+    @property
+    def started(self) -> bool:
+        return math.isfinite(self.start)
 
     @property
     def span(self) -> Span:
@@ -126,9 +135,19 @@ class TaskRecord:
         return TimeUtility(alpha=self.alpha, beta=self.beta, ert=self.ert, level=self.level)
 
     @property
+    def ran(self) -> list[SegRecord]:
+        """The segments the robot started, in order, up to the first one it did not start."""
+        out = []
+        for s in self.segments:
+            if not s.started:
+                break
+            out.append(s)
+        return out
+
+    @property
     def served(self) -> bool:
-        """At least one segment reached the robot (the served-only columns average over these)."""
-        return bool(self.segments)
+        """The robot started at least one segment (the served-only columns average over these)."""
+        return bool(self.segments) and self.segments[0].started
 
     @property
     def done(self) -> bool:
@@ -138,21 +157,21 @@ class TaskRecord:
     @property
     def response_time(self) -> float | None:
         """W(s_0), see :func:`response_time`; None when nothing was executed."""
-        return response_time(self.arrival, self.segments[0].start) if self.segments else None
+        return response_time(self.arrival, self.segments[0].start) if self.served else None
 
     def waits(self) -> list[float]:
-        """W(s_0) and the W(s_k) of later segments holding a skill, see :func:`segment_waits`."""
-        return segment_waits(self.arrival, (s.span for s in self.segments))
+        """W(s_0) and the W(s_k) of later started segments holding a skill, see :func:`segment_waits`."""
+        return segment_waits(self.arrival, (s.span for s in self.ran))
 
     @property
     def robot_waiting(self) -> float | None:
         """Robot waiting time, see :func:`robot_waiting_time`; None when nothing was executed."""
-        return robot_waiting_time(self.arrival, (s.span for s in self.segments)) if self.segments else None
+        return robot_waiting_time(self.arrival, (s.span for s in self.ran)) if self.served else None
 
     @property
     def missed(self) -> bool:
         """The first segment started after its deadline (TimeUtility.deadline), or never started."""
-        return not self.segments or self.segments[0].start > self.tuf.deadline(0, self.arrival)
+        return not self.served or self.segments[0].start > self.tuf.deadline(0, self.arrival)
 
     def utility(self) -> float | None:
         """TUF_0(W(s_0)), raw (negative past the cut-off); None when nothing was executed."""
@@ -161,7 +180,7 @@ class TaskRecord:
 
     def segment_utilities(self) -> list[float]:
         """The Eq. 3 terms of this task, one per entry of :meth:`waits`."""
-        return segment_utilities(self.tuf, self.waits()) if self.segments else []
+        return segment_utilities(self.tuf, self.waits()) if self.served else []
 
     def total_utility(self) -> float | None:
         """Paper Eq. 3 objective: TUF_0(W(s_0)) + sum_k TUF_1(W(s_k)); None when nothing was executed."""
@@ -180,11 +199,14 @@ class TaskRecord:
 
     @property
     def completion_time(self) -> float | None:
-        return self.segments[-1].end - self.arrival if self.segments else None
+        """From arrival to the end of the last segment that ran (None when nothing ran, or its end is unknown)."""
+        ran = self.ran
+        end = ran[-1].end if ran else math.nan
+        return end - self.arrival if math.isfinite(end) else None
 
     @property
     def exec_time(self) -> float:
-        return sum(s.exec_s for s in self.segments)
+        return sum(s.exec_s for s in self.ran)
 
 
 __all__ = ["SegRecord", "Span", "TaskRecord", "response_time", "result_robot_waiting", "robot_waiting_time",

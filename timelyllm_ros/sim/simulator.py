@@ -8,10 +8,16 @@ handled at their own times and queue up for the next decision), then its
 segments come out at t + d. With the same workload, configuration and seed
 the run is bit-for-bit repeatable.
 
-Robots execute the segments they receive in order. A segment takes the
-trace's measured time of its skills (``exe_time_detail``, matched to the
-segment's skill calls in order); skills the trace lacks are sampled from the
-execution-time model with the seeded RNG. Every network hop costs ``hop_s``.
+Each agent of the trace is one robot. It executes the segments it receives in
+order and runs one task at a time, as the real executors do: segment 0 of a
+different task preempts the task in progress (the robot stops at once; the
+segment it was running ends there, reported failed, and the old task's
+queued and later segments never start and are reported refused). The planner
+core only sends such a segment 0 when it preempts (scheduler: one task per
+robot). A segment takes the trace's measured time of its skills
+(``exe_time_detail``, matched to the segment's skill calls in order); skills
+the trace lacks are sampled from the execution-time model with the seeded
+RNG. Every network hop costs ``hop_s``.
 """
 
 from __future__ import annotations
@@ -44,7 +50,6 @@ class SimConfig:
     seed: int = 0
     core: CoreConfig = field(default_factory=CoreConfig)
     engine: SimEngineConfig = field(default_factory=SimEngineConfig)
-    report_done: bool = True  # robots report completions (closed loop); off = predictions only
     # Prompt make-up, 2884 tokens in all (paper Table 1). The shared part (rules, skill
     # catalogue, examples) hits the prefix cache; the task's own context (scene, history)
     # and instruction are prefilled for every task. The split is not published: 150
@@ -72,15 +77,23 @@ class SimResult:
         return self.sim_time_s / self.wall_time_s if self.wall_time_s > 0 else float("inf")
 
 
-class _Robot:
-    """One task's executor on one agent: runs received segments in order."""
+class _Run:
+    """One task on its agent: its record and how far into the trace's measured skill times it is."""
 
-    __slots__ = ("rec", "job", "detail_pos", "busy_until", "queue")
+    __slots__ = ("rec", "job", "detail_pos", "robot_id")
 
-    def __init__(self, rec: TaskRecord, job: Job) -> None:
-        self.rec, self.job = rec, job
+    def __init__(self, rec: TaskRecord, job: Job, robot_id: str) -> None:
+        self.rec, self.job, self.robot_id = rec, job, robot_id
         self.detail_pos = 0
-        self.busy_until = rec.arrival
+
+
+@dataclass
+class _Agent:
+    """One robot: the task it runs and when it is free; ``live``: segments it started or queued."""
+
+    task: str | None = None
+    busy_until: float = 0.0
+    live: list[SegRecord] = field(default_factory=list)
 
 
 class Simulator:
@@ -100,7 +113,8 @@ class Simulator:
                                 on_segment=self._on_segment, on_result=self._on_result)
         self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self._seq = itertools.count()
-        self._robots: dict[str, _Robot] = {}
+        self._runs: dict[str, _Run] = {}
+        self._agents: dict[str, _Agent] = {}
         self._shared_prompt: dict[str, list[int]] = {}
         self.records: list[TaskRecord] = []
 
@@ -116,8 +130,8 @@ class Simulator:
                         robot_type=tpl.robot_type, task_id=f"j{job.job_id}", arrival=job.trigger_time,
                         prompt_token_ids=self._prompt_ids(job, tpl.robot_type),
                         extra={"plan_text": tpl.plan}, meta={"job_id": job.job_id})
-        tid = self.core.submit(spec)
-        self._robots[tid] = _Robot(rec, job)
+        self._runs[spec.task_id] = _Run(rec, job, spec.robot_id)  # first: submit may end it at once
+        self.core.submit(spec)
 
     def _prompt_ids(self, job: Job, robot_type: str) -> list[int]:
         """System prompt (shared by a robot type, so prefix-cacheable) + this task's own
@@ -132,12 +146,12 @@ class Simulator:
 
     def _on_segment(self, task: TaskResult, seg: Segment) -> None:
         now = self.clock.now()
-        robot = self._robots[task.task_id]
+        run = self._runs[task.task_id]
         sr = SegRecord(seg.index, seg.text, len(seg.calls), dispatch=now, recv=now + self.cfg.hop_s)
-        robot.rec.segments.append(sr)
+        run.rec.segments.append(sr)
         self._at(sr.recv, self._robot_recv, task.task_id, sr, seg.calls)
 
-    def _exec_time(self, robot: _Robot, calls: list[Any]) -> float:
+    def _exec_time(self, robot: _Run, calls: list[Any]) -> float:
         total = 0.0
         detail = robot.job.exe_time_detail
         ss = self.core.hooks.skillset(robot.rec.robot_type)
@@ -153,19 +167,53 @@ class Simulator:
         return total
 
     def _robot_recv(self, task_id: str, sr: SegRecord, calls: list[Any]) -> None:
-        robot = self._robots[task_id]
-        sr.start = max(sr.recv, robot.busy_until)
-        sr.exec_s = self._exec_time(robot, calls)
+        run = self._runs[task_id]
+        agent = self._agents.setdefault(run.robot_id, _Agent())
+        now = self.clock.now()
+        if agent.task != task_id:
+            if sr.index > 0:  # the robot moved on to another task
+                self._refuse(task_id, sr, f"segment {sr.index} of task {task_id}, which this robot no longer runs")
+                return
+            if agent.task is not None:
+                self._preempt(agent, task_id, now)
+            agent.task, agent.live = task_id, []
+        sr.start = max(sr.recv, agent.busy_until)
+        sr.exec_s = self._exec_time(run, calls)
         sr.end = sr.start + sr.exec_s
-        robot.busy_until = sr.end
-        if self.cfg.report_done:
-            self._at(sr.end + self.cfg.hop_s, self._report, task_id, sr)
+        agent.busy_until = sr.end
+        agent.live.append(sr)
+        self._at(sr.end + self.cfg.hop_s, self._report, task_id, sr)
 
-    def _report(self, task_id: str, sr: SegRecord) -> None:
-        self.core.report_segment_done(task_id, sr.index, finish_time=sr.end, start_time=sr.start)
+    def _preempt(self, agent: _Agent, new_task: str, now: float) -> None:
+        """Segment 0 of ``new_task`` reached a robot running another task: it stops at once."""
+        old, reason = agent.task, f"preempted by task {new_task}"
+        for sr in agent.live:
+            if sr.end <= now:
+                continue
+            if sr.start < now:  # cut short where it was
+                sr.end, sr.exec_s = now, now - sr.start
+                sr.preempted = reason
+                self._at(now + self.cfg.hop_s, self._report, old, sr, False, reason)
+            else:
+                self._refuse(old, sr, reason)
+        agent.busy_until = now
+
+    def _refuse(self, task_id: str, sr: SegRecord, reason: str) -> None:
+        """Never started: no start or end time, reported failed."""
+        sr.start = sr.end = float("nan")
+        sr.exec_s, sr.preempted = 0.0, reason
+        self._at(self.clock.now() + self.cfg.hop_s, self._report, task_id, sr, False, reason)
+
+    def _report(self, task_id: str, sr: SegRecord, success: bool = True, error: str = "") -> None:
+        if success and sr.preempted:
+            return  # superseded: the robot reported it failed when it stopped
+        start = None if sr.start != sr.start else sr.start  # NaN: never started
+        finish = self.clock.now() - self.cfg.hop_s if start is None else sr.end
+        self.core.report_segment_done(task_id, sr.index, finish_time=finish, success=success, error=error,
+                                      start_time=start)
 
     def _on_result(self, res: TaskResult) -> None:
-        rec = self._robots[res.task_id].rec
+        rec = self._runs[res.task_id].rec
         rec.status, rec.reason, rec.finished, rec.plan = res.status.value, res.reason, self.clock.now(), res.plan
 
     # -- main loop --------------------------------------------------------------

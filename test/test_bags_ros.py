@@ -48,7 +48,7 @@ BOOK = ("Scene: [cabinet_1 x:0.48 y:0.55 width:0.49 height:0.91] Task: [A] Move 
         "cabinet, if you see a book, take a picture of it.")
 DOG = ("Scene: [dog x:0.48 y:0.51 width:0.2 height:0.4] Task: [E] You provided me with plan ml,100, but I "
        "encountered a failure because a dog is attempting to catch me. Execution history: ml(50)")
-ROBOTS = ["drone_0", "drone_1", "drone_2"]
+ROBOTS = ["drone_0", "drone_1", "drone_2", "drone_3"]
 RELIABLE_TOPICS = {"/plan_requests": TaskRequest, "/plan_segments": PlanSegment, "/segment_done": SegmentDone,
                    "/plan_results": PlanResult}
 # (delay before sending s, robot, robot type, task, tuf): three robots, both urgency levels, one refused goal
@@ -56,7 +56,8 @@ GOALS = [(0.0, "drone_0", "drone", CAT, TimeUtility(level="normal")),
          (0.05, "drone_1", "drone", BOOK, TimeUtility(level="normal")),
          (0.3, "drone_2", "drone", DOG, TimeUtility(level="urgent")),
          (0.35, "drone_0", "submarine", CAT, TimeUtility(level="normal")),  # refused: unknown robot type
-         (0.6, "drone_1", "drone", CAT, TimeUtility(level="", alpha=-1.0, beta=1.5, ert=0.8))]
+         # an idle robot: on drone_1 its higher beta would preempt BOOK when a replay compresses time
+         (0.6, "drone_3", "drone", CAT, TimeUtility(level="", alpha=-1.0, beta=1.5, ert=0.8))]
 
 
 def _wait(pred, timeout: float = 20.0) -> bool:

@@ -4,14 +4,14 @@ segments a robot started."""
 
 import math
 
+from test_scheduler import drain, make_core, spec
+
 from timelyllm_ros.model.clock import SimClock
 from timelyllm_ros.model.types import TaskStatus
 from timelyllm_ros.sim.metrics import summarize, to_markdown
 from timelyllm_ros.sim.records import SegRecord, TaskRecord
 from timelyllm_ros.sim.simulator import Simulator
 from timelyllm_ros.sim.workloads import Job, Workload
-
-from test_scheduler import drain, make_core, spec
 
 
 def on_robot(i, robot, **kw):

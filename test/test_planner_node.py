@@ -269,3 +269,29 @@ def test_journaled_statuses_read_back_through_the_one_status_table():
     # journals from before OVERDUE and INVALID were split wrote the overdue policy's refusals as "rejected"
     assert _task_result_from_record("t", {"status": "rejected"}).status is TaskStatus.OVERDUE
     assert _task_result_from_record("t", {"status": "?"}).status is TaskStatus.FAILED
+
+
+def test_a_busy_robot_runs_one_task_at_a_time_and_only_an_urgent_one_preempts():
+    """README "A busy robot", from the robot's side (the simulated fleet's execution log)."""
+    s = Stack(fleet_time_scale=1.0)
+    try:
+        log = s.fleet.robots["drone_0"].executed
+        fb_a, h_a = s.send("drone_0", CAT, NORMAL, task_id="busy-a")
+        assert _wait(lambda: fb_a)
+        fb_b, h_b = s.send("drone_0", CAT, NORMAL, task_id="busy-b")  # waits its turn
+        assert s.result(h_a, 60).status == PlanTask.Result.STATUS_SUCCEEDED
+        assert _wait(lambda: any(e[0] == "busy-b" for e in list(log)), 60)
+        a_end = max(e[4] for e in list(log) if e[0] == "busy-a")
+        b_start = min(e[3] for e in list(log) if e[0] == "busy-b")
+        assert b_start >= a_end, "the second normal task started before the robot finished the first"
+        assert all(e[5] for e in list(log) if e[0] == "busy-a"), "the first task was interrupted"
+        fb_u, h_u = s.send("drone_0", DOG, URGENT, task_id="busy-u")  # preempts busy-b
+        assert s.result(h_u, 60).status == PlanTask.Result.STATUS_SUCCEEDED
+        assert _wait(lambda: (r := s.planner.core.result("busy-b")) is not None
+                     and r.status.value == "cancelled" and "preempted by task busy-u" in r.reason, 30)
+        u_start = min(e[3] for e in list(log) if e[0] == "busy-u")
+        assert all(e[3] < u_start for e in list(log) if e[0] == "busy-b"), "busy-b ran after it was preempted"
+        spans = sorted((e[3], e[4]) for e in list(log))
+        assert all(x[1] <= y[0] + 1e-6 for x, y in zip(spans, spans[1:], strict=False)), spans
+    finally:
+        s.close()

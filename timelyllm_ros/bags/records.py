@@ -155,18 +155,22 @@ class RecordBuilder:
             d = t.done.get(k)
             if d is None:
                 continue
-            start, end = _s(d.start), _s(d.finish)
+            # a zero start: the robot never started it (refused, or dropped for a preempting task)
+            start, end = (_s(d.start) if stamp_ns(d.start) else math.nan), _s(d.finish)
             gen = _s(seg.stamp_generated)
             rec.segments.append(SegRecord(k, seg.text, len(seg.skills), dispatch=gen, recv=gen, start=start,
-                                          end=end, exec_s=max(0.0, end - start)))
+                                          end=end, exec_s=max(0.0, end - start) if start == start else 0.0,
+                                          preempted="" if d.success else d.error))
         rec.plan = "".join(texts)
         failed = [d for d in t.done.values() if not d.success]
         final = any(s.is_final for s in t.segments.values())
-        if failed:
-            rec.status, rec.reason = TaskStatus.ROBOT_FAILED.value, f"robot failed: {failed[0].error}"
-        elif t.result is not None and (st := STATUS_FROM_CODE.get(int(t.result.status))) is not TaskStatus.DONE:
-            # the planner ended it (overdue, cancelled, failed); a code this build does not know reads as failed
+        st = STATUS_FROM_CODE.get(int(t.result.status)) if t.result is not None else None
+        if t.result is not None and st is not TaskStatus.DONE:
+            # the planner ended it (overdue, cancelled or preempted, failed, robot failed); a code this build does
+            # not know reads as failed
             rec.status, rec.reason = (st or TaskStatus.FAILED).value, t.result.message
+        elif failed:
+            rec.status, rec.reason = TaskStatus.ROBOT_FAILED.value, f"robot failed: {failed[0].error}"
         elif len(rec.segments) == len(t.segments) and (t.result is not None or final
                                                        or _complete(r.robot_type, rec.plan)):
             rec.status = TaskStatus.DONE.value

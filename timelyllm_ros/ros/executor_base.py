@@ -17,10 +17,14 @@ One node per robot, in the robot's namespace (``/<robot_id>/...``):
   (nothing runs) when the plan would end incomplete;
 * publishes ``/segment_done`` with the real start and finish wall times; a refused or failed
   segment is reported with ``success=False`` and the reason, and the task's later segments are
-  reported failed too (the planner ends the task at the first failure);
+  reported failed too (the planner ends the task at the first failure). A segment that never
+  reached the runner (refused on receipt, or dropped from the queue) carries a zero ``start``: it never
+  started, and no utility is credited for it;
 * preemption: segment 0 of a *different* task while a task is still active (executing, or waiting
-  for its next segment) means "urgent task": the robot stops at once (hover / hold), the running
-  segment is reported failed with ``preempted by task <id>``, and the new task starts;
+  for its next segment) means the planner gave the robot to a more urgent task (it sends a busy
+  robot another task's segment 0 only then; scheduler "one task per robot"): the robot stops at
+  once (hover / hold), the running segment is reported failed with ``preempted by task <id>``, and
+  the new task starts;
 * ``/<robot_id>/emergency_stop`` (std_srvs/Trigger): stops the robot at once (drone: SDK ``stop``
   then ``land``; arm: an empty trajectory), drops everything queued, reports the running and queued
   segments failed with ``emergency stop``; later segments are refused until
@@ -34,6 +38,7 @@ import time
 from collections import deque
 from typing import Protocol
 
+from builtin_interfaces.msg import Time
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.node import Node
 from std_srvs.srv import Trigger
@@ -182,7 +187,7 @@ class RobotExecutorNode(Node):
         now = time.time()
         for m in self._queue:
             if not is_end_marker(m.text, m.is_final):
-                self._report(m, now, now, False, reason)
+                self._report(m, None, now, False, reason)
         self._queue.clear()
 
     def _refuse_all(self, segs: list[Segment]) -> None:
@@ -194,8 +199,7 @@ class RobotExecutorNode(Node):
             self.get_logger().info(f"{self.robot_id}: end marker {msg.task_id}[{msg.segment_index}] ignored: {reason}")
             return
         self.get_logger().warning(f"{self.robot_id}: refused {msg.task_id}[{msg.segment_index}]: {reason}")
-        now = time.time()
-        self._report(msg, now, now, False, reason)
+        self._report(msg, None, time.time(), False, reason)
 
     # -- worker ---------------------------------------------------------------------
     def _work(self) -> None:
@@ -269,10 +273,12 @@ class RobotExecutorNode(Node):
         self.get_logger().warning(f"{self.robot_id}: {marker.task_id}[{marker.segment_index}] (end of plan): {err}")
         self._report(marker, start, time.time(), False, err)
 
-    def _report(self, msg: PlanSegment, start: float, finish: float, ok: bool, error: str) -> None:
+    def _report(self, msg: PlanSegment, start: float | None, finish: float, ok: bool, error: str) -> None:
+        """``start`` None: the segment never started (a zero stamp on the wire)."""
         self.history.append((msg.task_id, msg.segment_index, ok, error))
         report = SegmentDone(task_id=msg.task_id, robot_id=self.robot_id, segment_index=msg.segment_index,
-                             start=time_msg(start), finish=time_msg(finish), success=ok, error=error)
+                             start=time_msg(start) if start is not None else Time(), finish=time_msg(finish),
+                             success=ok, error=error)
         self._reports.put(msg.task_id, msg.segment_index, report)
         publish_or_log(self._done_pub, report, self.get_logger(), f"the report of {msg.task_id}[{msg.segment_index}]")
 

@@ -10,8 +10,15 @@ are the transport layer; "silent" only means no SegmentDone), and one
 :class:`~timelyllm_ros.robots.inbox.SegmentInbox` per robot drops duplicates,
 releases a task's segments by index and refuses the held segments of a task
 whose gap (segment 0, typically) did not fill within ``reorder_timeout_s``. An
-end marker (is_final, empty text) is acknowledged, never run nor reported. No
-preemption here: segments run in the order they are released.
+end marker (is_final, empty text) is acknowledged, never run nor reported.
+
+One task per robot, as the real executors: segments run in the order they are
+released, and segment 0 of a different task while a task is still active (a
+segment running or queued, or its plan not yet ended) preempts it: the running
+segment ends at once, reported failed with ``preempted by task <id>`` and its
+real start; the queued ones never start (reported failed with a zero start),
+and the old task's later segments are refused. The planner sends a busy robot
+another task's segment 0 only when it preempts (scheduler "one task per robot").
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from builtin_interfaces.msg import Time
 from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.node import Node
 
@@ -53,6 +61,8 @@ class SimRobot:
     inbox: SegmentInbox = field(default_factory=SegmentInbox)  # dedup / order / hold
     queue: deque = field(default_factory=deque)  # released segments, in order
     busy_until: float | None = None
+    task: str | None = None  # the task it runs (its latest segment 0)
+    task_open: bool = False  # that task's plan has not ended (no final segment or end marker released yet)
     executed: deque = field(default_factory=lambda: deque(maxlen=10000))  # [task_id, index, text, start, finish, ok]
     acks: deque = field(default_factory=lambda: deque(maxlen=10000))  # (task_id, index) acknowledged
 
@@ -136,7 +146,21 @@ class SimFleetNode(Node):
                 for seg in rob.inbox.offer(msg.task_id, msg.segment_index, msg.text, msg.is_final, now, payload=msg):
                     if seg.refused:
                         self._refuse(rob, msg=seg.payload, reason=seg.refused, now=now)
-                    elif not seg.is_end_marker:  # a marker only ends the plan: nothing to run or report
+                        continue
+                    if seg.task_id != rob.task:
+                        if seg.index > 0:  # the inbox releases k > 0 only after 0: the task was replaced
+                            reason = f"segment {seg.index} of task {seg.task_id}, which this robot no longer runs"
+                            self._refuse(rob, seg.payload, reason, now)
+                            for old in rob.inbox.end_task(seg.task_id, reason):
+                                self._refuse(rob, old.payload, old.refused, now)
+                            continue
+                        if seg.is_end_marker:  # an empty plan: nothing to run, nothing to preempt
+                            continue
+                        self._preempt(rob, seg.task_id, now)
+                        rob.task, rob.task_open = seg.task_id, True
+                    if seg.is_final:
+                        rob.task_open = False
+                    if not seg.is_end_marker:  # a marker only ends the plan: nothing to run or report
                         rob.queue.append(seg.payload)
                 if rob.busy_until is None:
                     self._start_next(rob, now)
@@ -156,10 +180,27 @@ class SimFleetNode(Node):
                     self._refuse(rob, seg.payload, seg.refused, now)
 
     def _refuse(self, rob: SimRobot, msg: PlanSegment, reason: str, now: float) -> None:
+        """Never started: reported failed with a zero start."""
         if is_end_marker(msg.text, msg.is_final):
             return
         self.get_logger().warning(f"{rob.robot_id}: refused segment {msg.task_id}[{msg.segment_index}]: {reason}")
-        self._report(rob, msg, now, now, False, reason)
+        self._report(rob, msg, None, now, False, reason)
+
+    def _preempt(self, rob: SimRobot, new_task: str, now: float) -> None:
+        """Segment 0 of ``new_task`` while another task is active: stop now (caller holds the lock)."""
+        if rob.task is None or not (rob.task_open or rob.queue or rob.busy_until is not None):
+            return
+        reason = f"preempted by task {new_task}"
+        self.get_logger().warning(f"{rob.robot_id}: task {rob.task} {reason}: stopping")
+        for old in rob.inbox.end_task(rob.task, reason):
+            self._refuse(rob, old.payload, old.refused, now)
+        if rob.busy_until is not None:  # the running segment ends here, failed; its scheduled finish is void
+            entry = rob.executed[-1]
+            entry[4], entry[5] = now, False
+            self._report(rob, entry, entry[3], now, False, reason)
+            rob.busy_until = None
+        while rob.queue:
+            self._refuse(rob, rob.queue.popleft(), reason, now)
 
     def _start_next(self, rob: SimRobot, now: float) -> None:
         while rob.queue:
@@ -168,22 +209,26 @@ class SimFleetNode(Node):
                 calls = self.skillset.parse(msg.text) if msg.text.strip() else []
             except ValueError as e:  # refuse: never execute what does not parse
                 self.get_logger().warning(f"{rob.robot_id}: refused segment {msg.task_id}[{msg.segment_index}]: {e}")
-                self._report(rob, msg, now, now, False, f"invalid segment: {e}")
+                self._report(rob, msg, None, now, False, f"invalid segment: {e}")
                 continue
             dur = self.model.sample(calls, self.rng) * self.time_scale if calls else 0.0
             rob.busy_until = now + dur
-            rob.executed.append([msg.task_id, msg.segment_index, msg.text, now, now + dur, True])
-            heapq.heappush(self._events, (now + dur, rob.robot_id))
+            entry = [msg.task_id, msg.segment_index, msg.text, now, now + dur, True]
+            rob.executed.append(entry)
+            heapq.heappush(self._events, (now + dur, rob.robot_id, id(entry)))
             return
         rob.busy_until = None
 
-    def _report(self, rob: SimRobot, msg_or_entry, start: float, finish: float, ok: bool, error: str = "") -> None:
+    def _report(self, rob: SimRobot, msg_or_entry, start: float | None, finish: float, ok: bool,
+                error: str = "") -> None:
+        """``start`` None: never started (a zero stamp on the wire)."""
         if rob.silent:
             return
         task_id = msg_or_entry.task_id if isinstance(msg_or_entry, PlanSegment) else msg_or_entry[0]
         index = msg_or_entry.segment_index if isinstance(msg_or_entry, PlanSegment) else msg_or_entry[1]
-        report = SegmentDone(task_id=task_id, robot_id=rob.robot_id, segment_index=index, start=time_msg(start),
-                             finish=time_msg(finish), success=ok, error=error)
+        report = SegmentDone(task_id=task_id, robot_id=rob.robot_id, segment_index=index,
+                             start=time_msg(start) if start is not None else Time(), finish=time_msg(finish),
+                             success=ok, error=error)
         self._reports.put(task_id, index, report)
         publish_or_log(self._done_pub, report, self.get_logger(), f"{rob.robot_id}'s report of {task_id}[{index}]")
 
@@ -193,7 +238,7 @@ class SimFleetNode(Node):
                 if not self._events:
                     self._lock.wait(0.5)
                     continue
-                t, rid = self._events[0]
+                t, rid, key = self._events[0]
                 now = time.time()
                 if t > now:
                     self._lock.wait(t - now)
@@ -201,6 +246,8 @@ class SimFleetNode(Node):
                 heapq.heappop(self._events)
                 rob = self.robots[rid]
                 entry = rob.executed[-1]
+                if id(entry) != key or not entry[5]:
+                    continue  # preempted: already reported, and the robot moved on
                 self._report(rob, entry, entry[3], entry[4], True)
                 self._start_next(rob, now)
 

@@ -17,10 +17,10 @@ from rclpy.node import Node
 from timelyllm_ros.action import PlanTask
 from timelyllm_ros.model.plans import plan_templates
 from timelyllm_ros.model.types import TaskStatus
-from timelyllm_ros.msg import SegmentDone
+from timelyllm_ros.msg import PlanResult, SegmentDone
 from timelyllm_ros.ros.actions import SafeActionClient
 from timelyllm_ros.ros.convert import ClockBridge, status_from_code, tuf_to_msg
-from timelyllm_ros.ros.topics import RELIABLE
+from timelyllm_ros.ros.topics import PLAN_RESULTS, RELIABLE, RESULTS_QOS
 from timelyllm_ros.sim.records import SegRecord, TaskRecord
 from timelyllm_ros.sim.workloads import Job
 
@@ -35,6 +35,10 @@ def robot_type_of(job: Job) -> str:
 
 def robot_id_of(job: Job) -> str:
     return f"{robot_type_of(job)}_{job.agent_id}"
+
+
+def task_id_of(job_id: int) -> str:
+    return f"job{job_id}"
 
 
 class WorkloadClient(Node):
@@ -68,7 +72,11 @@ class WorkloadClient(Node):
         self._lock = threading.Lock()
         self._finished = threading.Event()
         self._open = len(jobs)
+        self._revised: dict[str, tuple[TaskStatus, str]] = {}  # task -> a finished plan's later end (/plan_results)
         self.create_subscription(SegmentDone, "/segment_done", self._segment_done, RELIABLE,
+                                 callback_group=self._group)
+        # A finished plan the robot did not run to the end (preempted, failed late) is revised only here.
+        self.create_subscription(PlanResult, PLAN_RESULTS, self._plan_result, RESULTS_QOS,
                                  callback_group=self._group)
 
     def wait_for_planner(self, timeout: float = 120.0) -> bool:
@@ -89,7 +97,7 @@ class WorkloadClient(Node):
 
     def _send(self, job: Job) -> None:
         rec = self.records[job.job_id]
-        task_id = f"job{job.job_id}"
+        task_id = task_id_of(job.job_id)
         with self._lock:
             self._by_task[task_id] = rec
         rec.arrival = time.monotonic()
@@ -121,8 +129,22 @@ class WorkloadClient(Node):
                 self._early[(msg.task_id, msg.segment_index)] = msg  # the robot was faster than the feedback
                 return
             seg = rec.segments[msg.segment_index]
-            seg.start, seg.end = self._bridge.to_core(msg.start), self._bridge.to_core(msg.finish)
-            seg.exec_s = seg.end - seg.start
+            # a zero start: the robot never started it (refused, or dropped for a preempting task)
+            started = bool(msg.start.sec or msg.start.nanosec)
+            seg.end = self._bridge.to_core(msg.finish)
+            seg.start = self._bridge.to_core(msg.start) if started else float("nan")
+            seg.exec_s = seg.end - seg.start if started else 0.0
+            seg.preempted = "" if msg.success else msg.error
+
+    def _plan_result(self, msg: PlanResult) -> None:
+        st = status_from_code(msg.status)
+        if st is None or st is TaskStatus.DONE:
+            return
+        with self._lock:
+            self._revised[msg.task_id] = (st, msg.message)
+            rec = self._by_task.get(msg.task_id)
+            if rec is not None and rec.status == TaskStatus.DONE.value:
+                rec.status, rec.reason = st.value, msg.message
 
     def _accepted(self, rec: TaskRecord, fut) -> None:
         handle = fut.result()
@@ -142,6 +164,9 @@ class WorkloadClient(Node):
 
     def _close(self, rec: TaskRecord, status: TaskStatus, reason: str) -> None:
         with self._lock:
+            revised = self._revised.get(task_id_of(rec.job_id))
+            if status is TaskStatus.DONE and revised is not None:  # the revision came first
+                status, reason = revised
             rec.status, rec.reason, rec.finished = status.value, reason, time.monotonic()
             rec.segments = [s for s in rec.segments if s is not None]
             self._open -= 1
@@ -156,7 +181,7 @@ class WorkloadClient(Node):
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             with self._lock:
-                missing = [s for r in self.records.values() for s in r.segments if s.start != s.start]  # NaN
+                missing = [s for r in self.records.values() for s in r.segments if s.end != s.end]  # NaN
             if not missing:
                 return True
             time.sleep(0.05)

@@ -19,12 +19,19 @@ Placement (:meth:`EnginePool.add`), deterministic, among the members that are up
   the tokens each generation got; seeded from its declared step model; unknown counts as 0 so a new member
   gets work and is measured.
 
+Latency estimate, per member: each member has its own :class:`LatencyEstimator`, fed from its own steps
+(its batch, its duration as above, its prefill tokens), and the scheduler plans with
+:class:`PoolLatencyEstimator` (:meth:`EnginePool.latency_estimator`, which
+:meth:`LatencyEstimator.for_engine` returns): the time per token of the member placement would put a
+generation on, at that member's load. A fast and a slow server behind one merged figure would make a
+request on the fast one look late and one on the slow one look early.
+
 Stepping (:meth:`EnginePool.step`): members with work step in turn; a remote member is stepped only when its
 server has streamed something (:meth:`Engine.step_ready`), so a member in a long prefill does not hold back
 the others' tokens. With none ready the pool waits at most ``step_wait_s`` (polling every ``poll_s``) and
 returns an empty step. The merged report's duration is the larger of the pool's wall time and the longest
-member-reported (modelled) duration: members run side by side, and the core's estimate learns "time per
-token for a generation while ``batch_size`` run in the pool".
+member-reported (modelled) duration: members run side by side (the core's estimate does not learn from it:
+the members' estimators learn from their own steps).
 
 Failover: a member fails when its ``add`` or ``step`` raises anything but a ValueError (a ValueError refuses
 that one request, e.g. a context too long), or when it ends a generation with :attr:`FinishReason.ERROR` and

@@ -8,7 +8,8 @@ generation (earlier deadline) past its deadline while the candidate could
 afford to wait, and the KV cache has room (see :class:`LatencyGuided`).
 ``step_time`` and the prefill cost per token are fitted online from the engine's
 own step reports, seeded from the engine's fitted step model where its config has
-one, so they follow whichever engine runs.
+one, so they follow whichever engine runs (an engine pool keeps one per member and answers for the member
+a generation would be placed on: engines/pool.py).
 
 Fixed caps (1..16) are the comparison of paper Fig. 7.
 """

@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from test_engine_pool import _Flaky, _req
+from test_engine_pool import _Flaky, _owner, _req
 from test_scheduler import drain, spec
 
+from timelyllm_ros.engines import driver
 from timelyllm_ros.engines.base import EngineRequest, StepModel
 from timelyllm_ros.engines.pool import EnginePool, PoolLatencyEstimator
 from timelyllm_ros.engines.sim_engine import SimEngine, SimEngineConfig
@@ -49,20 +50,8 @@ def _unaffine(i: int) -> EngineRequest:
 
 
 def _run(pool: EnginePool, n: int) -> None:
-    """``n`` whole plans (not suspended at their boundaries: many steps at each batch size)."""
-    for i in range(n):
-        r = _unaffine(i)
-        r.suspend_at_boundary = False
-        pool.add(r)
-    for _ in range(10000):
-        if not pool.has_work():
-            return
-        pool.step()
-    raise AssertionError("the pool did not finish")
-
-
-def _owner(pool: EnginePool, gen_id: str) -> int:
-    return next(s.index for s in pool.members() if gen_id in pool.member_engine(s.index).running_ids())
+    """``n`` whole plans, each resumed at once after its segments (many steps at each batch size)."""
+    driver.run(pool, [_unaffine(i) for i in range(n)])
 
 
 def test_each_member_learns_its_own_speed_from_its_own_steps():

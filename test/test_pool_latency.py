@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from test_engine_pool import _Flaky, _owner, _req
+from test_engine_pool import _Clock, _Flaky, _owner, _req
 from test_scheduler import drain, spec
 
 from timelyllm_ros.engines import driver
@@ -99,9 +99,10 @@ def test_the_pools_estimate_follows_the_member_placement_picks():
     assert est.step_time(1) == fast.step_time(1)
 
 
-def test_a_member_going_down_leaves_the_estimate_to_the_others_and_none_up_falls_back_to_the_declared():
-    members = _members([0.05, 0.01], declared=True)
-    pool = EnginePool(members, background_probes=False)
+def test_a_member_going_down_leaves_the_estimate_to_the_others_none_up_falls_back_and_a_rejoined_one_relearns():
+    members, clock = _members([0.05, 0.01], declared=True), _Clock()
+    pool = EnginePool(members, background_probes=False, clock=clock,
+                      rebuild=[None, lambda: _Declared(SimEngineConfig(decode_s=0.01))])
     _run(pool, 8)
     est, slow = pool.latency_estimator(), pool.member_estimator(0)
     assert est.step_time(1) == pytest.approx(0.01, rel=0.05)
@@ -118,6 +119,13 @@ def test_a_member_going_down_leaves_the_estimate_to_the_others_and_none_up_falls
     assert est.step_time(1) == pytest.approx(DECLARED.decode_s)
     assert est.prefill_time(50) == pytest.approx(50 * DECLARED.prefill_s_per_token)
     assert "no pool member up" in est.describe()["seed"]
+    # the fast member is rebuilt and rejoins: it counts again, learning afresh from its declared model
+    clock.t += 10.0
+    pool.step()
+    assert [s.up for s in pool.members()] == [False, True]
+    assert est.step_time(1) == pool.member_estimator(1).step_time(1) == pytest.approx(DECLARED.decode_s)
+    _run(pool, 4)
+    assert est.step_time(1) == pytest.approx(0.01, rel=0.05)
 
 
 def _admitted_next_to_an_urgent(estimator: LatencyEstimator | None) -> tuple[PlannerCore, bool, list]:

@@ -573,7 +573,6 @@ class EnginePool(Engine):
         raise AssertionError("EnginePool aborts on its members")
 
 
-
 class PoolLatencyEstimator(LatencyEstimator):
     """The scheduler's latency estimate over an engine pool: each member's own :class:`LatencyEstimator`
     (fed by the pool from that member's steps), answered for the member placement would put a generation on.

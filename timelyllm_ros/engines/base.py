@@ -24,8 +24,12 @@ import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from timelyllm_ros.skills.segmenter import StopChecker
+
+if TYPE_CHECKING:
+    from timelyllm_ros.sched.admission import LatencyEstimator
 
 
 class FinishReason(enum.StrEnum):
@@ -262,6 +266,12 @@ class Engine(abc.ABC):
     def warm_up_targets(self) -> list[Engine]:
         """The engines a warm-up must reach (:meth:`PlannerCore.warm_up`): this one; a pool, each member."""
         return [self]
+
+    def latency_estimator(self) -> LatencyEstimator | None:
+        """The step-time estimate the scheduler should use, where the engine keeps its own (an engine pool:
+        one per member, answering for the member a generation would be placed on); None: the scheduler
+        learns one from this engine's step reports (:meth:`LatencyEstimator.for_engine`)."""
+        return None
 
     def step_ready(self) -> bool:
         """Whether :meth:`step` would return output without waiting. An in-process engine computes its step

@@ -19,12 +19,19 @@ Placement (:meth:`EnginePool.add`), deterministic, among the members that are up
   the tokens each generation got; seeded from its declared step model; unknown counts as 0 so a new member
   gets work and is measured.
 
+Latency estimate, per member: each member has its own :class:`LatencyEstimator`, fed from its own steps
+(its batch, its duration as above, its prefill tokens), and the scheduler plans with
+:class:`PoolLatencyEstimator` (:meth:`EnginePool.latency_estimator`, which
+:meth:`LatencyEstimator.for_engine` returns): the time per token of the member placement would put a
+generation on, at that member's load. A fast and a slow server behind one merged figure would make a
+request on the fast one look late and one on the slow one look early.
+
 Stepping (:meth:`EnginePool.step`): members with work step in turn; a remote member is stepped only when its
 server has streamed something (:meth:`Engine.step_ready`), so a member in a long prefill does not hold back
 the others' tokens. With none ready the pool waits at most ``step_wait_s`` (polling every ``poll_s``) and
 returns an empty step. The merged report's duration is the larger of the pool's wall time and the longest
-member-reported (modelled) duration: members run side by side, and the core's estimate learns "time per
-token for a generation while ``batch_size`` run in the pool".
+member-reported (modelled) duration: members run side by side (the core's estimate does not learn from it:
+the members' estimators learn from their own steps).
 
 Failover: a member fails when its ``add`` or ``step`` raises anything but a ValueError (a ValueError refuses
 that one request, e.g. a context too long), or when it ends a generation with :attr:`FinishReason.ERROR` and
@@ -64,6 +71,7 @@ from timelyllm_ros.engines.base import (
     SegmentEvent,
     StepReport,
 )
+from timelyllm_ros.sched.admission import LatencyEstimator
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +105,8 @@ class MemberStats:
     failovers: int  # generations moved away from it
     rejoins: int
     stats: EngineStats | None  # the member's own stats (None while down)
+    # its latency estimator's time per token at its current batch (what the scheduler plans with)
+    est_time_per_token_s: float | None = None
 
 
 @dataclass
@@ -117,6 +127,7 @@ class _Member:
     rebuild: Callable[[], Engine] | None
     max_batch: int
     step_s: float | None  # measured time per token
+    est: LatencyEstimator  # its own step-time estimate, fed from its own steps (the scheduler's, per member)
     up: bool = True
     down_reason: str = ""
     backoff_s: float = 0.0
@@ -161,8 +172,11 @@ class EnginePool(Engine):
         self._clock = clock
         self._members = [
             _Member(i, names[i], m, rebuild[i], max(1, int(m.stats().max_batch)),
-                    m.info.step_model.decode_s if m.info.step_model else None)
+                    m.info.step_model.decode_s if m.info.step_model else None, LatencyEstimator.for_engine(m))
             for i, m in enumerate(members)]
+        model = self.info.step_model
+        self._estimate = (PoolLatencyEstimator.from_step_model(model, pool=self) if model is not None
+                          else PoolLatencyEstimator(pool=self))
         self._owner: dict[str, int] = {}  # gen_id -> member running it
         self._reqs: dict[str, EngineRequest] = {}
         self._last: OrderedDict[str, int] = OrderedDict()  # gen_id -> member it last ran on (suspended too)
@@ -275,6 +289,10 @@ class EnginePool(Engine):
             streamed = m.engine.info.streamed and m.last_collect is not None
             sample = (max(rep.duration_s, now - m.last_collect) if streamed else rep.duration_s) / per_gen
             m.step_s = sample if m.step_s is None else m.step_s + STEP_EWMA * (sample - m.step_s)
+            if m.engine.info.streamed:
+                m.est.observe(rep.batch_size, sample, rep.prefill_tokens)
+        if not m.engine.info.streamed:  # what the core would learn from this engine alone (prefill steps too)
+            m.est.observe(rep.batch_size, rep.duration_s, rep.prefill_tokens)
         m.last_collect = now if m.engine.has_work() else None
         return rep
 
@@ -315,12 +333,15 @@ class EnginePool(Engine):
         """The members that are up, best first for ``req`` (the rule of the module docstring)."""
         key = self.affinity_key(req)
         last, served = self._last.get(req.gen_id), self._by_key.get(key)
+        return [m.index for m in sorted((m for m in self._members if m.up and m.index not in exclude),
+                                        key=lambda m: self._rank(m, len(m.owned), last, served))]
 
-        def rank(m: _Member) -> tuple:
-            return (len(m.owned) >= m.max_batch, m.index != last, m.index != served,
-                    m.step_s if m.step_s is not None else 0.0, len(m.owned), m.index)
-
-        return [m.index for m in sorted((m for m in self._members if m.up and m.index not in exclude), key=rank)]
+    @staticmethod
+    def _rank(m: _Member, load: int, last: int | None = None, served: int | None = None) -> tuple:
+        """Placement's key for ``m`` carrying ``load`` generations (least first); without ``last`` / ``served``
+        no member has affinity (a generation of unknown robot type)."""
+        return (load >= m.max_batch, m.index != last, m.index != served,
+                m.step_s if m.step_s is not None else 0.0, load, m.index)
 
     def _place(self, req: EngineRequest, seg: list[int], exclude: frozenset[int] = frozenset()) -> None:
         """Submit ``req`` to the best member that takes it; NoMemberUp if none does. A member that fails on
@@ -467,6 +488,7 @@ class EnginePool(Engine):
         m.engine, m.up, m.down_reason, m.rejoins = eng, True, "", m.rejoins + 1
         m.max_batch = max(1, int(eng.stats().max_batch))
         m.step_s = eng.info.step_model.decode_s if eng.info.step_model else None
+        m.est = LatencyEstimator.for_engine(eng)  # a rebuilt server may run elsewhere: learn it afresh
         log.warning("engine pool: %s rejoined", m.name)
 
     # -- introspection ---------------------------------------------------------------------------------------
@@ -478,8 +500,19 @@ class EnginePool(Engine):
                 with contextlib.suppress(Exception):
                     st = m.engine.stats()
             out.append(MemberStats(m.index, m.name, m.engine.info.name, m.up, m.down_reason, len(m.owned),
-                                   m.max_batch, m.step_s, m.failovers, m.rejoins, st))
+                                   m.max_batch, m.step_s, m.failovers, m.rejoins, st,
+                                   m.est.step_time(len(m.owned)) if m.up else None))
         return out
+
+    def latency_estimator(self) -> PoolLatencyEstimator:
+        return self._estimate
+
+    def member_estimator(self, index: int) -> LatencyEstimator:
+        """Member ``index``'s own step-time estimate (learned from its steps in this pool)."""
+        return self._members[index].est
+
+    def _up(self) -> list[_Member]:
+        return [m for m in self._members if m.up]
 
     def warm_up_targets(self) -> list[Engine]:
         """Every member that is up: each has its own prefix cache to fill (placement would warm one)."""
@@ -539,3 +572,66 @@ class EnginePool(Engine):
     def _backend_abort(self, gen_id: str) -> None:
         raise AssertionError("EnginePool aborts on its members")
 
+
+class PoolLatencyEstimator(LatencyEstimator):
+    """The scheduler's latency estimate over an engine pool: each member's own :class:`LatencyEstimator`
+    (fed by the pool from that member's steps), answered for the member placement would put a generation on.
+
+    ``step_time(n)``: ``n`` generations placed one by one on the members that are up by placement's rule
+    (capacity, measured step time, load; no affinity: the scheduler does not say which generation it asks
+    about); the time per token of the member the n-th one lands on, at its load there. ``prefill_time(k)``:
+    that of the member a new generation would go to now (its current load). With no member up, the pool's
+    declared step model (this estimator's own state). The merged step reports the core observes are not
+    needed: the members learn from their own.
+    """
+
+    def __init__(self, *, pool: EnginePool, **kw: Any) -> None:
+        super().__init__(**kw)  # the fallback: the pool's declared model (see EnginePool.__init__)
+        self._pool = pool
+
+    def observe(self, batch: int, duration_s: float, prefill_tokens: int = 0) -> None:
+        """Ignored: a merged step mixes members of different speeds; each member is fed its own steps."""
+
+    def _placed(self, batch: int) -> tuple[_Member, int] | None:
+        """The member the ``batch``-th generation would be placed on and its load there; None: none is up."""
+        up = self._pool._up()
+        if not up:
+            return None
+        rank = self._pool._rank
+        load = dict.fromkeys((m.index for m in up), 0)
+        for _ in range(max(1, batch)):
+            m = min(up, key=lambda m: rank(m, load[m.index]))
+            load[m.index] += 1
+        return m, load[m.index]
+
+    def _next(self) -> _Member | None:
+        """The member a new generation would be placed on now (its current load, no affinity)."""
+        up = self._pool._up()
+        return min(up, key=lambda m: self._pool._rank(m, len(m.owned))) if up else None
+
+    def step_time(self, batch: int) -> float:
+        placed = self._placed(batch)
+        if placed is None:
+            return super().step_time(batch)
+        m, load = placed
+        return m.est.step_time(load)
+
+    def prefill_time(self, tokens: int) -> float:
+        m = self._next()
+        return m.est.prefill_time(tokens) if m is not None else super().prefill_time(tokens)
+
+    def describe(self) -> dict[str, Any]:
+        """The estimate of the member a new generation would go to now; samples summed over the members."""
+        m = self._next()
+        if m is None:
+            return {**super().describe(), "seed": f"{self.source} (no pool member up)"}
+        d = m.est.describe()
+        ests = [x.est.describe() for x in self._pool._up()]
+        d["seed"] = f"per pool member ({m.name}: {d['seed']})"
+        d["decode_samples"] = sum(e["decode_samples"] for e in ests)
+        d["prefill_samples"] = sum(e["prefill_samples"] for e in ests)
+        return d
+
+    def for_replaced_engine(self, engine: Engine) -> LatencyEstimator:
+        # this pool's members are gone: the new engine's own estimate, or one seeded from its model
+        return LatencyEstimator.for_engine(engine)

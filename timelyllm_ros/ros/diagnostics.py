@@ -94,6 +94,8 @@ def add_pool_members(st: Status, stats: PoolStats) -> Status:
         if m.up:
             st.add(f"{pre}_running", m.owned).add(f"{pre}_max_batch", m.max_batch)
             st.add(f"{pre}_step_time_s", float(m.step_time_s) if m.step_time_s is not None else float("nan"))
+            if m.est_time_per_token_s is not None:  # what the scheduler plans with for this member
+                st.add(f"{pre}_est_time_per_token_s", float(m.est_time_per_token_s))
         else:
             st.add(f"{pre}_down_reason", m.down_reason)
         st.add(f"{pre}_failovers", m.failovers).add(f"{pre}_rejoins", m.rejoins)

@@ -8,7 +8,8 @@ generation (earlier deadline) past its deadline while the candidate could
 afford to wait, and the KV cache has room (see :class:`LatencyGuided`).
 ``step_time`` and the prefill cost per token are fitted online from the engine's
 own step reports, seeded from the engine's fitted step model where its config has
-one, so they follow whichever engine runs.
+one, so they follow whichever engine runs (an engine pool keeps one per member and answers for the member
+a generation would be placed on: engines/pool.py).
 
 Fixed caps (1..16) are the comparison of paper Fig. 7.
 """
@@ -69,9 +70,20 @@ class LatencyEstimator:
 
     @classmethod
     def for_engine(cls, engine: Engine, **kw: Any) -> LatencyEstimator:
-        """Seeded from the engine's declared step model (``EngineInfo.step_model``) if it has one."""
+        """The engine's own estimate where it keeps one (an engine pool: one per member, see
+        :meth:`Engine.latency_estimator`), else one seeded from its declared step model
+        (``EngineInfo.step_model``) if it has one."""
+        own = engine.latency_estimator()
+        if own is not None:
+            return own
         model = engine.info.step_model
         return cls.from_step_model(model, **kw) if model is not None else cls(**kw)
+
+    def for_replaced_engine(self, engine: Engine) -> LatencyEstimator:
+        """The estimate to keep when the core's engine is replaced (rebuilt after a crash): this one (the same
+        model: what it learned still holds), unless the new engine keeps its own."""
+        own = engine.latency_estimator()
+        return own if own is not None else self
 
     def observe(self, batch: int, duration_s: float, prefill_tokens: int = 0) -> None:
         if batch <= 0 or batch >= len(self._avg) or duration_s <= 0:

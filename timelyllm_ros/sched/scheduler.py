@@ -425,6 +425,7 @@ class PlannerCore:
             if self._tasks:
                 raise RuntimeError(f"replace_engine with {len(self._tasks)} open tasks")
             self.engine = engine
+            self.estimator = self.estimator.for_replaced_engine(engine)  # a pool's estimate is its members'
         self.wake.set()
 
     def warm_up(self, prompts: list[tuple[str, list[int]]], burst: list[tuple[str, list[int]]] | None = None) -> int:

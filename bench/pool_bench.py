@@ -1,0 +1,412 @@
+"""``timelyllm-bench pool``: one vLLM server vs a pool of two vs the in-process engine, and the simulator's
+projection for 1, 2, 4 and 8 GPU servers (issue 13, item 4).
+
+    timelyllm-bench pool                      # both parts (the real one starts two `vllm serve`, minutes)
+    timelyllm-bench pool --skip-real          # the projection only (seconds)
+    timelyllm-bench pool --skip-sim --events 3 --per-event 6
+
+**Real part** (this machine, CPU): the same drone tasks (the first ``--events`` arrival events of the published
+WID 2 trace, at most ``--per-event`` tasks each, TUF time axis x5 as in the demo for a CPU engine) go through
+the ROS planner (PlannerCore, policy pud) and the simulated fleet in real time, exactly as the fleet demo
+runs them (:func:`timelyllm_ros.demo.run_policy`: robots execute segments with the project's execution-time
+model), three times: (a) the in-process vLLM engine (config/engine_vllm_cpu.yaml), (b) one ``vllm serve``
+(config/engine_remote.yaml), (c) a pool of two (config/engine_pool_remote.yaml). The servers are started by
+devtools/vllm_server.py with the in-process config's settings (batch 8). Every server shares this machine's
+cores with the others and with the planner, so (c) cannot be faster than (b) here: the part shows that the
+pool works end to end and what the HTTP path and the pool cost, not a scale-out gain.
+
+**Projection**: an :class:`EnginePool` of N :class:`SimEngine` members, each with the default
+:class:`SimEngineConfig` (the paper's GPU step model, Table 1: 22 ms decode step, 0.11 ms per prefill token;
+``--engine-config`` for another), in the discrete-event simulator (same core, pud, latency-guided admission)
+on the WID 2 trace with every arrival time divided by ``--load`` (bench/load_sweep.py's scaling), ``--seeds``
+repetitions (robot sampling and prompt contexts; ``--jitter-ms`` also moves each arrival event), mean +- 95 % CI.
+The pool steps its members together and reports the longest member's modelled duration (its own wall time is
+microseconds), so the simulator's virtual clock advances by one step of the slowest member: a member with a
+short step waits for one in a long prefill. The projection is therefore conservative for N > 1.
+
+Results: a table per part; results.json, results.md, pool_projection.png and pool_real.png in ``--out``
+(default bench/results/pool). A part that is skipped keeps its previous results in results.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.cli import _progress, _results_root, print_table
+from bench.load_sweep import _md_table, _truncate, jitter, mean_ci, scale_load
+from timelyllm_ros.engines.base import Engine
+from timelyllm_ros.engines.pool import EnginePool
+from timelyllm_ros.engines.sim_engine import SimEngine, SimEngineConfig
+from timelyllm_ros.sim import metrics
+from timelyllm_ros.sim.records import TaskRecord
+from timelyllm_ros.sim.simulator import SimConfig, Simulator
+from timelyllm_ros.sim.workloads import Workload, load_workload
+
+DEFAULT_SERVERS = "1,2,4,8"
+DEFAULT_MEMBER_BATCH = "8,256"
+REAL_CONFIGS = ("in-process", "remote x1", "pool x2")
+SERVED_NAME = "SmolLM2-135M-Instruct"
+MAX_NUM_SEQS = "8"  # the servers take the in-process config's batch (engine_vllm_cpu.yaml max_num_seqs)
+
+
+class SimPool(EnginePool):
+    """A pool of simulated members, with the token totals the simulator reports for its one SimEngine."""
+
+    def __init__(self, members: Sequence[SimEngine], **kw: Any) -> None:
+        super().__init__(members, **kw)
+        self.sim_members = list(members)
+
+    @property
+    def total_prefill_tokens(self) -> int:
+        return sum(m.total_prefill_tokens for m in self.sim_members)
+
+    @property
+    def total_decode_tokens(self) -> int:
+        return sum(m.total_decode_tokens for m in self.sim_members)
+
+
+def _row(records: Sequence[TaskRecord], group: str) -> metrics.Summary | None:
+    return next((s for s in metrics.summarize(records) if s.group == group), None)
+
+
+def figures(records: Sequence[TaskRecord], span_s: float, tokens: int) -> dict[str, Any]:
+    """The figures compared per configuration: U/beta (all tasks, a task not done counting 0), response
+    p50/p95 of served tasks, throughput over ``span_s`` (first arrival to the last result)."""
+    every, urgent = _row(records, "all"), _row(records, "all urgent")
+    assert every is not None
+    done = every.statuses.get("done", 0)
+    return {"tasks": every.n, "done": done, "not_done": every.failed, "statuses": every.statuses,
+            "urgent_n": urgent.n if urgent else 0,
+            "urgent_u_beta": urgent.utility_norm_all if urgent else math.nan,
+            "all_u_beta": every.utility_norm_all, "response_p50_s": every.response_p50,
+            "response_p95_s": every.response_p95, "span_s": span_s, "tokens": tokens,
+            "tokens_per_s": tokens / span_s if span_s > 0 else math.nan,
+            "tasks_per_min": 60.0 * done / span_s if span_s > 0 else math.nan}
+
+
+# -- the projection ----------------------------------------------------------------------------------------
+def simulate_pool(wl: Workload, n: int, seed: int, engine_cfg: SimEngineConfig, args: argparse.Namespace
+                  ) -> dict[str, Any]:
+    """One simulation of ``wl`` on a pool of ``n`` simulated servers; the figures and each member's share."""
+    cfg = SimConfig(policy="pud", seed=seed, engine=engine_cfg, prompt_context_tokens=args.context_tokens,
+                    prompt_shared_tokens=max(0, 2884 - args.context_tokens))
+    cfg.core.resume_lead_s = args.resume_lead
+    # The pool never waits on an in-process member (step_ready is always true), so step_wait_s is not spent.
+    pool = SimPool([SimEngine(engine_cfg) for _ in range(n)], background_probes=False)
+    sim = Simulator(wl, cfg)
+    sim.engine = pool  # the simulator's prompts and token totals
+    sim.core.replace_engine(pool)  # no task is open yet: the core now places every generation through the pool
+    res = sim.run()
+    out = figures(res.records, res.sim_time_s, res.decode_tokens)
+    out.update(seed=seed, servers=n, sim_time_s=res.sim_time_s, wall_s=res.wall_time_s,
+               member_decode_tokens=[m.total_decode_tokens for m in pool.sim_members],
+               member_prefill_tokens=[m.total_prefill_tokens for m in pool.sim_members])
+    return out
+
+
+SIM_KEYS = ("urgent_u_beta", "all_u_beta", "response_p50_s", "response_p95_s", "tokens_per_s", "tasks_per_min",
+            "not_done")
+
+
+def projection(args: argparse.Namespace) -> dict[str, Any]:
+    servers = [int(x) for x in args.servers.split(",") if x]
+    batches = [int(x) for x in args.member_batch.split(",") if x]
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    engine_cfg = SimEngineConfig.from_yaml(args.engine_config) if args.engine_config else SimEngineConfig()
+    base = _truncate(load_workload(args.workload, seed=args.seed), args.max_jobs)
+    runs: dict[tuple[int, int], list[dict[str, Any]]] = {(b, n): [] for b in batches for n in servers}
+    for s in _progress(seeds, "seeds"):
+        wl = scale_load(jitter(base, args.jitter_ms / 1e3, s), args.load)
+        for b, n in _progress(list(runs), f"batch x servers (seed {s})"):
+            runs[(b, n)].append(simulate_pool(wl, n, s, dataclasses.replace(engine_cfg, max_batch=b), args))
+    points = []
+    for (b, n), rs in runs.items():
+        pt: dict[str, Any] = {"member_batch": b, "servers": n, "seeds": len(rs), "tasks": rs[0]["tasks"]}
+        for k in SIM_KEYS:
+            pt[k], pt[f"{k}_ci"] = mean_ci([r[k] for r in rs])
+        pt["per_seed"] = rs
+        points.append(pt)
+    return {"workload": base.name, "jobs": len(base.jobs), "load_factor": args.load, "seeds": seeds,
+            "jitter_ms": args.jitter_ms, "step_model": dataclasses.asdict(engine_cfg) | {
+                "source": args.engine_config or "SimEngineConfig() defaults: the paper's GPU (Table 1)"},
+            "points": points}
+
+
+def _ci(m: float, ci: float, fmt: str = "{:+.3f}") -> str:
+    if m != m:
+        return "-"
+    return fmt.format(m) + ("" if ci != ci else " ±" + fmt.format(ci).lstrip("+"))
+
+
+PROJ_COLS = (("urgent U/beta", "urgent_u_beta", "{:+.3f}"), ("all U/beta", "all_u_beta", "{:+.3f}"),
+             ("resp p50 s", "response_p50_s", "{:.3f}"), ("resp p95 s", "response_p95_s", "{:.3f}"),
+             ("tokens/s", "tokens_per_s", "{:.0f}"), ("tasks/min", "tasks_per_min", "{:.1f}"),
+             ("not done", "not_done", "{:.1f}"))
+
+
+def projection_table(proj: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    header = ["member batch", "servers", *(c[0] for c in PROJ_COLS), "decode tokens per member (first seed)"]
+    rows = [[str(p["member_batch"]), str(p["servers"]), *(_ci(p[k], p[f"{k}_ci"], f) for _, k, f in PROJ_COLS),
+             "/".join(str(x) for x in p["per_seed"][0]["member_decode_tokens"])] for p in proj["points"]]
+    return header, rows
+
+
+# -- the real part -----------------------------------------------------------------------------------------
+def _server_counters(url: str) -> dict[str, float]:
+    """The server's cumulative token counters from its Prometheus /metrics (what each member really served)."""
+    want = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total", "vllm:prefix_cache_hits_total",
+            "vllm:request_success_total")
+    out: dict[str, float] = dict.fromkeys(want, 0.0)
+    with contextlib.suppress(OSError), urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name in out:
+                out[name] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def _real_run(name: str, engine: Engine, jobs: list[Any], args: argparse.Namespace, urls: Sequence[str]
+              ) -> dict[str, Any]:
+    from timelyllm_ros.demo import CPU_TUF_SCALE, run_policy
+
+    demo_args = argparse.Namespace(admission="auto", fleet_time_scale=1.0, seed=args.seed, speed=1.0,
+                                   timeout=args.timeout, record=False, out_dir=Path(args.out),
+                                   tuf_scale=CPU_TUF_SCALE)
+    if args.warmup_pass:  # not measured: the engine's first bursts
+        run_policy(engine, False, "pud", jobs, demo_args, record=False)
+    before = [_server_counters(u) for u in urls]
+    res = run_policy(engine, False, "pud", jobs, demo_args, record=False)
+    after = [_server_counters(u) for u in urls]
+    recs = res.records
+    finished = [r.finished for r in recs if r.finished == r.finished]
+    span = max(finished) - min(r.arrival for r in recs) if finished else math.nan
+    tokens = sum(len(engine.tokenize(r.plan)) for r in recs if r.plan)  # plan tokens delivered
+    out = figures(recs, span, tokens)
+    out.update(config=name, wall_s=res.wall_s, admission=res.admission, decision_ms=res.decision_ms,
+               members=[{k: a[k] - b[k] for k in a} | {"url": u} for u, a, b in zip(urls, after, before, strict=True)])
+    if isinstance(engine, EnginePool):
+        st = engine.stats()
+        out.update(failovers=st.failovers, failed_unplaced=st.failed_unplaced,
+                   member_step_time_s=[m.step_time_s for m in st.members])
+    return out
+
+
+def real_part(args: argparse.Namespace) -> dict[str, Any]:
+    from devtools.vllm_server import CPU_ARGS, VllmServer
+    from timelyllm_ros.demo import CPU_TUF_SCALE, pick_jobs
+    from timelyllm_ros.engines.factory import load_engine_config, make_engine, resolve_model_path
+
+    jobs = pick_jobs(load_workload("wid2", args.seed), args.events, args.per_event, args.max_gap, CPU_TUF_SCALE)
+    model = resolve_model_path(f"models/{SERVED_NAME}")
+    srv_args = list(CPU_ARGS)
+    srv_args[srv_args.index("--max-num-seqs") + 1] = MAX_NUM_SEQS
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        servers = [stack.enter_context(VllmServer(model, SERVED_NAME, log_path=Path(tmp) / f"serve{i}.log",
+                                                  args=srv_args)) for i in range(2)]
+        t0 = time.monotonic()
+        for s in servers:
+            s.wait_ready(900)
+        print(f"pool: two vLLM servers ready in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+        pool_cfg = load_engine_config("config/engine_pool_remote.yaml")
+        members = [dict(m, url=s.url) for m, s in zip(pool_cfg["members"], servers, strict=True)]
+        builds: list[tuple[str, Callable[[], Engine], list[str]]] = [
+            ("in-process", lambda: make_engine("config/engine_vllm_cpu.yaml"), []),
+            ("remote x1", lambda: make_engine("config/engine_remote.yaml", url=servers[0].url), [servers[0].url]),
+            ("pool x2", lambda: make_engine(pool_cfg, members=members), [s.url for s in servers])]
+        for name, build, urls in builds:
+            engine = build()
+            try:
+                runs.append(_real_run(name, engine, jobs, args, urls))
+            finally:
+                engine.close()
+    return {"jobs": len(jobs), "urgent": sum(1 for j in jobs if j.tuf[0] > 1), "tuf_scale": CPU_TUF_SCALE,
+            "events": args.events, "per_event": args.per_event, "server_args": srv_args,
+            "host": f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end", "runs": runs}
+
+
+def real_table(real: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    header = ["engine", "tokens/s", "tasks/min", "urgent U/beta", "all U/beta", "resp p50 s", "resp p95 s",
+              "not done", "tokens served per server"]
+    rows = []
+    for r in real["runs"]:
+        per = "/".join(f"{m['vllm:generation_tokens_total']:.0f}" for m in r["members"]) or "-"
+        rows.append([r["config"], f"{r['tokens_per_s']:.1f}", f"{r['tasks_per_min']:.1f}", f"{r['urgent_u_beta']:+.3f}",
+                     f"{r['all_u_beta']:+.3f}", f"{r['response_p50_s']:.2f}", f"{r['response_p95_s']:.2f}",
+                     str(r["not_done"]), per])
+    return header, rows
+
+
+# -- output ------------------------------------------------------------------------------------------------
+def plot_projection(path: Path, proj: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = proj["points"]
+    xs = [p["servers"] for p in pts]
+
+    def err(k: str) -> list[float]:
+        return [0.0 if p[f"{k}_ci"] != p[f"{k}_ci"] else p[f"{k}_ci"] for p in pts]
+
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(13, 3.8))
+    for k, label in (("urgent_u_beta", "urgent tasks"), ("all_u_beta", "all tasks")):
+        a1.errorbar(xs, [p[k] for p in pts], yerr=err(k), marker="o", capsize=3, label=label)
+    a1.set_ylabel("mean U/beta (a task not done counts 0)")
+    a1.axhline(0, color="black", lw=0.5)
+    a1.legend(fontsize=8)
+    for k, label in (("response_p50_s", "p50"), ("response_p95_s", "p95")):
+        a2.errorbar(xs, [p[k] for p in pts], yerr=err(k), marker="o", capsize=3, label=label)
+    a2.set_ylabel("response time, s (served tasks)")
+    a2.set_yscale("log")
+    a2.legend(fontsize=8)
+    a3.errorbar(xs, [p["tokens_per_s"] for p in pts], yerr=err("tokens_per_s"), marker="o", capsize=3)
+    a3.set_ylabel("decode tokens / s (over the run)")
+    for ax in (a1, a2, a3):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.set_xlabel("simulated GPU servers in the pool")
+        ax.grid(lw=0.3)
+    fig.suptitle(f"Projection: {proj['workload']} x{proj['load_factor']:g} load, pud, {len(proj['seeds'])} seed(s), "
+                 f"95 % CI (simulated GPU step model)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_real(path: Path, real: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = real["runs"]
+    names = [r["config"] for r in runs]
+    panels = (("tokens_per_s", "plan tokens / s"), ("tasks_per_min", "tasks done / min"),
+              (("urgent_u_beta", "all_u_beta"), "U/beta (urgent | all)"), (("response_p50_s", "response_p95_s"),
+                                                                           "response s (p50 | p95)"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(14, 3.6))
+    for ax, (keys, label) in zip(axes, panels, strict=True):
+        keys = (keys,) if isinstance(keys, str) else keys
+        w = 0.8 / len(keys)
+        for j, k in enumerate(keys):
+            xs = [i + (j - (len(keys) - 1) / 2) * w for i in range(len(runs))]
+            ax.bar(xs, [r[k] for r in runs], width=w, color=[f"C{i}" for i in range(len(runs))],
+                   alpha=1.0 if j == 0 else 0.55, edgecolor="black", lw=0.5)
+        ax.set_xticks(range(len(runs)), names, fontsize=8)
+        ax.set_title(label, fontsize=9)
+        ax.grid(axis="y", lw=0.3)
+    fig.suptitle(f"Real, this machine ({real['host']}): {real['jobs']} WID 2 drone tasks "
+                 f"({real['urgent']} urgent), SmolLM2-135M on CPU; the two servers share the same cores", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+NOTE_REAL = ("Real part, what it can and cannot show: both servers, the planner and the simulated fleet share "
+             "this machine's CPU cores, so a pool of two cannot generate faster than one server here; the "
+             "figures show that the pool runs the planner's workload end to end (every task accounted for, the "
+             "tokens each server generated, failovers) and what the HTTP path and the pool cost against the "
+             "in-process engine. One run per engine, so no confidence interval; the machine is shared with other "
+             "work, so differences of a few per cent are noise. Throughput: plan tokens (the tokenized plans) "
+             "and tasks done over the span from the first arrival to the last result.")
+NOTE_SIM = ("Projection: each member is a SimEngine with the step model given below (Table 1 of the paper, a GPU "
+            "server); the pool steps all busy members together and reports the longest member's duration, so a "
+            "member's short step waits for another's long prefill: gains for N > 1 are understated, not "
+            "overstated. Members do not share a prefix cache: each prefills the shared prompt once. "
+            "Throughput: decode tokens and tasks done over the simulated span.")
+
+
+def write_outputs(out: Path, res: dict[str, Any]) -> None:
+    md = ["# timelyllm-bench pool\n"]
+    if "projection" in res:
+        p = res["projection"]
+        h, rows = projection_table(p)
+        md += [f"\n## Projection: pool of N simulated GPU servers\n\nCommand: `{p['command']}`\n\n"
+               f"{p['workload']} ({p['jobs']} tasks), arrivals x{p['load_factor']:g}, policy pud, seeds {p['seeds']}"
+               f" (jitter {p['jitter_ms']:g} ms); mean ± 95 % CI. {NOTE_SIM}\n\nStep model: "
+               + ", ".join(f"{k}={v}" for k, v in p["step_model"].items()) + "\n\n", _md_table(h, rows),
+               "\n![projection](pool_projection.png)\n"]
+        plot_projection(out / "pool_projection.png", p)
+    if "real" in res:
+        r = res["real"]
+        h, rows = real_table(r)
+        md += [f"\n## Real: in-process vLLM vs one server vs a pool of two (CPU)\n\nCommand: `{r['command']}`\n\n"
+               f"{r['jobs']} WID 2 drone tasks ({r['urgent']} urgent; first {r['events']} events, at most "
+               f"{r['per_event']} tasks each; TUF time axis x{r['tuf_scale']:g}), planner core with pud, simulated "
+               f"robots in real time (timelyllm_ros.demo.run_policy). Servers: `{' '.join(r['server_args'])}`. "
+               f"{r['host']}.\n\n{NOTE_REAL}\n\n", _md_table(h, rows), "\n![real](pool_real.png)\n"]
+        for run in r["runs"]:
+            if "failovers" in run:
+                md.append(f"\n{run['config']}: failovers {run['failovers']}, unplaced {run['failed_unplaced']}, "
+                          f"measured time per token per member "
+                          + ", ".join("-" if x is None else f"{x * 1e3:.1f} ms" for x in run["member_step_time_s"])
+                          + "\n")
+        plot_real(out / "pool_real.png", r)
+    (out / "results.md").write_text("".join(md))
+    (out / "results.json").write_text(json.dumps(res, indent=1, default=lambda x: None if x != x else str(x)))
+
+
+def cmd_pool(args: argparse.Namespace) -> int:
+    out = Path(args.out) if args.out else _results_root() / "pool"
+    args.out = str(out)
+    out.mkdir(parents=True, exist_ok=True)
+    command = " ".join(["timelyllm-bench", *sys.argv[1:]]) if args.command is None else args.command
+    prev = out / "results.json"
+    res: dict[str, Any] = json.loads(prev.read_text()) if prev.is_file() else {}
+    if not args.skip_sim:
+        res["projection"] = projection(args) | {"command": command}
+        h, rows = projection_table(res["projection"])
+        print_table(f"projection: pool of N simulated GPU servers, {res['projection']['workload']} "
+                    f"x{args.load:g}", h, rows)
+    if not args.skip_real:
+        res["real"] = real_part(args) | {"command": command}
+        h, rows = real_table(res["real"])
+        print_table("real (CPU): in-process vLLM vs one vLLM server vs a pool of two", h, rows)
+    write_outputs(out, res)
+    print(f"results in {out}")
+    return 0
+
+
+def add_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
+    p = sub.add_parser("pool", help="one vLLM server vs a pool of two vs in-process (real, CPU), and the "
+                                    "projection for 1-8 simulated GPU servers")
+    p.add_argument("--skip-real", action="store_true", help="no real servers: the projection only")
+    p.add_argument("--skip-sim", action="store_true", help="the real part only")
+    p.add_argument("--events", type=int, default=2, help="real part: WID 2 trace arrival events served")
+    p.add_argument("--per-event", type=int, default=6, help="real part: at most this many tasks per event")
+    p.add_argument("--max-gap", type=float, default=6.0,
+                   help="real part: idle gaps between events shortened to this (s)")
+    p.add_argument("--timeout", type=float, default=600.0, help="real part: seconds per engine before giving up")
+    p.add_argument("--warmup-pass", action="store_true", help="real part: an unmeasured pass first, per engine")
+    p.add_argument("--servers", default=DEFAULT_SERVERS, help="projection: pool sizes")
+    p.add_argument("--member-batch", default=DEFAULT_MEMBER_BATCH,
+                   help="projection: each member's batch capacity (max_batch), a comma list: 8 as in "
+                        "config/engine_pool_remote.yaml, 256 as vLLM's default max_num_seqs")
+    p.add_argument("--workload", default="wid2", help="projection: workload (default the WID 2 trace)")
+    p.add_argument("--load", type=float, default=3.0, help="projection: arrival-rate factor (x the workload's)")
+    p.add_argument("--seeds", type=int, default=3, help="projection: repetitions (seeds --seed, --seed+1, ...)")
+    p.add_argument("--jitter-ms", type=float, default=200.0, help="projection: move each arrival event by "
+                                                                  "U(0, this) ms per seed")
+    p.add_argument("--max-jobs", type=int, default=None, help="projection: only the workload's first N tasks")
+    common(p)  # --seed, --out (default bench/results/pool), --engine-config (the members' step model), ...
+    p.set_defaults(fn=cmd_pool, command=None)
+
+
+__all__ = ["SimPool", "add_parser", "cmd_pool", "figures", "projection", "real_part", "simulate_pool"
+           ]

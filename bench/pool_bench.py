@@ -46,7 +46,7 @@ from typing import Any
 
 from bench.cli import _progress, _results_root, print_table
 from bench.load_sweep import _md_table, _truncate, jitter, mean_ci, scale_load
-from timelyllm_ros.engines.base import Engine
+from timelyllm_ros.engines.base import Engine, StepReport
 from timelyllm_ros.engines.pool import EnginePool
 from timelyllm_ros.engines.sim_engine import SimEngine, SimEngineConfig
 from timelyllm_ros.sim import metrics
@@ -56,17 +56,45 @@ from timelyllm_ros.sim.workloads import Workload, load_workload
 
 DEFAULT_SERVERS = "1,2,4,8"
 DEFAULT_MEMBER_BATCH = "8,256"
+DEFAULT_LOADS = "3,6"
 REAL_CONFIGS = ("in-process", "remote x1", "pool x2")
 SERVED_NAME = "SmolLM2-135M-Instruct"
 MAX_NUM_SEQS = "8"  # the servers take the in-process config's batch (engine_vllm_cpu.yaml max_num_seqs)
 
 
+class _Member(SimEngine):
+    """A simulated server that keeps the modelled duration of its latest step (for the lockstep figure)."""
+
+    last_s = 0.0
+    steps = 0
+
+    def step(self) -> StepReport:
+        rep = super().step()
+        self.last_s, self.steps = rep.duration_s, self.steps + 1
+        return rep
+
+
 class SimPool(EnginePool):
-    """A pool of simulated members, with the token totals the simulator reports for its one SimEngine."""
+    """A pool of simulated members, with the token totals the simulator reports for its one SimEngine.
+
+    The pool steps its busy members together and its step lasts as long as the longest member's, so under
+    the simulator's clock a member with a short step idles until the others finish. ``lockstep_idle_s`` sums
+    that idle time, ``member_busy_s`` the members' own step time: their ratio says how much the projection
+    understates N servers that would each run at their own pace."""
 
     def __init__(self, members: Sequence[SimEngine], **kw: Any) -> None:
         super().__init__(members, **kw)
         self.sim_members = list(members)
+        self.lockstep_idle_s = self.member_busy_s = 0.0
+
+    def step(self) -> StepReport:
+        before = [getattr(m, "steps", 0) for m in self.sim_members]
+        rep = super().step()
+        stepped = [m.last_s for m, n in zip(self.sim_members, before, strict=True) if getattr(m, "steps", 0) > n]
+        if stepped:
+            self.lockstep_idle_s += sum(max(stepped) - d for d in stepped)
+            self.member_busy_s += sum(stepped)
+        return rep
 
     @property
     def total_prefill_tokens(self) -> int:
@@ -104,7 +132,7 @@ def simulate_pool(wl: Workload, n: int, seed: int, engine_cfg: SimEngineConfig, 
                     prompt_shared_tokens=max(0, 2884 - args.context_tokens))
     cfg.core.resume_lead_s = args.resume_lead
     # The pool never waits on an in-process member (step_ready is always true), so step_wait_s is not spent.
-    pool = SimPool([SimEngine(engine_cfg) for _ in range(n)], background_probes=False)
+    pool = SimPool([_Member(engine_cfg) for _ in range(n)], background_probes=False)
     sim = Simulator(wl, cfg)
     sim.engine = pool  # the simulator's prompts and token totals
     sim.core.replace_engine(pool)  # no task is open yet: the core now places every generation through the pool
@@ -112,33 +140,37 @@ def simulate_pool(wl: Workload, n: int, seed: int, engine_cfg: SimEngineConfig, 
     out = figures(res.records, res.sim_time_s, res.decode_tokens)
     out.update(seed=seed, servers=n, sim_time_s=res.sim_time_s, wall_s=res.wall_time_s,
                member_decode_tokens=[m.total_decode_tokens for m in pool.sim_members],
-               member_prefill_tokens=[m.total_prefill_tokens for m in pool.sim_members])
+               member_prefill_tokens=[m.total_prefill_tokens for m in pool.sim_members],
+               lockstep_idle_share=pool.lockstep_idle_s / max(1e-12, pool.lockstep_idle_s + pool.member_busy_s))
     return out
 
 
 SIM_KEYS = ("urgent_u_beta", "all_u_beta", "response_p50_s", "response_p95_s", "tokens_per_s", "tasks_per_min",
-            "not_done")
+            "not_done", "lockstep_idle_share")
 
 
 def projection(args: argparse.Namespace) -> dict[str, Any]:
     servers = [int(x) for x in args.servers.split(",") if x]
     batches = [int(x) for x in args.member_batch.split(",") if x]
+    loads = [float(x) for x in args.loads.split(",") if x]
     seeds = list(range(args.seed, args.seed + args.seeds))
     engine_cfg = SimEngineConfig.from_yaml(args.engine_config) if args.engine_config else SimEngineConfig()
     base = _truncate(load_workload(args.workload, seed=args.seed), args.max_jobs)
-    runs: dict[tuple[int, int], list[dict[str, Any]]] = {(b, n): [] for b in batches for n in servers}
+    runs: dict[tuple[float, int, int], list[dict[str, Any]]] = {
+        (f, b, n): [] for f in loads for b in batches for n in servers}
     for s in _progress(seeds, "seeds"):
-        wl = scale_load(jitter(base, args.jitter_ms / 1e3, s), args.load)
-        for b, n in _progress(list(runs), f"batch x servers (seed {s})"):
-            runs[(b, n)].append(simulate_pool(wl, n, s, dataclasses.replace(engine_cfg, max_batch=b), args))
+        moved = jitter(base, args.jitter_ms / 1e3, s)
+        for f, b, n in _progress(list(runs), f"load x batch x servers (seed {s})"):
+            runs[(f, b, n)].append(simulate_pool(scale_load(moved, f), n, s,
+                                                 dataclasses.replace(engine_cfg, max_batch=b), args))
     points = []
-    for (b, n), rs in runs.items():
-        pt: dict[str, Any] = {"member_batch": b, "servers": n, "seeds": len(rs), "tasks": rs[0]["tasks"]}
+    for (f, b, n), rs in runs.items():
+        pt: dict[str, Any] = {"load": f, "member_batch": b, "servers": n, "seeds": len(rs), "tasks": rs[0]["tasks"]}
         for k in SIM_KEYS:
             pt[k], pt[f"{k}_ci"] = mean_ci([r[k] for r in rs])
         pt["per_seed"] = rs
         points.append(pt)
-    return {"workload": base.name, "jobs": len(base.jobs), "load_factor": args.load, "seeds": seeds,
+    return {"workload": base.name, "jobs": len(base.jobs), "loads": loads, "seeds": seeds,
             "jitter_ms": args.jitter_ms, "step_model": dataclasses.asdict(engine_cfg) | {
                 "source": args.engine_config or "SimEngineConfig() defaults: the paper's GPU (Table 1)"},
             "points": points}
@@ -153,12 +185,13 @@ def _ci(m: float, ci: float, fmt: str = "{:+.3f}") -> str:
 PROJ_COLS = (("urgent U/beta", "urgent_u_beta", "{:+.3f}"), ("all U/beta", "all_u_beta", "{:+.3f}"),
              ("resp p50 s", "response_p50_s", "{:.3f}"), ("resp p95 s", "response_p95_s", "{:.3f}"),
              ("tokens/s", "tokens_per_s", "{:.0f}"), ("tasks/min", "tasks_per_min", "{:.1f}"),
-             ("not done", "not_done", "{:.1f}"))
+             ("not done", "not_done", "{:.1f}"), ("lockstep idle", "lockstep_idle_share", "{:.2f}"))
 
 
 def projection_table(proj: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    header = ["member batch", "servers", *(c[0] for c in PROJ_COLS), "decode tokens per member (first seed)"]
-    rows = [[str(p["member_batch"]), str(p["servers"]), *(_ci(p[k], p[f"{k}_ci"], f) for _, k, f in PROJ_COLS),
+    header = ["load", "member batch", "servers", *(c[0] for c in PROJ_COLS), "decode tokens per member (first seed)"]
+    rows = [[f"{p['load']:g}", str(p["member_batch"]), str(p["servers"]),
+             *(_ci(p[k], p[f"{k}_ci"], f) for _, k, f in PROJ_COLS),
              "/".join(str(x) for x in p["per_seed"][0]["member_decode_tokens"])] for p in proj["points"]]
     return header, rows
 
@@ -258,34 +291,35 @@ def plot_projection(path: Path, proj: dict[str, Any]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pts = proj["points"]
-    xs = [p["servers"] for p in pts]
-
-    def err(k: str) -> list[float]:
-        return [0.0 if p[f"{k}_ci"] != p[f"{k}_ci"] else p[f"{k}_ci"] for p in pts]
-
-    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(13, 3.8))
-    for k, label in (("urgent_u_beta", "urgent tasks"), ("all_u_beta", "all tasks")):
-        a1.errorbar(xs, [p[k] for p in pts], yerr=err(k), marker="o", capsize=3, label=label)
-    a1.set_ylabel("mean U/beta (a task not done counts 0)")
-    a1.axhline(0, color="black", lw=0.5)
-    a1.legend(fontsize=8)
-    for k, label in (("response_p50_s", "p50"), ("response_p95_s", "p95")):
-        a2.errorbar(xs, [p[k] for p in pts], yerr=err(k), marker="o", capsize=3, label=label)
-    a2.set_ylabel("response time, s (served tasks)")
-    a2.set_yscale("log")
-    a2.legend(fontsize=8)
-    a3.errorbar(xs, [p["tokens_per_s"] for p in pts], yerr=err("tokens_per_s"), marker="o", capsize=3)
-    a3.set_ylabel("decode tokens / s (over the run)")
-    for ax in (a1, a2, a3):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(xs, [str(x) for x in xs])
-        ax.set_xlabel("simulated GPU servers in the pool")
-        ax.grid(lw=0.3)
-    fig.suptitle(f"Projection: {proj['workload']} x{proj['load_factor']:g} load, pud, {len(proj['seeds'])} seed(s), "
-                 f"95 % CI (simulated GPU step model)", fontsize=10)
+    loads = proj["loads"]
+    panels = ((("urgent_u_beta", "all_u_beta"), "mean U/beta (not done = 0)", False),
+              (("response_p50_s", "response_p95_s"), "response time, s", True),
+              (("tokens_per_s",), "decode tokens / s over the run", False))
+    fig, axes = plt.subplots(len(loads), len(panels), figsize=(13, 3.6 * len(loads)), squeeze=False)
+    for row, f in zip(axes, loads, strict=True):
+        for ax, (keys, ylabel, logy) in zip(row, panels, strict=True):
+            for bi, b in enumerate(sorted({p["member_batch"] for p in proj["points"]})):
+                pts = sorted((p for p in proj["points"] if p["load"] == f and p["member_batch"] == b),
+                             key=lambda p: p["servers"])
+                xs = [p["servers"] for p in pts]
+                for k, style in zip(keys, ("-", "--"), strict=False):
+                    ax.errorbar(xs, [p[k] for p in pts], yerr=[0.0 if p[f"{k}_ci"] != p[f"{k}_ci"] else p[f"{k}_ci"]
+                                                               for p in pts],
+                                marker="o", ms=4, capsize=3, ls=style, color=f"C{bi}",
+                                label=f"batch {b}: {k.replace('_s', '').replace('_', ' ')}")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(xs, [str(x) for x in xs])
+            if logy:
+                ax.set_yscale("log")
+            ax.set_xlabel("simulated GPU servers in the pool")
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"load x{f:g}", fontsize=9)
+            ax.grid(lw=0.3)
+            ax.legend(fontsize=6)
+    fig.suptitle(f"Projection: {proj['workload']}, pud, {len(proj['seeds'])} seed(s), 95 % CI; member batch = each "
+                 f"server's max_batch (simulated GPU step model)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
@@ -326,10 +360,13 @@ NOTE_REAL = ("Real part, what it can and cannot show: both servers, the planner 
              "work, so differences of a few per cent are noise. Throughput: plan tokens (the tokenized plans) "
              "and tasks done over the span from the first arrival to the last result.")
 NOTE_SIM = ("Projection: each member is a SimEngine with the step model given below (Table 1 of the paper, a GPU "
-            "server); the pool steps all busy members together and reports the longest member's duration, so a "
-            "member's short step waits for another's long prefill: gains for N > 1 are understated, not "
-            "overstated. Members do not share a prefix cache: each prefills the shared prompt once. "
-            "Throughput: decode tokens and tasks done over the simulated span.")
+            "server); `member batch` is each member's max_batch (8: config/engine_pool_remote.yaml's setting; 256: "
+            "vLLM's default max_num_seqs). The pool steps all busy members together and its step lasts as long as "
+            "the longest member's, so a member's short step waits for another's long prefill: `lockstep idle` is "
+            "the share of the members' time spent so waiting, and the gains for N > 1 are understated by about "
+            "that much, not overstated. Members do not share a prefix cache: each prefills the shared prompt once. "
+            "Throughput: decode tokens and tasks done over the simulated span (first arrival to last result): "
+            "every task ends within the trace either way, so it follows the arrivals, not the capacity.")
 
 
 def write_outputs(out: Path, res: dict[str, Any]) -> None:
@@ -338,7 +375,8 @@ def write_outputs(out: Path, res: dict[str, Any]) -> None:
         p = res["projection"]
         h, rows = projection_table(p)
         md += [f"\n## Projection: pool of N simulated GPU servers\n\nCommand: `{p['command']}`\n\n"
-               f"{p['workload']} ({p['jobs']} tasks), arrivals x{p['load_factor']:g}, policy pud, seeds {p['seeds']}"
+               f"{p['workload']} ({p['jobs']} tasks), arrivals x{'/'.join(f'{f:g}' for f in p['loads'])}, "
+               f"policy pud, seeds {p['seeds']}"
                f" (jitter {p['jitter_ms']:g} ms); mean ± 95 % CI. {NOTE_SIM}\n\nStep model: "
                + ", ".join(f"{k}={v}" for k, v in p["step_model"].items()) + "\n\n", _md_table(h, rows),
                "\n![projection](pool_projection.png)\n"]
@@ -372,8 +410,7 @@ def cmd_pool(args: argparse.Namespace) -> int:
     if not args.skip_sim:
         res["projection"] = projection(args) | {"command": command}
         h, rows = projection_table(res["projection"])
-        print_table(f"projection: pool of N simulated GPU servers, {res['projection']['workload']} "
-                    f"x{args.load:g}", h, rows)
+        print_table(f"projection: pool of N simulated GPU servers, {res['projection']['workload']}", h, rows)
     if not args.skip_real:
         res["real"] = real_part(args) | {"command": command}
         h, rows = real_table(res["real"])
@@ -399,7 +436,9 @@ def add_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> N
                    help="projection: each member's batch capacity (max_batch), a comma list: 8 as in "
                         "config/engine_pool_remote.yaml, 256 as vLLM's default max_num_seqs")
     p.add_argument("--workload", default="wid2", help="projection: workload (default the WID 2 trace)")
-    p.add_argument("--load", type=float, default=3.0, help="projection: arrival-rate factor (x the workload's)")
+    p.add_argument("--loads", default=DEFAULT_LOADS,
+                   help="projection: arrival-rate factors (x the workload's), a comma list; on the WID 2 trace one "
+                        "GPU server is overloaded from about 3x (bench/results/load_sweep)")
     p.add_argument("--seeds", type=int, default=3, help="projection: repetitions (seeds --seed, --seed+1, ...)")
     p.add_argument("--jitter-ms", type=float, default=200.0, help="projection: move each arrival event by "
                                                                   "U(0, this) ms per seed")

@@ -13,7 +13,7 @@ JOBS = 40
 def test_pool_projection_accounts_for_every_task_and_uses_both_members(tmp_path):
     out = tmp_path / "pool"
     args = cli.build_parser().parse_args(
-        ["pool", "--skip-real", "--servers", "1,2", "--member-batch", "2,256", "--seeds", "2", "--load", "3",
+        ["pool", "--skip-real", "--servers", "1,2", "--member-batch", "2,256", "--seeds", "2", "--loads", "3",
          "--max-jobs", str(JOBS), "--out", str(out)])
     assert args.fn is pool_bench.cmd_pool
     args.command = "test"
@@ -21,7 +21,8 @@ def test_pool_projection_accounts_for_every_task_and_uses_both_members(tmp_path)
     res = json.loads((out / "results.json").read_text())
     assert "real" not in res  # skipped, and nothing was there before
     points = res["projection"]["points"]
-    assert {(p["member_batch"], p["servers"]) for p in points} == {(2, 1), (2, 2), (256, 1), (256, 2)}
+    assert {(p["load"], p["member_batch"], p["servers"]) for p in points} == {
+        (3, 2, 1), (3, 2, 2), (3, 256, 1), (3, 256, 2)}
     for p in points:
         assert p["tasks"] == JOBS and p["seeds"] == 2
         for run in p["per_seed"]:
@@ -33,14 +34,14 @@ def test_pool_projection_accounts_for_every_task_and_uses_both_members(tmp_path)
     two = next(p for p in points if (p["member_batch"], p["servers"]) == (2, 2))
     assert all(min(r["member_decode_tokens"]) > 0 for r in two["per_seed"])
     md = (out / "results.md").read_text()
-    assert "Command: `test`" in md and "| 2 | 2 |" in md
+    assert "Command: `test`" in md and "| 3 | 2 | 2 |" in md
     assert (out / "pool_projection.png").stat().st_size > 0
 
 
 def test_a_skipped_part_keeps_its_previous_results(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps({"kept": 1}))
     args = cli.build_parser().parse_args(["pool", "--skip-real", "--servers", "1", "--member-batch", "4",
-                                          "--seeds", "1", "--max-jobs", "8", "--out", str(tmp_path)])
+                                          "--loads", "1", "--seeds", "1", "--max-jobs", "8", "--out", str(tmp_path)])
     assert args.fn(args) == 0
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["kept"] == 1 and [p["servers"] for p in res["projection"]["points"]] == [1]

@@ -36,6 +36,7 @@ import dataclasses
 import json
 import math
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -247,7 +248,6 @@ def real_part(args: argparse.Namespace) -> dict[str, Any]:
     srv_args[srv_args.index("--max-num-seqs") + 1] = MAX_NUM_SEQS
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    runs = []
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         servers = [stack.enter_context(VllmServer(model, SERVED_NAME, log_path=Path(tmp) / f"serve{i}.log",
                                                   args=srv_args)) for i in range(2)]
@@ -261,30 +261,53 @@ def real_part(args: argparse.Namespace) -> dict[str, Any]:
             ("in-process", lambda: make_engine("config/engine_vllm_cpu.yaml"), []),
             ("remote x1", lambda: make_engine("config/engine_remote.yaml", url=servers[0].url), [servers[0].url]),
             ("pool x2", lambda: make_engine(pool_cfg, members=members), [s.url for s in servers])]
+        engines: dict[str, tuple[Engine, list[str]]] = {}
+        stack.callback(lambda: [e.close() for e, _ in engines.values()])
         for name, build, urls in builds:
-            engine = build()
-            try:
-                runs.append(_real_run(name, engine, jobs, args, urls))
-            finally:
-                engine.close()
+            engines[name] = (build(), urls)
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}
+        names = list(engines)
+        for rep in _progress(range(args.repeats), "repetitions"):
+            # The order reversed every repetition: a noisy neighbour's load falls on every engine alike.
+            for name in names if rep % 2 == 0 else names[::-1]:
+                engine, urls = engines[name]
+                runs[name].append(_real_run(name, engine, jobs, args, urls))
     return {"jobs": len(jobs), "urgent": sum(1 for j in jobs if j.tuf[0] > 1), "tuf_scale": CPU_TUF_SCALE,
-            "events": args.events, "per_event": args.per_event, "server_args": srv_args,
-            "host": f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end", "runs": runs}
+            "events": args.events, "per_event": args.per_event, "max_gap_s": args.max_gap, "repeats": args.repeats,
+            "server_args": srv_args,
+            "host": f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end",
+            "runs": [_aggregate(name, rs) for name, rs in runs.items()]}
+
+
+REAL_COLS = (("tokens/s", "tokens_per_s", "{:.1f}"), ("tasks/min", "tasks_per_min", "{:.1f}"),
+             ("urgent U/beta", "urgent_u_beta", "{:+.3f}"), ("all U/beta", "all_u_beta", "{:+.3f}"),
+             ("resp p50 s", "response_p50_s", "{:.2f}"), ("resp p95 s", "response_p95_s", "{:.2f}"),
+             ("not done", "not_done", "{:.1f}"))
+
+
+def _aggregate(name: str, rs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One engine's repetitions: mean and 95 % CI of every figure, the tokens each server generated (mean)."""
+    out: dict[str, Any] = {"config": name, "repeats": len(rs), "tasks": rs[0]["tasks"]}
+    for _, k, _ in REAL_COLS:
+        out[k], out[f"{k}_ci"] = mean_ci([r[k] for r in rs])
+    out["server_generation_tokens"] = [statistics.fmean(r["members"][i]["vllm:generation_tokens_total"] for r in rs)
+                                       for i in range(len(rs[0]["members"]))]
+    out["per_repeat"] = rs
+    return out
 
 
 def real_table(real: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    header = ["engine", "tokens/s", "tasks/min", "urgent U/beta", "all U/beta", "resp p50 s", "resp p95 s",
-              "not done", "tokens served per server"]
-    rows = []
-    for r in real["runs"]:
-        per = "/".join(f"{m['vllm:generation_tokens_total']:.0f}" for m in r["members"]) or "-"
-        rows.append([r["config"], f"{r['tokens_per_s']:.1f}", f"{r['tasks_per_min']:.1f}", f"{r['urgent_u_beta']:+.3f}",
-                     f"{r['all_u_beta']:+.3f}", f"{r['response_p50_s']:.2f}", f"{r['response_p95_s']:.2f}",
-                     str(r["not_done"]), per])
+    header = ["engine", *(c[0] for c in REAL_COLS), "tokens generated per server (mean)"]
+    rows = [[r["config"], *(_ci(r[k], r[f"{k}_ci"], f) for _, k, f in REAL_COLS),
+             "/".join(f"{x:.0f}" for x in r["server_generation_tokens"]) or "-"] for r in real["runs"]]
     return header, rows
 
 
 # -- output ------------------------------------------------------------------------------------------------
+LABELS = {"urgent_u_beta": "urgent", "all_u_beta": "all", "response_p50_s": "p50", "response_p95_s": "p95",
+          "tokens_per_s": "tokens/s"}
+
+
 def plot_projection(path: Path, proj: dict[str, Any]) -> None:
     import matplotlib
 
@@ -306,7 +329,7 @@ def plot_projection(path: Path, proj: dict[str, Any]) -> None:
                     ax.errorbar(xs, [p[k] for p in pts], yerr=[0.0 if p[f"{k}_ci"] != p[f"{k}_ci"] else p[f"{k}_ci"]
                                                                for p in pts],
                                 marker="o", ms=4, capsize=3, ls=style, color=f"C{bi}",
-                                label=f"batch {b}: {k.replace('_s', '').replace('_', ' ')}")
+                                label=f"batch {b}: {LABELS.get(k, k)}")
             ax.set_xscale("log", base=2)
             ax.set_xticks(xs, [str(x) for x in xs])
             if logy:
@@ -341,12 +364,14 @@ def plot_real(path: Path, real: dict[str, Any]) -> None:
         for j, k in enumerate(keys):
             xs = [i + (j - (len(keys) - 1) / 2) * w for i in range(len(runs))]
             ax.bar(xs, [r[k] for r in runs], width=w, color=[f"C{i}" for i in range(len(runs))],
+                   yerr=[0.0 if r[f"{k}_ci"] != r[f"{k}_ci"] else r[f"{k}_ci"] for r in runs], capsize=3,
                    alpha=1.0 if j == 0 else 0.55, edgecolor="black", lw=0.5)
         ax.set_xticks(range(len(runs)), names, fontsize=8)
         ax.set_title(label, fontsize=9)
         ax.grid(axis="y", lw=0.3)
-    fig.suptitle(f"Real, this machine ({real['host']}): {real['jobs']} WID 2 drone tasks "
-                 f"({real['urgent']} urgent), SmolLM2-135M on CPU; the two servers share the same cores", fontsize=9)
+    fig.suptitle(f"Real, this machine ({real['host']}): {real['jobs']} WID 2 drone tasks ({real['urgent']} urgent), "
+                 f"SmolLM2-135M on CPU, {real['repeats']} repetition(s), 95 % CI; the two servers share the same "
+                 f"cores", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -356,9 +381,10 @@ NOTE_REAL = ("Real part, what it can and cannot show: both servers, the planner 
              "this machine's CPU cores, so a pool of two cannot generate faster than one server here; the "
              "figures show that the pool runs the planner's workload end to end (every task accounted for, the "
              "tokens each server generated, failovers) and what the HTTP path and the pool cost against the "
-             "in-process engine. One run per engine, so no confidence interval; the machine is shared with other "
-             "work, so differences of a few per cent are noise. Throughput: plan tokens (the tokenized plans) "
-             "and tasks done over the span from the first arrival to the last result.")
+             "in-process engine. The engines run in turn (order reversed every repetition) on a machine shared "
+             "with other work; mean ± 95 % CI over the repetitions. Throughput: plan tokens (the tokenized plans) "
+             "and tasks done over the span from the first arrival to the last result; tokens generated per server: "
+             "the server's own counter (/metrics) over the run, the planner's warm-up at configure included.")
 NOTE_SIM = ("Projection: each member is a SimEngine with the step model given below (Table 1 of the paper, a GPU "
             "server); `member batch` is each member's max_batch (8: config/engine_pool_remote.yaml's setting; 256: "
             "vLLM's default max_num_seqs). The pool steps all busy members together and its step lasts as long as "
@@ -389,12 +415,11 @@ def write_outputs(out: Path, res: dict[str, Any]) -> None:
                f"{r['per_event']} tasks each; TUF time axis x{r['tuf_scale']:g}), planner core with pud, simulated "
                f"robots in real time (timelyllm_ros.demo.run_policy). Servers: `{' '.join(r['server_args'])}`. "
                f"{r['host']}.\n\n{NOTE_REAL}\n\n", _md_table(h, rows), "\n![real](pool_real.png)\n"]
-        for run in r["runs"]:
-            if "failovers" in run:
-                md.append(f"\n{run['config']}: failovers {run['failovers']}, unplaced {run['failed_unplaced']}, "
-                          f"measured time per token per member "
-                          + ", ".join("-" if x is None else f"{x * 1e3:.1f} ms" for x in run["member_step_time_s"])
-                          + "\n")
+        for run in (x for agg in r["runs"] for x in agg["per_repeat"] if "failovers" in x):
+            md.append(f"\n{run['config']}: failovers {run['failovers']}, unplaced {run['failed_unplaced']}, "
+                      f"measured time per token per member at the end "
+                      + ", ".join("-" if x is None else f"{x * 1e3:.1f} ms" for x in run["member_step_time_s"])
+                      + "\n")
         plot_real(out / "pool_real.png", r)
     (out / "results.md").write_text("".join(md))
     (out / "results.json").write_text(json.dumps(res, indent=1, default=lambda x: None if x != x else str(x)))
@@ -431,6 +456,7 @@ def add_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> N
                    help="real part: idle gaps between events shortened to this (s)")
     p.add_argument("--timeout", type=float, default=600.0, help="real part: seconds per engine before giving up")
     p.add_argument("--warmup-pass", action="store_true", help="real part: an unmeasured pass first, per engine")
+    p.add_argument("--repeats", type=int, default=3, help="real part: runs per engine (interleaved)")
     p.add_argument("--servers", default=DEFAULT_SERVERS, help="projection: pool sizes")
     p.add_argument("--member-batch", default=DEFAULT_MEMBER_BATCH,
                    help="projection: each member's batch capacity (max_batch), a comma list: 8 as in "

@@ -54,3 +54,23 @@ def test_sim_pool_sums_its_members_token_totals():
     members[0].total_decode_tokens, members[1].total_decode_tokens = 3, 4
     members[1].total_prefill_tokens = 5
     assert (pool.total_decode_tokens, pool.total_prefill_tokens) == (7, 5)
+
+
+def test_a_pool_of_one_simulated_server_runs_as_the_lone_engine():
+    """The projection's N=1 point is the simulator's own run: the pool adds no time and no placement effect."""
+    import argparse
+
+    from bench.load_sweep import scale_load
+    from timelyllm_ros.engines.sim_engine import SimEngineConfig
+    from timelyllm_ros.sim.simulator import SimConfig, Simulator
+    from timelyllm_ros.sim.workloads import Workload, load_workload
+
+    wl = load_workload("wid2")
+    wl = scale_load(Workload("wid2-head", wl.jobs[:JOBS], wl.config), 3)
+    one = pool_bench.simulate_pool(wl, 1, 0, SimEngineConfig(), argparse.Namespace(context_tokens=150,
+                                                                                    resume_lead=0.05))
+    cfg = SimConfig(policy="pud", seed=0, prompt_context_tokens=150, prompt_shared_tokens=2884 - 150)
+    cfg.core.resume_lead_s = 0.05
+    res = Simulator(wl, cfg).run()
+    lone = pool_bench.figures(res.records, res.sim_time_s, res.decode_tokens)
+    assert {k: one[k] for k in lone} == lone

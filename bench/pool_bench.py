@@ -1,9 +1,9 @@
 """``timelyllm-bench pool``: one vLLM server vs a pool of two vs the in-process engine, and the simulator's
 projection for 1, 2, 4 and 8 GPU servers (issue 13, item 4).
 
-    timelyllm-bench pool                      # both parts (the real one starts two `vllm serve`, minutes)
-    timelyllm-bench pool --skip-real          # the projection only (seconds)
-    timelyllm-bench pool --skip-sim --events 3 --per-event 6
+    timelyllm-bench pool                      # both parts (the real one starts two `vllm serve`, ~6 min)
+    timelyllm-bench pool --skip-real          # the projection only (~30 s)
+    timelyllm-bench pool --skip-sim --events 2 --per-event 6 --repeats 1   # a shorter real part
 
 **Real part** (this machine, CPU): the same drone tasks (the first ``--events`` arrival events of the published
 WID 2 trace, at most ``--per-event`` tasks each, TUF time axis x5 as in the demo for a CPU engine) go through
@@ -450,9 +450,9 @@ def add_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> N
                                     "projection for 1-8 simulated GPU servers")
     p.add_argument("--skip-real", action="store_true", help="no real servers: the projection only")
     p.add_argument("--skip-sim", action="store_true", help="the real part only")
-    p.add_argument("--events", type=int, default=2, help="real part: WID 2 trace arrival events served")
-    p.add_argument("--per-event", type=int, default=6, help="real part: at most this many tasks per event")
-    p.add_argument("--max-gap", type=float, default=6.0,
+    p.add_argument("--events", type=int, default=4, help="real part: WID 2 trace arrival events served")
+    p.add_argument("--per-event", type=int, default=8, help="real part: at most this many tasks per event")
+    p.add_argument("--max-gap", type=float, default=2.0,
                    help="real part: idle gaps between events shortened to this (s)")
     p.add_argument("--timeout", type=float, default=600.0, help="real part: seconds per engine before giving up")
     p.add_argument("--warmup-pass", action="store_true", help="real part: an unmeasured pass first, per engine")

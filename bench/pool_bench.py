@@ -18,11 +18,14 @@ pool works end to end and what the HTTP path and the pool cost, not a scale-out 
 **Projection**: an :class:`EnginePool` of N :class:`SimEngine` members, each with the default
 :class:`SimEngineConfig` (the paper's GPU step model, Table 1: 22 ms decode step, 0.11 ms per prefill token;
 ``--engine-config`` for another), in the discrete-event simulator (same core, pud, latency-guided admission)
-on the WID 2 trace with every arrival time divided by ``--load`` (bench/load_sweep.py's scaling), ``--seeds``
-repetitions (robot sampling and prompt contexts; ``--jitter-ms`` also moves each arrival event), mean +- 95 % CI.
-The pool steps its members together and reports the longest member's modelled duration (its own wall time is
-microseconds), so the simulator's virtual clock advances by one step of the slowest member: a member with a
-short step waits for one in a long prefill. The projection is therefore conservative for N > 1.
+on the WID 2 trace with every arrival time divided by each of ``--loads`` (bench/load_sweep.py's scaling), each
+member's batch capacity ``--member-batch`` (8 as config/engine_pool_remote.yaml sets it, 256 as vLLM's default),
+``--seeds`` repetitions (robot sampling and prompt contexts; ``--jitter-ms`` also moves each arrival event), mean
++- 95 % CI. The pool works under the virtual clock as it is: an in-process member is always ready, so no
+``step_wait_s`` is spent, and the pool's step reports the longest member's modelled duration (its own wall time
+is microseconds). It steps its members together, so the clock advances by one step of the slowest member: a
+member with a short step waits for one in a long prefill. ``lockstep idle`` measures that share of the members'
+time; the projection is conservative for N > 1 by about that much.
 
 Results: a table per part; results.json, results.md, pool_projection.png and pool_real.png in ``--out``
 (default bench/results/pool). A part that is skipped keeps its previous results in results.json.

@@ -6,6 +6,7 @@
     timelyllm-bench overhead           # decision time at queue lengths 1 .. 10000
     timelyllm-bench load-sweep         # utility vs load factor and burst size, pud-shed / pud / edf-seg / fcfs
     timelyllm-bench diagnose --workload wid2   # PUD vs EDF: ordering vs admission; urgent-only bound
+    timelyllm-bench pool               # one vLLM server vs a pool of two vs in-process; 1-8 GPU servers projected
     timelyllm-bench fleet-load         # planner + 50 simulated robots (processes), 1200 goals: nothing lost
     timelyllm-bench plan-quality --label after   # real engine: valid / acceptable plans per task template
 """
@@ -310,6 +311,10 @@ def build_parser() -> argparse.ArgumentParser:
     from bench.load_sweep import add_parser as add_load_sweep
 
     add_load_sweep(sub, common)  # load-sweep: utility vs load and burst size (issue 12, item 6)
+
+    from bench.pool_bench import add_parser as add_pool
+
+    add_pool(sub, common)  # pool: one vLLM server vs two vs in-process; projection for 1-8 GPU servers (issue 13)
 
     p = sub.add_parser("overhead", help="scheduler decision time vs queue length")
     p.add_argument("--sizes", default="1,8,64,1000,10000")

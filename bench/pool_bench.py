@@ -98,7 +98,9 @@ class SimPool(EnginePool):
         if stepped:
             self.lockstep_idle_s += sum(max(stepped) - d for d in stepped)
             self.member_busy_s += sum(stepped)
-        return rep
+        # the modelled time only: the pool's own wall time (Python, microseconds) would advance the simulated
+        # clock by however fast this machine is, and a pool of one would drift from the lone engine
+        return dataclasses.replace(rep, duration_s=max(stepped, default=0.0))
 
     @property
     def total_prefill_tokens(self) -> int:

@@ -56,10 +56,16 @@ class _Clock:
         return self.t
 
 
+# A system prompt per robot type that every prompt of that type starts with (as the planner's do): what a
+# member's prefix cache shares between requests, 400 tokens as in the simulator's make-up (ids out of the
+# simulated tokenizer's range, so no task shares them)
+_SYSTEM = {rt: list(range(300000 + 1000 * k, 300400 + 1000 * k)) for k, rt in enumerate(["drone", "arm"])}
+
+
 def _req(i: int, robot_type: str = "drone", **kw) -> EngineRequest:
     task = TASKS[i % len(TASKS)]
     eng = SimEngine()
-    return EngineRequest(f"g{i}", eng.tokenize(f"{robot_type}: {task}"), make_stop_checker(robot_type),
+    return EngineRequest(f"g{i}", _SYSTEM[robot_type] + eng.tokenize(task), make_stop_checker(robot_type),
                          extra={"plan_text": sim_plan_for(robot_type, task), "robot_type": robot_type}, **kw)
 
 
@@ -118,12 +124,37 @@ def test_placement_prefers_the_member_with_the_lower_measured_step_time():
     pool, _ = _pool(decode=[0.05, 0.01], max_batch=8)
     pool.add(_req(0, "drone"))
     assert _owner(pool, "g0") == 1  # seeded from the members' step models: member 1 is 5x faster
-    for _ in range(3):
+    for _ in range(10):  # the first step's prefill (the 400-token system prompt) decays out of the EWMA
         pool.step()
     st = {s.index: s.step_time_s for s in pool.members()}
     assert st[1] == pytest.approx(0.01, rel=0.5) and st[0] == pytest.approx(0.05)  # measured / declared
     pool.add(_req(1, "arm"))
     assert _owner(pool, "g1") == 1
+
+
+def test_a_busy_pool_spreads_by_load_against_the_prefill_a_warm_member_saves():
+    """Affinity alone put every drone generation on member 0 of a pool with 256 slots each while the others
+    idled (bench/results/pool). A warm member keeps new generations while its extra step time costs less than
+    the system prompt's prefill elsewhere; once another member holds that prompt too, load alone decides."""
+    pool, _ = _pool(4, max_batch=256)
+    saved = pool.member_estimator(0).prefill_time(len(_SYSTEM["drone"]))  # what member 0's cache saves
+    per_gen = pool.segment_tokens * (pool.member_estimator(0).step_time(2) - pool.member_estimator(0).step_time(1))
+    warm_limit = int(saved / per_gen)  # extra generations on member 0 worth less than that prefill
+    assert 1 < warm_limit < 200
+    n = warm_limit + 40
+    for i in range(n):
+        pool.add(_req(i, "drone"))
+    owned = [s.owned for s in pool.members()]
+    assert sum(owned) == n and owned[0] == max(owned) and all(o > 0 for o in owned), owned
+    assert max(owned) - min(owned) <= warm_limit + 1, owned  # spread, not stacked on the warm member
+    # a light pool stays warm: after everything is aborted, a new drone generation goes to a member that
+    # served drones (each has by now), the least loaded of them
+    for i in range(n):
+        pool.abort(f"g{i}")
+    pool.add(_req(n, "drone"))
+    assert _owner(pool, f"g{n}") == 0
+    pool.add(_req(n + 1, "arm"))  # no member served arms: the least loaded, the lowest index on ties
+    assert _owner(pool, f"g{n + 1}") == 1
 
 
 def test_a_pool_runs_generations_like_one_engine_and_reports_each_member():

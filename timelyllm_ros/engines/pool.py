@@ -5,19 +5,24 @@ remote, each built by the factory from its own config) and exposes the Engine AP
 
 Placement (:meth:`EnginePool.add`), deterministic, among the members that are up, the least by::
 
-    (no free batch slot, not the member this generation last ran on, not the member that last served its
-     robot type / prompt prefix, measured step time, generations owned, member index)
+    (no free batch slot, estimated cost of this generation's next segment there, generations owned, index)
 
 * a free slot: the pool counts the generations it placed on each member against the member's ``max_batch``;
   when every member is full the generation still goes to one (its server queues it) rather than failing;
-* affinity: a resumed generation goes back to the member that ran it (its prompt and plan so far are in that
-  member's prefix cache), a new one to the member that last served its robot type (``extra['robot_type']``,
-  which the core sets; else its first :data:`AFFINITY_PREFIX_TOKENS` prompt ids): the shared system prompt is
-  prefilled once per member, not once per request;
-* step time: the member's measured time per token, an EWMA over its steps (an in-process member's step
-  duration; for a streamed member, :attr:`EngineInfo.streamed`, the time between two collections), over
-  the tokens each generation got; seeded from its declared step model; unknown counts as 0 so a new member
-  gets work and is measured.
+* the cost on member ``m``: prefilling what ``m``'s prefix cache lacks, plus the segment's expected tokens at
+  ``m``'s time per token with one more generation in its batch (``m``'s own :class:`LatencyEstimator`,
+  below). The expected tokens per placement are a running mean over the segments the pool has seen. What a
+  member's cache holds: all of a generation it ran last (a resume goes home unless that member is
+  loaded enough to cost more than a re-prefill elsewhere), else the longest prefix shared with the last
+  prompt of the same key it served (``extra['robot_type']``, which the core sets; else the first
+  :data:`AFFINITY_PREFIX_TOKENS` prompt ids): the shared system prompt is prefilled once per member, not
+  once per request. Affinity alone (the first rule of this pool) put every generation of a robot type on one
+  member of eight with 256 slots each while seven idled (bench/results/pool); weighing load against the
+  prefill it saves spreads a busy pool and keeps a light one on warm caches;
+* step time: each member's estimate learns from its own steps (for a streamed member,
+  :attr:`EngineInfo.streamed`, the time between two collections over the tokens each generation got) and
+  starts from its declared step model (a member with neither samples nor a model is priced as the most
+  measured member until it has its own); ``step_time_s`` in :meth:`members` is the measured EWMA.
 
 Latency estimate, per member: each member has its own :class:`LatencyEstimator`, fed from its own steps
 (its batch, its duration as above, its prefill tokens), and the scheduler plans with
@@ -78,6 +83,8 @@ log = logging.getLogger(__name__)
 AFFINITY_PREFIX_TOKENS = 64  # prompt ids that name a shared prefix when a request has no robot type
 STEP_EWMA = 0.2  # weight of a new sample in a member's measured step time
 MEMORY_LEN = 4096  # generations / affinity keys whose last member is remembered (a long-running node)
+PREFIX_MEMORY_LEN = 256  # (affinity key, member) pairs whose last prompt is kept to price cache hits
+SEGMENT_TOKENS_PRIOR = 16.0  # expected tokens per placement until the pool has seen segments (a skill or two)
 # Tokenized by every member at construction: their tokenizers must agree (plain text, MiniSpec, unicode).
 TOKENIZER_PROBE = "Scene: [cat x:0.5] Task: find the cat. Plan: ?s('cat')==True{g('cat');tc(90);} Grüße 東京"
 
@@ -134,6 +141,8 @@ class _Member:
     next_probe: float = 0.0
     probe: concurrent.futures.Future | None = None
     last_collect: float | None = None  # wall time of its previous step while busy
+    # its steps since the core last learned (see EnginePool.learn): (batch, duration s, prefill tokens)
+    unlearned: list[tuple[int, float, int]] = field(default_factory=list)
     failovers: int = 0
     rejoins: int = 0
     owned: set[str] = field(default_factory=set)
@@ -181,6 +190,10 @@ class EnginePool(Engine):
         self._reqs: dict[str, EngineRequest] = {}
         self._last: OrderedDict[str, int] = OrderedDict()  # gen_id -> member it last ran on (suspended too)
         self._by_key: OrderedDict[Any, int] = OrderedDict()  # affinity key -> member that last served it
+        # (affinity key, member) -> the last prompt of that key the member prefilled (what its cache shares)
+        self._prompts: OrderedDict[tuple[Any, int], list[int]] = OrderedDict()
+        self._placed_tokens: dict[str, int] = {}  # gen_id -> tokens generated since it was placed
+        self.segment_tokens = SEGMENT_TOKENS_PRIOR  # running mean of tokens per placement
         self._moves: dict[str, int] = {}  # gen_id -> failovers so far
         self._pending: list[SegmentEvent] = []  # ERROR finishes of generations no member could take
         self.failovers = 0
@@ -218,6 +231,7 @@ class EnginePool(Engine):
     def abort(self, gen_id: str) -> None:
         self._last.pop(gen_id, None)
         self._moves.pop(gen_id, None)
+        self._placed_tokens.pop(gen_id, None)
         self._pending = [e for e in self._pending if e.gen_id != gen_id]
         i = self._owner.pop(gen_id, None)
         self._reqs.pop(gen_id, None)
@@ -234,7 +248,18 @@ class EnginePool(Engine):
     def has_work(self) -> bool:
         return bool(self._owner or self._pending)
 
+    def learn(self) -> None:
+        """Feed each member's estimator the steps it ran since the last call. The core calls this through
+        :meth:`PoolLatencyEstimator.observe` when it handles a step, as it feeds a lone engine's estimator then:
+        an estimate that moved while the step was still being handled would make a pool of one plan
+        differently from its member alone. A step also learns whatever the core did not (bounded)."""
+        for m in self._members:
+            for obs in m.unlearned:
+                m.est.observe(*obs)
+            m.unlearned.clear()
+
     def step(self) -> StepReport:
+        self.learn()
         t0 = time.perf_counter()
         self._probe_down()
         events, self._pending = self._pending, []
@@ -290,9 +315,9 @@ class EnginePool(Engine):
             sample = (max(rep.duration_s, now - m.last_collect) if streamed else rep.duration_s) / per_gen
             m.step_s = sample if m.step_s is None else m.step_s + STEP_EWMA * (sample - m.step_s)
             if m.engine.info.streamed:
-                m.est.observe(rep.batch_size, sample, rep.prefill_tokens)
+                m.unlearned.append((rep.batch_size, sample, rep.prefill_tokens))
         if not m.engine.info.streamed:  # what the core would learn from this engine alone (prefill steps too)
-            m.est.observe(rep.batch_size, rep.duration_s, rep.prefill_tokens)
+            m.unlearned.append((rep.batch_size, rep.duration_s, rep.prefill_tokens))
         m.last_collect = now if m.engine.has_work() else None
         return rep
 
@@ -309,7 +334,10 @@ class EnginePool(Engine):
                 cause = cause or ev.error
                 continue
             out.append(ev)
+            self._placed_tokens[ev.gen_id] = self._placed_tokens.get(ev.gen_id, 0) + len(ev.token_ids)
             if ev.final or ev.suspended:
+                n = self._placed_tokens.pop(ev.gen_id)
+                self.segment_tokens += STEP_EWMA * (max(1, n) - self.segment_tokens)
                 m.owned.discard(ev.gen_id)
                 self._owner.pop(ev.gen_id, None)
                 req = self._reqs.pop(ev.gen_id, None)
@@ -331,17 +359,33 @@ class EnginePool(Engine):
 
     def placement_order(self, req: EngineRequest, exclude: frozenset[int] = frozenset()) -> list[int]:
         """The members that are up, best first for ``req`` (the rule of the module docstring)."""
-        key = self.affinity_key(req)
-        last, served = self._last.get(req.gen_id), self._by_key.get(key)
-        return [m.index for m in sorted((m for m in self._members if m.up and m.index not in exclude),
-                                        key=lambda m: self._rank(m, len(m.owned), last, served))]
+        key, last = self.affinity_key(req), self._last.get(req.gen_id)
+        context = len(req.prompt_token_ids) + len(req.output_token_ids)
 
-    @staticmethod
-    def _rank(m: _Member, load: int, last: int | None = None, served: int | None = None) -> tuple:
-        """Placement's key for ``m`` carrying ``load`` generations (least first); without ``last`` / ``served``
-        no member has affinity (a generation of unknown robot type)."""
-        return (load >= m.max_batch, m.index != last, m.index != served,
-                m.step_s if m.step_s is not None else 0.0, load, m.index)
+        def uncached(m: _Member) -> int:
+            if m.index == last:
+                return 0
+            seen = self._prompts.get((key, m.index))
+            return context - (_common_prefix(seen, req.prompt_token_ids) if seen else 0)
+
+        return [m.index for m in sorted((m for m in self._members if m.up and m.index not in exclude),
+                                        key=lambda m: self._rank(m, len(m.owned), uncached(m)))]
+
+    def _rank(self, m: _Member, load: int, uncached_tokens: int = 0) -> tuple:
+        """Placement's key for ``m`` carrying ``load`` generations (least first), for a generation of which
+        ``uncached_tokens`` are not in ``m``'s prefix cache."""
+        est = self._pricing(m)
+        cost = est.prefill_time(uncached_tokens) + self.segment_tokens * est.step_time(load + 1)
+        return (load >= m.max_batch, cost, load, m.index)
+
+    def _pricing(self, m: _Member) -> LatencyEstimator:
+        """The estimate ``m`` is priced with: its own once it has measured a step or declares a step model;
+        before that the most measured member's (the same model served elsewhere), not the default prior, whose
+        GPU figures would make an unmeasured CPU server look ten times faster than a measured one."""
+        if m.est.decode_samples or m.engine.info.step_model is not None:
+            return m.est
+        best = max(self._up(), key=lambda x: x.est.decode_samples, default=m)
+        return best.est if best.est.decode_samples else m.est
 
     def _place(self, req: EngineRequest, seg: list[int], exclude: frozenset[int] = frozenset()) -> None:
         """Submit ``req`` to the best member that takes it; NoMemberUp if none does. A member that fails on
@@ -368,14 +412,16 @@ class EnginePool(Engine):
             self._owner[req.gen_id] = m.index
             self._reqs[req.gen_id] = req
             self._remember(self._last, req.gen_id, m.index)
-            self._remember(self._by_key, self.affinity_key(req), m.index)
+            key = self.affinity_key(req)
+            self._remember(self._by_key, key, m.index)
+            self._remember(self._prompts, (key, m.index), req.prompt_token_ids, PREFIX_MEMORY_LEN)
             return
 
     @staticmethod
-    def _remember(d: OrderedDict, key: Any, value: int) -> None:
+    def _remember(d: OrderedDict, key: Any, value: Any, bound: int = MEMORY_LEN) -> None:
         d[key] = value
         d.move_to_end(key)
-        while len(d) > MEMORY_LEN:
+        while len(d) > bound:
             d.popitem(last=False)
 
     def _why_down(self) -> str:
@@ -436,6 +482,7 @@ class EnginePool(Engine):
     def _fail(self, req: EngineRequest, seg: list[int], error: str) -> None:
         self.failed_unplaced += 1
         self._moves.pop(req.gen_id, None)
+        self._placed_tokens.pop(req.gen_id, None)
         log.error("engine pool: %s ends: %s", req.gen_id, error)
         self._pending.append(SegmentEvent(req.gen_id, req.stop_checker.pending_text, seg, FinishReason.ERROR,
                                           suspended=False, error=error))
@@ -489,6 +536,7 @@ class EnginePool(Engine):
         m.max_batch = max(1, int(eng.stats().max_batch))
         m.step_s = eng.info.step_model.decode_s if eng.info.step_model else None
         m.est = LatencyEstimator.for_engine(eng)  # a rebuilt server may run elsewhere: learn it afresh
+        m.unlearned.clear()
         log.warning("engine pool: %s rejoined", m.name)
 
     # -- introspection ---------------------------------------------------------------------------------------
@@ -573,12 +621,20 @@ class EnginePool(Engine):
         raise AssertionError("EnginePool aborts on its members")
 
 
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
 class PoolLatencyEstimator(LatencyEstimator):
     """The scheduler's latency estimate over an engine pool: each member's own :class:`LatencyEstimator`
     (fed by the pool from that member's steps), answered for the member placement would put a generation on.
 
     ``step_time(n)``: ``n`` generations placed one by one on the members that are up by placement's rule
-    (capacity, measured step time, load; no affinity: the scheduler does not say which generation it asks
+    (capacity, cost with nothing cached, load: the scheduler does not say which generation it asks
     about); the time per token of the member the n-th one lands on, at its load there. ``prefill_time(k)``:
     that of the member a new generation would go to now (its current load). With no member up, the pool's
     declared step model (this estimator's own state). The merged step reports the core observes are not
@@ -590,7 +646,9 @@ class PoolLatencyEstimator(LatencyEstimator):
         self._pool = pool
 
     def observe(self, batch: int, duration_s: float, prefill_tokens: int = 0) -> None:
-        """Ignored: a merged step mixes members of different speeds; each member is fed its own steps."""
+        """The merged step itself is not learned (it mixes members of different speeds): each member learns
+        its own steps of it now (:meth:`EnginePool.learn`)."""
+        self._pool.learn()
 
     def _placed(self, batch: int) -> tuple[_Member, int] | None:
         """The member the ``batch``-th generation would be placed on and its load there; None: none is up."""

@@ -131,10 +131,15 @@ class LatencyEstimator:
     def prefill_time(self, tokens: int) -> float:
         return tokens * self.prefill_s_per_token
 
+    @property
+    def decode_samples(self) -> int:
+        """Decode steps learned from so far (0: still the seed)."""
+        return sum(self._n)
+
     def describe(self) -> dict[str, Any]:
         """What the estimate is now and where it started (results files and /engine_state state it)."""
         return {"seed": self.source, "decode_ms_b1": self.step_time(1) * 1e3, "decode_slope_ms": self._c * 1e3,
-                "prefill_ms_per_token": self.prefill_s_per_token * 1e3, "decode_samples": sum(self._n),
+                "prefill_ms_per_token": self.prefill_s_per_token * 1e3, "decode_samples": self.decode_samples,
                 "prefill_samples": len(self._prefill)}
 
 

@@ -3,8 +3,10 @@
     timelyllm-bench load-sweep                                  # WID 1, WID 2 (trace), WID 3; 3 seeds
     timelyllm-bench load-sweep --workloads wid2 --loads 1,3 --seeds 1 --bursts ""
 
-Load factor f scales a workload's arrival rate: every arrival time t becomes t / f, so the same tasks
-(the published WID 2 trace where the workload is wid2) arrive f times as densely. The burst sweep
+Load factor f scales a workload's arrival rate f times. By default (``--scale fleet``) the fleet grows:
+f times as many robots, each getting its tasks at the trace's own pace (:func:`scale_fleet`); with
+``--scale rate`` every arrival time t becomes t / f, so the same tasks (the published WID 2 trace where
+the workload is wid2) arrive f times as densely, each robot's too. The burst sweep
 generates WID 2-like workloads (Table 3 arrivals at 0.25 events/s) with a different maximum number of
 tasks per event. Every figure counts all tasks: U/beta all is TUF_0 / beta of a task that ended done
 and 0 for one that did not (shed OVERDUE, failed, ...), see :mod:`timelyllm_ros.sim.metrics`. Repeats:
@@ -65,6 +67,44 @@ def scale_load(wl: Workload, factor: float) -> Workload:
         raise ValueError(f"load factor must be > 0, got {factor}")
     jobs = [dataclasses.replace(j, trigger_time=j.trigger_time / factor) for j in wl.jobs]
     return Workload(f"{wl.name}-x{factor:g}", jobs, {**wl.config, "load_factor": factor})
+
+
+def scale_fleet(wl: Workload, factor: float, seed: int = 0) -> Workload:
+    """``factor`` times the fleet: each robot's own task stream as the trace has it, on ``factor`` times as
+    many robots (whole copies of the fleet, then a seeded share of its robots for the fraction; below 1, that
+    share alone). The arrival rate grows by ``factor`` as with :func:`scale_load`, but no robot gets its tasks
+    faster: a robot runs one task at a time, so compressing its arrivals measures robots queueing behind
+    their own plans (and preempting their own tasks), not the planner under load."""
+    if not factor > 0:
+        raise ValueError(f"load factor must be > 0, got {factor}")
+    import random
+
+    agents = sorted({j.agent_id for j in wl.jobs})
+    stride = max(agents) + 1
+    copies, frac = int(factor), factor - int(factor)
+    extra = sorted(random.Random(f"fleet-{seed}-{factor}").sample(agents, round(frac * len(agents))))
+    fleet = [(c, a) for c in range(copies) for a in agents] + [(copies, a) for a in extra]
+    by_agent: dict[int, list] = {}
+    for j in wl.jobs:
+        by_agent.setdefault(j.agent_id, []).append(j)
+    jobs = [dataclasses.replace(j, agent_id=a + c * stride) for c, a in fleet for j in by_agent[a]]
+    jobs.sort(key=lambda j: (j.trigger_time, j.agent_id, j.job_id))
+    jobs = [dataclasses.replace(j, job_id=i) for i, j in enumerate(jobs)]
+    return Workload(f"{wl.name}-fleet{factor:g}", jobs, {**wl.config, "load_factor": factor, "load_scaling": "fleet"})
+
+
+SCALINGS = {"fleet": scale_fleet, "rate": lambda wl, factor, seed=0: scale_load(wl, factor)}
+
+
+SCALE_DOC = {"fleet": "f times as many robots, each at the trace's pace",
+             "rate": "every arrival time divided by f, each robot's too"}
+
+
+def add_scale_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scale", choices=sorted(SCALINGS), default="fleet",
+                   help="how a load factor f is made: 'fleet' (default) f times as many robots, each at the "
+                        "trace's pace; 'rate' every arrival time divided by f (each robot gets tasks f times as "
+                        "fast and, one task at a time, queues behind its own plans)")
 
 
 def jitter(wl: Workload, jitter_s: float, seed: int) -> Workload:
@@ -222,10 +262,11 @@ def cmd_load_sweep(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     command = " ".join(["timelyllm-bench", *sys.argv[1:]]) if args.command is None else args.command
     results: dict[str, Any] = {"command": command, "policies": policies, "seeds": seeds, "jitter_ms": args.jitter_ms,
+                               "load_scaling": f"{args.scale}: {SCALE_DOC[args.scale]}",
                                "metric": "mean TUF_0/beta over all tasks, a task not done (shed, failed) counting 0",
                                "sweeps": {}}
     moved = f" (each event moved by U(0, {args.jitter_ms:g}) ms per seed)" if args.jitter_ms else ""
-    md = [f"# Load sweep\n\nCommand: `{command}`\n\n",
+    md = [f"# Load sweep\n\nCommand: `{command}`\n\nLoad scaling: `{args.scale}` ({SCALE_DOC[args.scale]})\n\n",
           f"Mean U/beta over **all** tasks (a task not done, e.g. shed OVERDUE, counts 0) ± 95 % CI over "
           f"{len(seeds)} seed(s){moved}; `{policies[0]} shed`: tasks it ended OVERDUE / tasks (means per run); `vs X`: "
           f"paired difference {policies[0]} - X per seed, 'better'/'worse' when its 95 % CI excludes 0.\n"]
@@ -236,7 +277,7 @@ def cmd_load_sweep(args: argparse.Namespace) -> int:
             if seed not in cache:
                 cache[seed] = jitter(_truncate(load_workload(wname, seed=seed), args.max_jobs), args.jitter_ms / 1e3,
                                      seed)
-            return scale_load(cache[seed], f)
+            return SCALINGS[args.scale](cache[seed], f, seed)
 
         pts = sweep("load", loads, policies, seeds, make, args, f"load {wname}")
         name = cache[seeds[0]].name
@@ -276,6 +317,7 @@ def add_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> N
     p.add_argument("--policies", default=DEFAULT_POLICIES,
                    help="comma list; the first is compared (paired) with pud and edf-seg")
     p.add_argument("--loads", default=DEFAULT_LOADS, help="load factors (x the workload's arrival rate)")
+    add_scale_argument(p)
     p.add_argument("--bursts", default=DEFAULT_BURSTS,
                    help="max tasks per event for the burst sweep (WID 2 settings); empty: no burst sweep")
     p.add_argument("--seeds", type=int, default=3, help="repetitions per point (seeds --seed, --seed+1, ...)")

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.cli import _progress, _results_root, print_table
-from bench.load_sweep import _md_table, _truncate, jitter, mean_ci, scale_load
+from bench.load_sweep import SCALE_DOC, SCALINGS, _md_table, _truncate, add_scale_argument, jitter, mean_ci
 from timelyllm_ros.engines.base import Engine, StepReport
 from timelyllm_ros.engines.pool import EnginePool
 from timelyllm_ros.engines.sim_engine import SimEngine, SimEngineConfig
@@ -167,7 +167,7 @@ def projection(args: argparse.Namespace) -> dict[str, Any]:
     for s in _progress(seeds, "seeds"):
         moved = jitter(base, args.jitter_ms / 1e3, s)
         for f, b, n in _progress(list(runs), f"load x batch x servers (seed {s})"):
-            runs[(f, b, n)].append(simulate_pool(scale_load(moved, f), n, s,
+            runs[(f, b, n)].append(simulate_pool(SCALINGS[args.scale](moved, f, s), n, s,
                                                  dataclasses.replace(engine_cfg, max_batch=b), args))
     points = []
     for (f, b, n), rs in runs.items():
@@ -177,7 +177,8 @@ def projection(args: argparse.Namespace) -> dict[str, Any]:
         pt["per_seed"] = rs
         points.append(pt)
     return {"workload": base.name, "jobs": len(base.jobs), "loads": loads, "seeds": seeds,
-            "jitter_ms": args.jitter_ms, "step_model": dataclasses.asdict(engine_cfg) | {
+            "jitter_ms": args.jitter_ms, "load_scaling": f"{args.scale}: {SCALE_DOC[args.scale]}",
+            "step_model": dataclasses.asdict(engine_cfg) | {
                 "source": args.engine_config or "SimEngineConfig() defaults: the paper's GPU (Table 1)"},
             "points": points}
 
@@ -406,7 +407,8 @@ def write_outputs(out: Path, res: dict[str, Any]) -> None:
         p = res["projection"]
         h, rows = projection_table(p)
         md += [f"\n## Projection: pool of N simulated GPU servers\n\nCommand: `{p['command']}`\n\n"
-               f"{p['workload']} ({p['jobs']} tasks), arrivals x{'/'.join(f'{f:g}' for f in p['loads'])}, "
+               f"{p['workload']} ({p['jobs']} tasks), load x{'/'.join(f'{f:g}' for f in p['loads'])} "
+               f"({p.get('load_scaling', 'rate: every arrival time divided by the factor')}), "
                f"policy pud, seeds {p['seeds']}"
                f" (jitter {p['jitter_ms']:g} ms); mean ± 95 % CI. {NOTE_SIM}\n\nStep model: "
                + ", ".join(f"{k}={v}" for k, v in p["step_model"].items()) + "\n\n", _md_table(h, rows),
@@ -468,8 +470,8 @@ def add_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> N
                         "config/engine_pool_remote.yaml, 256 as vLLM's default max_num_seqs")
     p.add_argument("--workload", default="wid2", help="projection: workload (default the WID 2 trace)")
     p.add_argument("--loads", default=DEFAULT_LOADS,
-                   help="projection: arrival-rate factors (x the workload's), a comma list; on the WID 2 trace one "
-                        "GPU server is overloaded from about 3x (bench/results/load_sweep)")
+                   help="projection: arrival-rate factors (x the workload's), a comma list (see --scale)")
+    add_scale_argument(p)
     p.add_argument("--seeds", type=int, default=3, help="projection: repetitions (seeds --seed, --seed+1, ...)")
     p.add_argument("--jitter-ms", type=float, default=200.0, help="projection: move each arrival event by "
                                                                   "U(0, this) ms per seed")

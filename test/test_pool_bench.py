@@ -23,11 +23,12 @@ def test_pool_projection_accounts_for_every_task_and_uses_both_members(tmp_path)
     points = res["projection"]["points"]
     assert {(p["load"], p["member_batch"], p["servers"]) for p in points} == {
         (3, 2, 1), (3, 2, 2), (3, 256, 1), (3, 256, 2)}
+    assert res["projection"]["load_scaling"].startswith("fleet")
     for p in points:
-        assert p["tasks"] == JOBS and p["seeds"] == 2
+        assert p["tasks"] == 3 * JOBS and p["seeds"] == 2  # load 3: three times the fleet, each robot's tasks
         for run in p["per_seed"]:
-            assert run["tasks"] == JOBS  # every task has a terminal result (the simulator raises otherwise)
-            assert sum(run["statuses"].values()) == JOBS and run["statuses"]["other"] == 0
+            assert run["tasks"] == 3 * JOBS  # every task has a terminal result (the simulator raises otherwise)
+            assert sum(run["statuses"].values()) == 3 * JOBS and run["statuses"]["other"] == 0
             assert len(run["member_decode_tokens"]) == p["servers"]
             assert sum(run["member_decode_tokens"]) == run["tokens"] > 0
     # A member holds 2 at most: with 2 servers the pool must have placed work on the second one.

@@ -154,3 +154,33 @@ def test_load_sweep_command_writes_results_and_counts_every_task(tmp_path):
     assert all(p["n"] == 12 for p in pts)
     assert "diff_pud_all" in next(p for p in pts if p["policy"] == "pud-shed")
     assert "U/beta over **all** tasks" in (tmp_path / "summary.md").read_text()
+
+
+def test_scale_fleet_adds_robots_at_the_traces_pace():
+    from bench.load_sweep import scale_fleet
+    from timelyllm_ros.sim.workloads import load_workload
+
+    wl = load_workload("wid2")
+    agents = sorted({j.agent_id for j in wl.jobs})
+
+    def streams(w):  # each robot's task stream: (arrival, trace id, task) in order
+        out: dict[int, list] = {}
+        for j in w.jobs:
+            out.setdefault(j.agent_id, []).append((j.trigger_time, j.trace_id, j.task_input))
+        return out
+
+    mine = streams(wl)
+    for f, n_agents in ((2.0, 2 * len(agents)), (1.5, len(agents) + round(0.5 * len(agents))),
+                        (0.5, round(0.5 * len(agents)))):
+        big = scale_fleet(wl, f, seed=3)
+        got = streams(big)
+        assert len(got) == n_agents and len({j.job_id for j in big.jobs}) == len(big.jobs), f
+        stride = max(agents) + 1
+        # every robot runs one of the trace's robots' streams unchanged: no robot gets tasks faster
+        assert all(s == mine[a % stride] for a, s in got.items()), f
+        assert [j.trigger_time for j in big.jobs] == sorted(j.trigger_time for j in big.jobs)
+        assert big.config["load_scaling"] == "fleet"
+    assert scale_fleet(wl, 1.5, seed=3).jobs == scale_fleet(wl, 1.5, seed=3).jobs  # seeded
+    assert streams(scale_fleet(wl, 1.0)) == mine
+    with pytest.raises(ValueError, match="load factor"):
+        scale_fleet(wl, 0.0)

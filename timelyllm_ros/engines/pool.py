@@ -9,9 +9,12 @@ Placement (:meth:`EnginePool.add`), deterministic, among the members that are up
 
 * a free slot: the pool counts the generations it placed on each member against the member's ``max_batch``;
   when every member is full the generation still goes to one (its server queues it) rather than failing;
-* the cost on member ``m``: prefilling what ``m``'s prefix cache lacks, plus the segment's expected tokens at
-  ``m``'s time per token with one more generation in its batch (``m``'s own :class:`LatencyEstimator`,
-  below). The expected tokens per placement are a running mean over the segments the pool has seen. What a
+* the cost on member ``m``: the time the generation adds there, summed over every generation on ``m``
+  (itself included): all of them wait while ``m`` prefills what its prefix cache lacks of it, and the
+  segment's expected tokens make each of ``m``'s decode steps longer for all of them (``m``'s own
+  :class:`LatencyEstimator`, below). The expected tokens per placement are a running mean over the segments
+  the pool has seen; counting only the newcomer's own time kept a pool of GPU servers on one member until
+  it ran 35 generations while its urgent tasks waited behind them (bench/results/pool). What a
   member's cache holds: all of a generation it ran last (a resume goes home unless that member is
   loaded enough to cost more than a re-prefill elsewhere), else the longest prefix shared with the last
   prompt of the same key it served (``extra['robot_type']``, which the core sets; else the first
@@ -375,7 +378,10 @@ class EnginePool(Engine):
         """Placement's key for ``m`` carrying ``load`` generations (least first), for a generation of which
         ``uncached_tokens`` are not in ``m``'s prefix cache."""
         est = self._pricing(m)
-        cost = est.prefill_time(uncached_tokens) + self.segment_tokens * est.step_time(load + 1)
+        # the time it adds on that member, to every generation there: all wait for its prefill, and each
+        # decode step of the segment's expected length gets longer for all of them
+        decode = (load + 1) * est.step_time(load + 1) - load * est.step_time(load)
+        cost = (load + 1) * est.prefill_time(uncached_tokens) + self.segment_tokens * decode
         return (load >= m.max_batch, cost, load, m.index)
 
     def _pricing(self, m: _Member) -> LatencyEstimator:

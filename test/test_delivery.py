@@ -394,10 +394,10 @@ def test_every_finished_plan_ends_with_is_final_on_the_robot_topic(make_stack):
     for h in warm:
         assert s.full_result(h)[1].status == R.STATUS_SUCCEEDED
     hs = {}
-    for i in range(12):
+    for i in range(12):  # three per robot, the urgent one first: a later task of a higher beta would preempt
         tid = f"eop-{i}"
         hs[tid] = (robots[i % 4], s.send_id(robots[i % 4], DRONE_TASKS[i % len(DRONE_TASKS)], task_id=tid,
-                                            tuf=URGENT if i % 3 == 0 else NORMAL)[1])
+                                            tuf=URGENT if i < 4 else NORMAL)[1])
     markers = 0
     for tid, (robot, h) in hs.items():
         st, out = s.full_result(h, 60)

@@ -466,15 +466,17 @@ def test_killed_executor_fails_its_task_and_others_still_succeed(tmp_path, procs
 
 # -- 3. executors that start after the planner began publishing ------------------------------------------
 def test_late_executors_get_every_segment_exactly_once(tmp_path, procs, clients):
-    robots = ["drone_0", "drone_1"]
+    robots = ["drone_0", "drone_1", "drone_2", "drone_3"]
     engine = engine_yaml(tmp_path, 1.0)
     start_planner(procs, engine=engine)
     cl = clients(robots)
     cl.wait_planner()
     # First segments that take the robot a moment (not keys_or_wallet's instant ones): this process's report
     # subscription must have been matched by the new fleet's writer before its first report, or it misses it.
+    # One task per robot: a robot's second task waits until its first has been reported, which no robot can
+    # do before the fleet starts.
     plan = {"late-0": ("drone_0", DRONE_TASKS[2]), "late-1": ("drone_1", DRONE_TASKS[0]),
-            "late-2": ("drone_0", DRONE_TASKS[3]), "late-3": ("drone_1", DRONE_TASKS[5])}
+            "late-2": ("drone_2", DRONE_TASKS[3]), "late-3": ("drone_3", DRONE_TASKS[5])}
     handles = {t: cl.send(t, r, task) for t, (r, task) in plan.items()}
     assert wait_until(lambda: all(cl.feedback[t] for t in plan), 30), "the planner produced no segments"
     with cl.lock:
@@ -573,12 +575,13 @@ def test_five_percent_packet_loss_to_a_fleet_in_a_network_namespace(tmp_path, pr
 # -- 5. a clean stop (SIGINT) answers every open goal ----------------------------------------------------
 def test_sigint_stop_answers_every_open_goal(tmp_path, procs, clients):
     engine = engine_yaml(tmp_path, 5.0)
-    start_fleet(procs, ["drone_0", "drone_1"])
+    robots = [f"drone_{i}" for i in range(4)]  # one task each: a robot's second task would wait for its first
+    start_fleet(procs, robots)
     planner = start_planner(procs, engine=engine, state_dir=tmp_path / "state")
-    cl = clients(["drone_0", "drone_1"])
+    cl = clients(robots)
     cl.wait_planner()
     ids = [f"stop-{i}" for i in range(4)]
-    handles = {t: cl.send(t, f"drone_{i % 2}", MULTI) for i, t in enumerate(ids)}
+    handles = {t: cl.send(t, robots[i], MULTI) for i, t in enumerate(ids)}
     assert wait_until(lambda: all(cl.feedback[t] for t in ids), 60), "no segment was produced"
     assert all(cl.final(t) is None for t in ids), cl.describe(ids)  # still open
     futs = {t: h.get_result_async() for t, h in handles.items()}  # as a client does: asked before the stop

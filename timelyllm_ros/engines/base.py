@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from timelyllm_ros.skills.segmenter import StopChecker
 
 if TYPE_CHECKING:
-    from timelyllm_ros.sched.admission import LatencyEstimator
+    from timelyllm_ros.engines.latency import LatencyEstimator
 
 
 class FinishReason(enum.StrEnum):

@@ -79,7 +79,7 @@ from timelyllm_ros.engines.base import (
     SegmentEvent,
     StepReport,
 )
-from timelyllm_ros.sched.admission import LatencyEstimator
+from timelyllm_ros.engines.latency import LatencyEstimator
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 projection for 1, 2, 4 and 8 GPU servers (issue 13, item 4).
 
     timelyllm-bench pool                      # both parts (the real one starts two `vllm serve`, ~6 min)
-    timelyllm-bench pool --skip-real          # the projection only (~30 s)
+    timelyllm-bench pool --skip-real          # the projection only (~5 min)
     timelyllm-bench pool --skip-sim --events 2 --per-event 6 --repeats 1   # a shorter real part
 
 **Real part** (this machine, CPU): the same drone tasks (the first ``--events`` arrival events of the published

@@ -268,19 +268,23 @@ class PlannerCore:
         self._flush()
 
     def _robot_failed(self, task_id: str, reason: str) -> None:
-        """The robot failed (or went silent): end the task ROBOT_FAILED; a task whose generation had
-        already ended gets its published result revised (never silently left at DONE)."""
+        """The robot failed (or went silent): end the task ROBOT_FAILED."""
+        self._end_or_revise(task_id, TaskStatus.ROBOT_FAILED, reason)
+
+    def _end_or_revise(self, task_id: str, status: TaskStatus, reason: str) -> None:
+        """End an open task with ``status`` (a generating one is aborted in the engine first); a task whose
+        generation had already ended DONE gets its published result revised (never silently left at DONE)."""
         g = self._tasks.get(task_id)
         if g is not None:
             if task_id in self._running:
-                g.pending_abort, g.reason, g.abort_status = True, reason, TaskStatus.ROBOT_FAILED
+                g.pending_abort, g.reason, g.abort_status = True, reason, status
                 self._aborts.append(task_id)
             else:
-                self._finish(g, TaskStatus.ROBOT_FAILED, reason)
+                self._finish(g, status, reason)
             return
         res = self._done.get(task_id)
         if res is not None and res.status is TaskStatus.DONE:
-            self._revise(res, TaskStatus.ROBOT_FAILED, reason)
+            self._revise(res, status, reason)
 
     def _revise(self, res: TaskResult, status: TaskStatus, reason: str) -> None:
         """A finished task's robot did not run its plan to the end: publish the result again, revised."""
@@ -304,18 +308,9 @@ class PlannerCore:
             self._preempt(owner[0], owner[1], g)
 
     def _preempt(self, old_id: str, old_beta: float, by: Generation) -> None:
-        reason = f"preempted by task {by.task_id} (beta {by.tuf.beta:g} > {old_beta:g})"
-        old = self._tasks.get(old_id)
-        if old is not None:
-            if old_id in self._running:
-                old.pending_abort, old.reason, old.abort_status = True, reason, TaskStatus.CANCELLED
-                self._aborts.append(old_id)
-            else:
-                self._finish(old, TaskStatus.CANCELLED, reason)
-            return
-        res = self._done.get(old_id)
-        if res is not None and res.status is TaskStatus.DONE:  # generated, and the robot is still running it
-            self._revise(res, TaskStatus.CANCELLED, reason)
+        # a plan already generated DONE whose robot is still running it is revised CANCELLED
+        self._end_or_revise(old_id, TaskStatus.CANCELLED,
+                            f"preempted by task {by.task_id} (beta {by.tuf.beta:g} > {old_beta:g})")
 
     def _release(self, robot_id: str) -> None:
         """Hand the robot to the next waiting task once its owner has ended and every segment sent to it

@@ -151,7 +151,8 @@ def test_load_sweep_command_writes_results_and_counts_every_task(tmp_path):
         for run in p["per_seed"]:
             assert sum(run["statuses"].values()) == run["n"] and run["statuses"]["other"] == 0
             assert run["n_urgent"] + run["n_normal"] == run["n_all"] == run["n"]
-    assert all(p["n"] == 12 for p in pts)
+    assert all(p["n"] == 12 * p["x"] for p in pts)  # load x3: three times the fleet (--scale fleet)
+    assert res["load_scaling"].startswith("fleet")
     assert "diff_pud_all" in next(p for p in pts if p["policy"] == "pud-shed")
     assert "U/beta over **all** tasks" in (tmp_path / "summary.md").read_text()
 

@@ -79,6 +79,26 @@ def test_a_silent_robot_fails_its_task_and_only_its_task():
     assert core.expire_silent(clock.now()) == []  # once
 
 
+def test_a_segment_the_robot_never_acknowledged_is_not_its_silence():
+    """A segment lost on the way (5 % packet loss, every copy of it for 11 s) is delivery's to re-send and,
+    past its bound, to fail; only once the robot has it does its silence about it count."""
+    clock = SimClock()
+    core, _, results = make_core(clock=clock, robot_timeout_s=5.0)
+    core.submit(spec(0, plan="tc(30);mf(50);"))
+    drain(core, clock)
+    last = max(s.index for s in results[0].segments)
+    for s in results[0].segments:
+        if s.index != last:
+            core.report_segment_done("t0", s.index, s.pred_end)
+    acked: set[tuple[str, int]] = set()
+    clock.advance(60.0)
+    assert core.expire_silent(clock.now(), unacked=lambda t, i: (t, i) not in acked) == []
+    assert core.result("t0").status is TaskStatus.DONE
+    acked.add(("t0", last))  # it arrived, and the robot still says nothing about it
+    assert core.expire_silent(clock.now(), unacked=lambda t, i: (t, i) not in acked) == ["t0"]
+    assert core.result("t0").status is TaskStatus.ROBOT_FAILED
+
+
 def test_finished_results_are_bounded_and_their_ids_reusable():
     clock = SimClock()
     core, _, results = make_core(clock=clock, keep_results_max=3)

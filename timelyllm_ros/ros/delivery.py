@@ -156,6 +156,11 @@ class SegmentDelivery:
             self._send(robot_id, msg)
         return lost
 
+    def unacked(self, task_id: str, index: int) -> bool:
+        """Segment ``index`` of ``task_id`` was sent and the robot has not acknowledged it yet."""
+        with self._lock:
+            return (task_id, int(index)) in self._pending
+
     def pending(self, task_id: str | None = None) -> int:
         with self._lock:
             if task_id is None:

@@ -836,7 +836,7 @@ class PlannerNode(LifecycleNode):
             core.robot_failed(tid, why)
         for tid, robot_id, robot_type, seg in core.unreported():
             self._deliver(robot_id, segment_msg(tid, robot_id, seg, self._bridge, self._skillset_id(robot_type)))
-        for tid in core.expire_silent():
+        for tid in core.expire_silent(unacked=delivery.unacked):
             self.get_logger().error(f"task {tid}: robot silent, ended ROBOT_FAILED")
         now = time.monotonic()
         if self.journal is not None and now >= self._next_prune:

@@ -355,9 +355,15 @@ class PlannerCore:
         if lag >= self._report_lag or now - self._report_lag_at > self.lag_window_s:
             self._report_lag, self._report_lag_at = lag, now
 
-    def expire_silent(self, now: float | None = None) -> list[str]:
+    def expire_silent(self, now: float | None = None,
+                      unacked: Callable[[str, int], bool] | None = None) -> list[str]:
         """End every task whose robot has not reported a dispatched segment by its predicted end +
-        ``robot_timeout_s`` (ROBOT_FAILED, naming the segment). Returns the task ids it ended."""
+        ``robot_timeout_s`` (ROBOT_FAILED, naming the segment). Returns the task ids it ended.
+
+        ``unacked(task_id, index)``: the robot has not acknowledged that segment yet. It cannot report what
+        it never received, so such a segment is not its silence: delivery re-sends it and, past its own
+        bound, fails the task naming the segment. Once a robot runs one task at a time, a segment lost on a
+        lossy link left the robot quiet, and a healthy robot was failed as silent (CI, 5 % packet loss)."""
         if self.cfg.robot_timeout_s is None:
             return []
         ended = []
@@ -369,7 +375,8 @@ class PlannerCore:
                 if owner is not None and self._robot_heard.get(owner.robot_id, -math.inf) > heard_since:
                     continue  # it keeps reporting (other segments): busy or behind, not silent
                 limit = self.cfg.robot_timeout_s + self._report_lag
-                late = [s for s in pending if s.pred_end is not None and now > s.silence_base() + limit]
+                late = [s for s in pending if s.pred_end is not None and now > s.silence_base() + limit
+                        and not (unacked is not None and unacked(tid, s.index))]
                 if late:
                     s = late[0]
                     self._watch.pop(tid, None)

@@ -445,29 +445,33 @@ def test_a_killed_server_s_generations_resume_on_the_other_with_the_same_greedy_
                     _req(pb, f"seg-{tag}", task=BOY)]
 
         ref = reqs("ref")
-        ev_ref = driver.run(pool, ref)  # both on server a (the drone prompt's member), no failure
-        assert pool.members()[0].owned == 0 and pool.member_engine(1).submissions[:] == []
+        ev_ref = driver.run(pool, ref)  # no failure (placement may use either server: it weighs their load)
+        assert all(s.owned == 0 for s in pool.members()) and pool.stats().failovers == 0
         assert all(ev_ref[r.gen_id][-1].reason in (FinishReason.STOP, FinishReason.LENGTH) for r in ref)
 
         run = reqs("run")
-        killed = {"at": None}
+        killed = {"at": None, "member": None}
+        servers = {0: a, 1: b}
         t0 = time.monotonic()
 
-        def kill_a(step: int) -> None:
+        def kill_the_long_ones_server(step: int) -> None:
             if killed["at"] is None and len(run[0].output_token_ids) >= 20:
-                killed["at"] = len(run[0].output_token_ids)
-                a.kill()
+                owner = _owner(pool, "long-run")
+                if owner is not None:  # streaming: it is on a member (not between segments)
+                    killed["at"], killed["member"] = len(run[0].output_token_ids), owner
+                    servers[owner].kill()
             assert time.monotonic() - t0 < 300, "the pool did not finish within 300 s"
 
-        events = driver.run(pool, run, on_step=kill_a)
-        assert killed["at"] is not None and not pool.members()[0].up and pool.members()[1].up
-        assert pool.stats().failovers >= 1 and f"server at {a.url}" in pool.members()[0].down_reason
+        events = driver.run(pool, run, on_step=kill_the_long_ones_server)
+        dead, alive = killed["member"], 1 - (killed["member"] or 0)
+        assert killed["at"] is not None and not pool.members()[dead].up and pool.members()[alive].up
+        assert pool.stats().failovers >= 1 and f"server at {servers[dead].url}" in pool.members()[dead].down_reason
         for r, w in zip(run, ref, strict=True):
             evs = events[r.gen_id]
             assert evs[-1].reason is ev_ref[w.gen_id][-1].reason, evs[-1]
             assert r.output_token_ids == w.output_token_ids  # across the failover: the unsegmented greedy output
             assert [e.text for e in evs] == [e.text for e in ev_ref[w.gen_id]]
         assert len(run[0].output_token_ids) == 120 > killed["at"]  # the long one was moved mid-stream
-        assert any(s["gen_id"] == "long-run" for s in pool.member_engine(1).submissions)  # resumed on b
+        assert any(s["gen_id"] == "long-run" for s in pool.member_engine(alive).submissions)  # resumed there
     finally:
         pool.close()

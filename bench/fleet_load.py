@@ -440,21 +440,19 @@ def run(args: argparse.Namespace) -> int:
         if not fleet.wait_for_line("simulated", 60):
             raise RuntimeError(f"the simulated fleet did not start:\n{fleet.tail()}")
 
-        from rclpy.executors import MultiThreadedExecutor
-
         from timelyllm_ros.action import PlanTask
         from timelyllm_ros.msg import TimeUtility
         from timelyllm_ros.ros import topics
         from timelyllm_ros.ros.client import PlanClient
         from timelyllm_ros.ros.convert import duration_s, status_name, time_s
-        from timelyllm_ros.ros.spin import Spinner
+        from timelyllm_ros.ros.spin import PooledExecutor, Spinner
 
         ctx = rclpy.Context()
         rclpy.init(context=ctx, domain_id=domain)
         node = rclpy.create_node("fleet_load_client", context=ctx)
         obs = Observer(node, robots)
         pc = PlanClient(node, server_timeout=60.0, default_timeout=args.goal_timeout)
-        ex = MultiThreadedExecutor(num_threads=4, context=ctx)
+        ex = PooledExecutor(num_threads=4, context=ctx)
         ex.add_node(node)
         spin_thread = Spinner(ex, name="fleet-load-spin")
         spin_thread.start()

@@ -19,12 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import rclpy
-from rclpy.executors import MultiThreadedExecutor
 from std_msgs.msg import String
 
 from devtools.netns import EmulatedDrone, emulated_drones
 from timelyllm_ros.ros.drone_executor_node import SCENE_QOS, DroneExecutorNode, build_drone_executors, scene_topic
-from timelyllm_ros.ros.spin import Spinner
+from timelyllm_ros.ros.spin import PooledExecutor, Spinner
 
 
 @dataclass
@@ -58,7 +57,7 @@ def start_emulated_fleet(robot_ids: Sequence[str], *, speed: float = 0.05, retry
         ctx = rclpy.Context()
         rclpy.init(context=ctx)
         nodes: list[DroneExecutorNode] = []
-        ex = MultiThreadedExecutor(num_threads=4, context=ctx)
+        ex = PooledExecutor(num_threads=4, context=ctx)
         spinner = Spinner(ex, name="emulated-fleet")
         try:
             nodes = build_drone_executors(robot_ids, [e.host for e in emus], time_scale=speed,

@@ -206,11 +206,10 @@ def observe(argv: list[str] | None = None) -> int:
     import json
 
     import rclpy
-    from rclpy.executors import MultiThreadedExecutor
 
     from timelyllm_ros.msg import PlanSegment, SegmentAck, SegmentDone
     from timelyllm_ros.ros import topics
-    from timelyllm_ros.ros.spin import Spinner
+    from timelyllm_ros.ros.spin import PooledExecutor, Spinner
 
     ap = argparse.ArgumentParser(prog="procs.py observe")
     ap.add_argument("--probe", action="append", default=[])
@@ -233,7 +232,7 @@ def observe(argv: list[str] | None = None) -> int:
 
     node.create_subscription(SegmentDone, topics.SEGMENT_DONE, lambda m: emit("done", m), topics.REPORTS_KEPT)
     node.create_subscription(SegmentAck, topics.SEGMENT_ACKS, lambda m: emit("ack", m), topics.REPORTS)
-    ex = MultiThreadedExecutor(num_threads=2)
+    ex = PooledExecutor(num_threads=2)
     ex.add_node(node)
     spinner = Spinner(ex)
     spinner.start()

@@ -2,7 +2,7 @@
 
 One stack per module keeps it fast: planner + scheduler (RealtimeSimEngine), a
 simulated drone fleet, a robot-side client, a witness subscriber and the live
-metrics collector, all under one MultiThreadedExecutor.
+metrics collector, all under one PooledExecutor.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import pytest
 from waiting import wait_until
 
 rclpy = pytest.importorskip("rclpy")
-from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 from rclpy.qos import DurabilityPolicy, QoSProfile, QoSReliabilityPolicy  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
@@ -39,7 +38,7 @@ from timelyllm_ros.ros.planner_node import build_planner  # noqa: E402
 from timelyllm_ros.ros.recorder_node import RecorderNode, start_recorder  # noqa: E402
 from timelyllm_ros.ros.replay_node import Replayer  # noqa: E402
 from timelyllm_ros.ros.sim_fleet_node import SimFleetNode  # noqa: E402
-from timelyllm_ros.ros.spin import Spinner  # noqa: E402
+from timelyllm_ros.ros.spin import PooledExecutor, Spinner  # noqa: E402
 
 pytestmark = pytest.mark.ros
 
@@ -112,7 +111,7 @@ class Stack:
             self.client.create_subscription(typ, topic, lambda m, t=topic: self._witness(t, m),
                                             QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE))
         self.live = LiveMetrics(self.client)
-        self.ex = MultiThreadedExecutor(num_threads=16, context=self.ctx)
+        self.ex = PooledExecutor(num_threads=16, context=self.ctx)
         for n in (self.planner, self.sched, self.fleet, self.client):
             self.ex.add_node(n)
         self.thread = Spinner(self.ex)

@@ -28,7 +28,7 @@ from timelyllm_ros.ros.client import (  # noqa: E402
     PlanTimeoutError,
     send_task,
 )
-from timelyllm_ros.ros.spin import Spinner  # noqa: E402
+from timelyllm_ros.ros.spin import PooledExecutor, Spinner  # noqa: E402
 
 pytestmark = pytest.mark.ros
 
@@ -382,7 +382,6 @@ def test_plan_client_cli_main(stack):
 # -- a planner process that is killed and restarts (journal) ----------------------------------------------------
 def test_planner_killed_mid_task_restarts_and_the_client_still_gets_the_result(tmp_path):
     procs_mod = pytest.importorskip("procs")
-    from rclpy.executors import MultiThreadedExecutor
 
     from timelyllm_ros.ros.sim_fleet_node import SimFleetNode
 
@@ -393,7 +392,7 @@ def test_planner_killed_mid_task_restarts_and_the_client_still_gets_the_result(t
     procs = procs_mod.Procs(tmp_path / "logs", env={**os.environ, "ROS_DOMAIN_ID": str(domain)})
     ctx = rclpy.Context()
     rclpy.init(context=ctx, domain_id=domain)
-    ex = MultiThreadedExecutor(num_threads=8, context=ctx)
+    ex = PooledExecutor(num_threads=8, context=ctx)
     from rclpy.parameter import Parameter
 
     fleet = SimFleetNode(context=ctx, parameter_overrides=[Parameter("robots", value=["drone_0", "drone_1"]),

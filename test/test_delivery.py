@@ -25,7 +25,6 @@ from waiting import wait_until
 
 rclpy = pytest.importorskip("rclpy")
 from builtin_interfaces.msg import Time  # noqa: E402
-from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 from rclpy.qos import QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy  # noqa: E402
 from test_planner_node import CAT, DOG, NORMAL, URGENT, Stack, _wait  # noqa: E402
@@ -47,7 +46,7 @@ from timelyllm_ros.ros.actions import SafeActionClient  # noqa: E402
 from timelyllm_ros.ros.convert import duration_s, time_s  # noqa: E402
 from timelyllm_ros.ros.planner_node import PlannerNode, SchedulerNode  # noqa: E402
 from timelyllm_ros.ros.sim_fleet_node import SimFleetNode  # noqa: E402
-from timelyllm_ros.ros.spin import Spinner  # noqa: E402
+from timelyllm_ros.ros.spin import PooledExecutor, Spinner  # noqa: E402
 from timelyllm_ros.srv import GetPlanResult  # noqa: E402
 
 pytestmark = pytest.mark.ros
@@ -130,7 +129,7 @@ class DStack(Stack):
         c.create_subscription(SegmentDone, topics.SEGMENT_DONE, self.done_reports.append, topics.REPORTS_KEPT)
         for r in watch:
             c.create_subscription(PlanSegment, topics.segment_topic(r), self.robot_msgs[r].append, topics.RELIABLE)
-        self.ex = MultiThreadedExecutor(num_threads=24, context=self.ctx)
+        self.ex = PooledExecutor(num_threads=24, context=self.ctx)
         for n in self.nodes:
             self.ex.add_node(n)
         self.thread = Spinner(self.ex)

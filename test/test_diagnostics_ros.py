@@ -15,7 +15,6 @@ from waiting import wait_until
 rclpy = pytest.importorskip("rclpy")
 pytest.importorskip("diagnostic_msgs")
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus  # noqa: E402
-from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 from rclpy.qos import QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy  # noqa: E402
 from test_delivery import ControlledEngine, DStack  # noqa: E402
@@ -29,7 +28,7 @@ from timelyllm_ros.ros.diagnostics import (  # noqa: E402
     attach_planner_diagnostics,
     level_name,
 )
-from timelyllm_ros.ros.spin import Spinner  # noqa: E402
+from timelyllm_ros.ros.spin import PooledExecutor, Spinner  # noqa: E402
 
 pytestmark = pytest.mark.ros
 
@@ -223,7 +222,7 @@ class _Spun:
         self.nodes = list(make_nodes(self.ctx))
         self.op_node = rclpy.create_node("operator", context=self.ctx)
         self.op = Operator(self.op_node)
-        self.ex = MultiThreadedExecutor(num_threads=4, context=self.ctx)
+        self.ex = PooledExecutor(num_threads=4, context=self.ctx)
         for n in [*self.nodes, self.op_node]:
             self.ex.add_node(n)
         self.spin = Spinner(self.ex)

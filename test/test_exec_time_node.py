@@ -8,11 +8,10 @@ import pytest
 from waiting import wait_until
 
 rclpy = pytest.importorskip("rclpy")
-from rclpy.executors import MultiThreadedExecutor  # noqa: E402
-
 from timelyllm_ros.msg import PlanSegment, SegmentDone, SkillCall  # noqa: E402
 from timelyllm_ros.ros.convert import skill_call_msg, time_msg  # noqa: E402
 from timelyllm_ros.ros.exec_time_node import ALL_SEGMENTS_TOPIC, ExecTimeNode  # noqa: E402
+from timelyllm_ros.ros.spin import PooledExecutor  # noqa: E402
 from timelyllm_ros.ros.topics import RELIABLE  # noqa: E402
 from timelyllm_ros.skills.schema import load_skill_set  # noqa: E402
 from timelyllm_ros.srv import EstimateExecTime  # noqa: E402
@@ -33,7 +32,7 @@ class Harness:
         self.segments = self.peer.create_publisher(PlanSegment, ALL_SEGMENTS_TOPIC, RELIABLE)
         self.done = self.peer.create_publisher(SegmentDone, "/segment_done", RELIABLE)
         self.cli = self.peer.create_client(EstimateExecTime, "/estimate_exec_time")
-        self.ex = MultiThreadedExecutor(num_threads=4, context=self.ctx)
+        self.ex = PooledExecutor(num_threads=4, context=self.ctx)
         self.ex.add_node(self.node)
         self.ex.add_node(self.peer)
         self.spin_error: BaseException | None = None

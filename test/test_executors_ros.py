@@ -12,12 +12,11 @@ import pytest
 from devtools.netns import netns_unavailable_reason
 
 rclpy = pytest.importorskip("rclpy")
-from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from std_srvs.srv import Trigger  # noqa: E402
 from waiting import wait_until  # noqa: E402
 
 from timelyllm_ros.msg import PlanSegment, SegmentAck, SegmentDone  # noqa: E402
-from timelyllm_ros.ros.spin import Spinner  # noqa: E402
+from timelyllm_ros.ros.spin import PooledExecutor, Spinner  # noqa: E402
 from timelyllm_ros.ros.topics import RELIABLE, REPORTS, SEGMENT_ACKS, segment_topic  # noqa: E402
 
 pytestmark = pytest.mark.ros
@@ -41,7 +40,7 @@ class Planner:
         self.acks: list[SegmentAck] = []
         self.probe_acks: set[str] = set()
         self._subs.append(self.node.create_subscription(SegmentAck, SEGMENT_ACKS, self._on_ack, REPORTS))
-        self.ex = MultiThreadedExecutor(num_threads=2, context=self.ctx)
+        self.ex = PooledExecutor(num_threads=2, context=self.ctx)
         self.ex.add_node(self.node)
         for n in extra_nodes:
             self.ex.add_node(n)
@@ -279,7 +278,7 @@ def test_arm_executor_drives_the_simulated_controller_and_stops_on_emergency():
     ctrl = SimArmControllerNode(context=ctx, parameter_overrides=[Parameter("robots", value=["arm_x"])])
     arm = ArmExecutorNode("arm_x", time_scale=0.05, context=ctx,
                           scene="Scene: [red_box x:0.40 y:0.10, tray x:0.30 y:-0.40]")
-    ex = MultiThreadedExecutor(num_threads=3, context=ctx)
+    ex = PooledExecutor(num_threads=3, context=ctx)
     ex.add_node(ctrl)
     ex.add_node(arm)
     spin = Spinner(ex)
@@ -383,7 +382,7 @@ def _robot(robot_id: str, reorder_timeout_s: float | None = None):
     rclpy.init(context=ctx)
     over = [] if reorder_timeout_s is None else [Parameter("reorder_timeout_s", value=reorder_timeout_s)]
     node = FakeExecutor(context=ctx, parameter_overrides=over)
-    ex = MultiThreadedExecutor(num_threads=2, context=ctx)
+    ex = PooledExecutor(num_threads=2, context=ctx)
     ex.add_node(node)
     spin = Spinner(ex)
     spin.start()
@@ -525,7 +524,7 @@ def test_sim_fleet_dedups_reorders_and_acks_and_a_silent_robot_acks_without_repo
     fleet = SimFleetNode(context=ctx, parameter_overrides=[
         Parameter("robots", value=["sim_a", "sim_mute"]), Parameter("silent_robots", value=["sim_mute"]),
         Parameter("time_scale", value=0.01), Parameter("reorder_timeout_s", value=0.5)])
-    ex = MultiThreadedExecutor(num_threads=2, context=ctx)
+    ex = PooledExecutor(num_threads=2, context=ctx)
     ex.add_node(fleet)
     spin = Spinner(ex)
     spin.start()

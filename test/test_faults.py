@@ -35,7 +35,6 @@ from procs import OBSERVER_READY, Procs
 from waiting import wait_until
 
 rclpy = pytest.importorskip("rclpy")
-from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 
 from timelyllm_ros.action import PlanTask  # noqa: E402
 from timelyllm_ros.model.plans import plan_templates  # noqa: E402
@@ -43,7 +42,7 @@ from timelyllm_ros.msg import PlanResult, PlanSegment, SegmentAck, SegmentDone, 
 from timelyllm_ros.paths import config_dir  # noqa: E402
 from timelyllm_ros.ros import topics  # noqa: E402
 from timelyllm_ros.ros.actions import SafeActionClient  # noqa: E402
-from timelyllm_ros.ros.spin import Spinner  # noqa: E402
+from timelyllm_ros.ros.spin import PooledExecutor, Spinner  # noqa: E402
 from timelyllm_ros.srv import GetPlanResult  # noqa: E402
 
 pytestmark = pytest.mark.ros
@@ -149,7 +148,7 @@ class Clients:
         for r in robots:
             self.subs[r] = n.create_subscription(PlanSegment, topics.segment_topic(r),
                                                  lambda m: self._segment(m, robot_copy=True), topics.RELIABLE)
-        self.ex = MultiThreadedExecutor(num_threads=4, context=self.ctx)
+        self.ex = PooledExecutor(num_threads=4, context=self.ctx)
         self.ex.add_node(self.node)
         self.thread = Spinner(self.ex)
         self.thread.start()

@@ -14,7 +14,6 @@ rclpy = pytest.importorskip("rclpy")
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus  # noqa: E402
 from lifecycle_msgs.msg import Transition  # noqa: E402
 from lifecycle_msgs.srv import ChangeState, GetState  # noqa: E402
-from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 from test_planner_node import CAT, NORMAL  # noqa: E402
 
@@ -23,7 +22,7 @@ from timelyllm_ros.paths import config_dir  # noqa: E402
 from timelyllm_ros.ros.actions import SafeActionClient  # noqa: E402
 from timelyllm_ros.ros.planner_node import build_planner  # noqa: E402
 from timelyllm_ros.ros.sim_fleet_node import SimFleetNode  # noqa: E402
-from timelyllm_ros.ros.spin import Spinner  # noqa: E402
+from timelyllm_ros.ros.spin import PooledExecutor, Spinner  # noqa: E402
 
 pytestmark = pytest.mark.ros
 S = PlanTask.Result
@@ -47,7 +46,7 @@ class Managed:
         self.action = SafeActionClient(self.node, PlanTask, "/plan_task")
         self.diag: dict[str, tuple[int, str]] = {}  # status name -> (level, message), as an operator sees it
         self.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 100)
-        self.ex = MultiThreadedExecutor(num_threads=8, context=self.ctx)
+        self.ex = PooledExecutor(num_threads=8, context=self.ctx)
         for n in (self.planner, self.sched, self.fleet, self.node):
             self.ex.add_node(n)
         self.spinner = Spinner(self.ex)
@@ -236,7 +235,7 @@ def test_the_planner_process_as_ros2_launch_starts_it(tmp_path):
     rclpy.init(context=ctx)
     try:
         node = rclpy.create_node("launch_probe", context=ctx)
-        ex = MultiThreadedExecutor(num_threads=2, context=ctx)
+        ex = PooledExecutor(num_threads=2, context=ctx)
         ex.add_node(node)
         sp = Spinner(ex)
         sp.start()

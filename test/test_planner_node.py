@@ -13,7 +13,6 @@ import pytest
 from waiting import wait_until
 
 rclpy = pytest.importorskip("rclpy")
-from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 
 from timelyllm_ros.action import PlanTask  # noqa: E402
@@ -22,7 +21,7 @@ from timelyllm_ros.msg import TimeUtility  # noqa: E402
 from timelyllm_ros.ros.actions import SafeActionClient  # noqa: E402
 from timelyllm_ros.ros.planner_node import build_planner  # noqa: E402
 from timelyllm_ros.ros.sim_fleet_node import SimFleetNode  # noqa: E402
-from timelyllm_ros.ros.spin import Spinner  # noqa: E402
+from timelyllm_ros.ros.spin import PooledExecutor, Spinner  # noqa: E402
 from timelyllm_ros.skills.schema import load_skill_set  # noqa: E402
 
 pytestmark = pytest.mark.ros
@@ -54,7 +53,7 @@ class Stack:
             Parameter("time_scale", value=fleet_time_scale)])
         self.client = rclpy.create_node("robot_client", **kw)
         self.action = SafeActionClient(self.client, PlanTask, "/plan_task")
-        self.ex = MultiThreadedExecutor(num_threads=24, context=self.ctx)
+        self.ex = PooledExecutor(num_threads=24, context=self.ctx)
         for n in self.nodes:
             self.ex.add_node(n)
         self.thread = Spinner(self.ex)

@@ -12,7 +12,6 @@ rclpy = pytest.importorskip("rclpy", reason="rclpy missing: run scripts/setup.sh
 from builtin_interfaces.msg import Duration, Time  # noqa: E402
 from rclpy.action import ActionServer, CancelResponse, GoalResponse  # noqa: E402
 from rclpy.callback_groups import ReentrantCallbackGroup  # noqa: E402
-from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.qos import QoSDurabilityPolicy, QoSProfile, QoSReliabilityPolicy  # noqa: E402
 
 from timelyllm_ros.action import PlanTask  # noqa: E402
@@ -28,7 +27,7 @@ from timelyllm_ros.msg import (  # noqa: E402
     TimeUtility,
 )
 from timelyllm_ros.ros.actions import SafeActionClient  # noqa: E402
-from timelyllm_ros.ros.spin import Spinner  # noqa: E402
+from timelyllm_ros.ros.spin import PooledExecutor, Spinner  # noqa: E402
 from timelyllm_ros.srv import EstimateExecTime, Plan  # noqa: E402
 
 pytestmark = pytest.mark.ros
@@ -42,7 +41,7 @@ def two_nodes():
     rclpy.init(context=ctx)
     a = rclpy.create_node("iface_test_a", context=ctx)
     b = rclpy.create_node("iface_test_b", context=ctx)
-    ex = MultiThreadedExecutor(num_threads=4, context=ctx)
+    ex = PooledExecutor(num_threads=4, context=ctx)
     ex.add_node(a)
     ex.add_node(b)
     t = Spinner(ex)

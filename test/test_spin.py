@@ -1,22 +1,27 @@
-"""One raising callback must not stop an executor that serves a whole planner."""
+"""One raising callback must not stop an executor that serves a whole planner, and the executor must not
+drown the callbacks it dispatches (PooledExecutor)."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from waiting import wait_until
 
 rclpy = pytest.importorskip("rclpy")
+from rclpy.callback_groups import ReentrantCallbackGroup  # noqa: E402
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
+from rclpy.task import Future  # noqa: E402
+from std_msgs.msg import String  # noqa: E402
 
-from timelyllm_ros.ros.spin import Spinner  # noqa: E402
+from timelyllm_ros.ros.spin import PooledExecutor, Spinner  # noqa: E402
 
 pytestmark = pytest.mark.ros
 
 
-@pytest.fixture()
-def node_with_a_broken_timer():
+@pytest.fixture(params=[MultiThreadedExecutor, PooledExecutor])
+def node_with_a_broken_timer(request):
     ctx = rclpy.Context()
     rclpy.init(context=ctx)
     node = rclpy.create_node("spin_test", context=ctx)
@@ -31,7 +36,7 @@ def node_with_a_broken_timer():
 
     node.create_timer(0.05, broken)
     node.create_timer(0.01, ok)
-    ex = MultiThreadedExecutor(num_threads=2, context=ctx)
+    ex = request.param(num_threads=2, context=ctx)
     ex.add_node(node)
     yield ex, ticks
     ex.shutdown(timeout_sec=5)
@@ -70,3 +75,91 @@ def test_spinner_logs_a_raising_callback_and_serves_the_others(node_with_a_broke
     assert not sp.is_alive()
     assert len(sp.errors) == 3  # bounded: only the last ones are kept
     assert all("RuntimeError: broken callback #" in e for e in sp.errors)
+
+
+@pytest.fixture()
+def ros_context():
+    ctx = rclpy.Context()
+    rclpy.init(context=ctx)
+    yield ctx
+    rclpy.try_shutdown(context=ctx)
+
+
+def _flood(ctx, executor_cls, *, topics_n: int = 4, per_topic: int = 40) -> tuple[int, list]:
+    """Slow callbacks on several topics, two workers: handlers wait in the pool. Returns (callbacks run,
+    the handler of every submission to the pool)."""
+    node = rclpy.create_node("flood", context=ctx)
+    group = ReentrantCallbackGroup()
+    ran = []
+
+    def slow(msg: String) -> None:
+        time.sleep(0.005)
+        ran.append(msg.data)
+
+    pubs = []
+    for i in range(topics_n):
+        node.create_subscription(String, f"flood_{i}", slow, 1000, callback_group=group)
+        pubs.append(node.create_publisher(String, f"flood_{i}", 1000))
+    ex = executor_cls(num_threads=2, context=ctx)
+    submitted: list = []
+    submit = ex._executor.submit
+
+    def counting_submit(fn, *args, **kwargs):
+        submitted.append(args[0] if args else fn)  # PooledExecutor passes the task; rclpy submits it itself
+        return submit(fn, *args, **kwargs)
+
+    ex._executor.submit = counting_submit
+    ex.add_node(node)
+    sp = Spinner(ex, name="flood")
+    sp.start()
+    try:
+        assert wait_until(lambda: all(p.get_subscription_count() for p in pubs), 30)
+        for k in range(per_topic):
+            for p in pubs:
+                p.publish(String(data=f"{p.topic_name}:{k}"))
+        assert wait_until(lambda: len(ran) == topics_n * per_topic, 60), len(ran)
+    finally:
+        sp.stop()
+        ex.shutdown(timeout_sec=5)
+        node.destroy_node()
+    return len(ran), submitted
+
+
+def test_rclpy_multithreaded_executor_queues_a_waiting_handler_again_and_again(ros_context):
+    """Why PooledExecutor exists (ros2/rclpy#1452): a handler that has not started is yielded and queued again
+    at every wake-up."""
+    ran, submitted = _flood(ros_context, MultiThreadedExecutor)
+    assert len(submitted) > len(set(map(id, submitted))), "no handler was queued twice"
+
+
+def test_pooled_executor_queues_each_handler_once_and_runs_every_callback(ros_context):
+    ran, submitted = _flood(ros_context, PooledExecutor)
+    assert ran == 4 * 40
+    assert len(submitted) == len(set(map(id, submitted))), \
+        f"{len(submitted) - len(set(map(id, submitted)))} handlers queued more than once"
+
+
+def test_pooled_executor_resumes_a_coroutine_that_awaits(ros_context):
+    """A coroutine callback waiting on a future leaves the pool and is resumed once the future is done."""
+    node = rclpy.create_node("awaiting", context=ros_context)
+    gate: Future = Future()
+    got: list[str] = []
+
+    async def waiter() -> None:
+        got.append(await gate)
+
+    ex = PooledExecutor(num_threads=2, context=ros_context)
+    ex.add_node(node)
+    task = ex.create_task(waiter)
+    sp = Spinner(ex, name="awaiting")
+    sp.start()
+    try:
+        time.sleep(0.3)
+        assert not task.done()
+        node.create_timer(0.05, lambda: None if gate.done() else gate.set_result("opened"))
+        assert wait_until(task.done, 30)
+        assert got == ["opened"]
+    finally:
+        sp.stop()
+        ex.shutdown(timeout_sec=5)
+        node.destroy_node()

@@ -81,11 +81,10 @@ def pick_jobs(workload: Workload, events: int, per_event: int, max_gap_s: float,
 
 @contextmanager
 def _spinning(nodes: list[Any], ctx: Any) -> Iterator[Any]:
-    from rclpy.executors import MultiThreadedExecutor
 
-    from timelyllm_ros.ros.spin import Spinner
+    from timelyllm_ros.ros.spin import PooledExecutor, Spinner
 
-    ex = MultiThreadedExecutor(num_threads=32, context=ctx)
+    ex = PooledExecutor(num_threads=32, context=ctx)
     for n in nodes:
         ex.add_node(n)
     t = Spinner(ex, name="timelyllm-demo")

@@ -23,7 +23,7 @@ from typing import Any
 
 import rclpy
 from rclpy.callback_groups import ReentrantCallbackGroup
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 
 from timelyllm_ros.action import PlanTask
@@ -32,7 +32,7 @@ from timelyllm_ros.msg import TimeUtility
 from timelyllm_ros.ros.actions import SafeActionClient
 from timelyllm_ros.ros.convert import duration_s, status_name, time_msg
 from timelyllm_ros.ros.params import declare, not_blank
-from timelyllm_ros.ros.spin import Spinner
+from timelyllm_ros.ros.spin import PooledExecutor, Spinner
 
 
 @dataclass
@@ -201,7 +201,7 @@ class ReplayNode(Node):
 
 def run_replay(node: ReplayNode) -> ReplayReport:
     """Spin ``node`` in a background executor while the calling thread replays."""
-    ex = MultiThreadedExecutor(num_threads=4, context=node.context)
+    ex = PooledExecutor(num_threads=4, context=node.context)
     ex.add_node(node)
     t = Spinner(ex, name="timelyllm-replay")
     t.start()

@@ -11,9 +11,79 @@ from collections.abc import Callable, Sequence
 
 import rclpy
 import rclpy.logging
-from rclpy.executors import Executor, ExternalShutdownException, MultiThreadedExecutor, SingleThreadedExecutor
+from rclpy.executors import (
+    ConditionReachedException,
+    Executor,
+    ExternalShutdownException,
+    MultiThreadedExecutor,
+    ShutdownException,
+    SingleThreadedExecutor,
+    TimeoutException,
+)
 from rclpy.node import Node
 from rclpy.signals import SignalHandlerOptions
+from rclpy.task import Task
+
+
+class PooledExecutor(MultiThreadedExecutor):
+    """rclpy's ``MultiThreadedExecutor`` without its collapse under load (ros2/rclpy#1452, fixed upstream in
+    #1547, after the rclpy 9.1.2 we run). Every multi-threaded executor of ours is one of these.
+
+    rclpy keeps a handler in its task list until the handler has run and yields every task that has not
+    started yet at each wake-up: a handler still waiting in the thread pool is queued again and again, the
+    wake-up returns at once instead of waiting, and each one scans the whole list of queued duplicates
+    (thousands with 1000 goals open: a third of the process's CPU, while the callbacks waited for the GIL).
+
+    Here a handler leaves the task list when it is queued and is queued once; a coroutine that awaits goes
+    back on the list after its turn, to be resumed as rclpy does. The spin thread also waits for the workers
+    to start what is queued before it rebuilds the wait set. A callback's exception is raised from
+    ``spin_once``, as rclpy does.
+    """
+
+    def __init__(self, num_threads: int | None = None, *, context=None) -> None:
+        super().__init__(num_threads, context=context)
+        self._queued: set[Task] = set()
+        self._started = threading.Condition(self._tasks_lock)
+        self._ended: deque[Task] = deque()
+
+    def _run(self, task: Task, entity, node) -> None:
+        with self._started:
+            self._queued.discard(task)
+            self._started.notify_all()
+        task()
+        if task.done():
+            self._ended.append(task)
+        else:  # a coroutine awaiting something: rclpy resumes it from the task list
+            with self._tasks_lock:
+                self._tasks.append((task, entity, node))
+            self.wake()
+
+    def _spin_once_impl(self, timeout_sec=None, wait_condition: Callable[[], bool] = lambda: False) -> None:
+        # Hand the GIL to the workers until they have started what is queued: each wake-up rebuilds the whole
+        # wait set, and a spin thread that wakes for every trigger starves the callbacks it dispatches.
+        with self._started:
+            self._started.wait_for(lambda: not self._queued, timeout=0.05)
+        try:
+            task, entity, node = self.wait_for_ready_callbacks(timeout_sec, None, wait_condition)
+        except (ExternalShutdownException, ShutdownException, TimeoutException, ConditionReachedException):
+            pass
+        else:
+            with self._tasks_lock:
+                # The wake-up's snapshot of the task list may still hold a task that is already queued.
+                fresh = task not in self._queued
+                if fresh:
+                    self._queued.add(task)
+                    self._tasks = [t for t in self._tasks if t[0] is not task]
+            if fresh:
+                self._executor.submit(self._run, task, entity, node)
+        while self._ended:
+            self._ended.popleft().result()  # raises what the callback raised
+
+    def shutdown(self, timeout_sec: float | None = None, *, wait_for_threads: bool = True) -> bool:
+        done = super().shutdown(timeout_sec, wait_for_threads=wait_for_threads)
+        while self._ended:  # ended after the last spin: a callback cut short by the teardown itself
+            self._ended.popleft().exception()
+        return done
 
 
 def spin_until(ex: Executor, stop: Callable[[], bool] = lambda: False, *,
@@ -75,7 +145,7 @@ def run_nodes(build: Callable[[], Sequence[Node]], args: list[str] | None = None
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
     nodes: Sequence[Node] = ()
-    ex = SingleThreadedExecutor() if num_threads <= 1 else MultiThreadedExecutor(num_threads=num_threads)
+    ex = SingleThreadedExecutor() if num_threads <= 1 else PooledExecutor(num_threads=num_threads)
     try:
         nodes = build()
         for n in nodes:

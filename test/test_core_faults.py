@@ -177,6 +177,27 @@ def test_delivery_resends_until_acknowledged_and_gives_up_explicitly():
     assert d.due(5.5) == [("b", 0, "r1")] and d.pending() == 0
 
 
+def test_a_forgotten_task_is_never_re_sent_but_what_it_keeps_is():
+    """A task that ended without running its plan: a late copy of its segment 0 would start it on a robot that
+    now runs another task; its end marker may still go out."""
+    sent = []
+
+    class M:
+        def __init__(self, t, i, text="mf(50);"):
+            self.task_id, self.segment_index, self.text = t, i, text
+
+    d = SegmentDelivery(lambda robot, msg: sent.append((msg.task_id, msg.segment_index)), period_s=0.1)
+    d.send("r0", M("a", 0), 0.0)
+    d.send("r0", M("a", 1), 0.0)
+    d.send("r0", M("a", 2, text=""), 0.0)  # the end marker
+    d.send("r0", M("b", 0), 0.0)
+    assert d.forget("a", keep=lambda m: not m.text) == 2
+    sent.clear()
+    d.due(0.5)
+    assert sorted(sent) == [("a", 2), ("b", 0)]
+    assert not d.unacked("a", 0) and d.unacked("a", 2) and d.forget("zzz") == 0
+
+
 def test_an_ack_of_a_later_segment_resends_a_lost_earlier_one_at_once():
     sent = []
 

@@ -561,6 +561,21 @@ def test_a_silent_robot_fails_its_task_while_the_others_succeed(make_stack):
         assert s.get_plan_result(tid).result.status == R.STATUS_SUCCEEDED
 
 
+def test_a_cancelled_task_s_unacknowledged_segments_are_not_re_sent(make_stack):
+    """A copy of segment 0 arriving after the task ended would start it on its robot, preempting whatever that
+    robot runs by then: the planner stops re-sending a task's segments when it ends without running them."""
+    s = make_stack(params=[Parameter("delivery_timeout_s", value=120.0)])
+    _, h = s.send_id("drone_away", CAT, task_id="gone-1")  # no such robot in the fleet: nothing is acknowledged
+    d = s.planner.delivery
+    assert wait_until(lambda: d.unacked("gone-1", 0), 30), "segment 0 was never sent"
+    assert _wait(h.cancel_goal_async().done)
+    st, r = s.full_result(h)
+    assert r.status == R.STATUS_CANCELED, r.message
+    assert wait_until(lambda: not d.unacked("gone-1", 0), 10)
+    keys = [k for k in list(d._pending) if k[0] == "gone-1"]
+    assert all(topics.is_end_marker(d._pending[k].msg.text, d._pending[k].msg.is_final) for k in keys), keys
+
+
 # -- 9. input hygiene -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("bad", ["\x1b[2J", "\x07", "\u202e"])
 def test_control_and_bidi_characters_in_the_task_are_rejected_naming_field_and_position(make_stack, bad):

@@ -156,6 +156,18 @@ class SegmentDelivery:
             self._send(robot_id, msg)
         return lost
 
+    def forget(self, task_id: str, keep: Callable[[Any], bool] = lambda msg: False) -> int:
+        """Stop re-sending ``task_id``'s unacknowledged copies (except those ``keep`` accepts); returns how many.
+
+        For a task that ended without running its plan: a late copy of its segment 0 would reach a robot that
+        never saw the task as a new task, and preempt whatever that robot runs now (the urgent task that
+        replaced it)."""
+        with self._lock:
+            keys = [k for k, p in self._pending.items() if k[0] == task_id and not keep(p.msg)]
+            for k in keys:
+                self._drop(k)
+        return len(keys)
+
     def unacked(self, task_id: str, index: int) -> bool:
         """Segment ``index`` of ``task_id`` was sent and the robot has not acknowledged it yet."""
         with self._lock:

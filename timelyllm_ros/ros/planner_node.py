@@ -69,6 +69,7 @@ from timelyllm_ros.ros.diagnostics import PlannerHealth, attach_planner_diagnost
 from timelyllm_ros.ros.spin import run_nodes
 from timelyllm_ros.ros.topics import LATCHED, RELIABLE, TELEMETRY, segment_topic  # noqa: F401 - re-exported
 from timelyllm_ros.sched.hygiene import check_text, check_token_count
+from timelyllm_ros.sched.journal import ACTIVE, Journal
 from timelyllm_ros.sched.policies import POLICIES, make_policy
 from timelyllm_ros.sched.scheduler import CoreConfig, PlannerCore
 from timelyllm_ros.sim.records import result_robot_waiting
@@ -239,8 +240,6 @@ class PlannerNode(LifecycleNode):
         self._prompts = PromptRenderer(engine, constrained)
         self._skillset_ids = {}
         if p["state_dir"]:
-            from timelyllm_ros.sched.journal import Journal
-
             self.journal, self._journal_closed, self._recovered = Journal(p["state_dir"]), False, False
         # Reports and acks in groups of their own: a burst of one never queues behind the other.
         self._configured = [
@@ -729,6 +728,8 @@ class PlannerNode(LifecycleNode):
                                  is_final=True, stamp_generated=self._bridge.to_msg(self.core.clock.now()))
             self._jot("end_marker_sent", res.task_id, op.sent)
         self._jot("task_finished", res.task_id, res.status.value, _result_record(res), time.time())
+        if res.status is not TaskStatus.DONE:  # (or revised) a segment still in flight must not start it later
+            self.delivery.forget(res.task_id, keep=lambda m: topics.is_end_marker(m.text, m.is_final))
         self._guard("publish the result", lambda: self._results.publish(self._plan_result_msg(res)))
         if marker is not None:
             self._guard("send the end-of-plan marker",
@@ -961,6 +962,8 @@ class PlannerNode(LifecycleNode):
                 if not js.marker and not js.reported:
                     resend.setdefault((jt.task_id, js.index), (jt.task_id, jt.robot_id, js))
         for tid, robot_id, js in resend.values():
+            if not js.marker and self.journal.status(tid) not in (ACTIVE, TaskStatus.DONE.value):
+                continue  # ended without running its plan: see SegmentDelivery.forget
             if tid in self._open:
                 rt = self._open[tid].robot_type
             else:  # finished before the restart: its own robot type, as journaled

@@ -7,7 +7,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import rclpy
 import rclpy.logging
@@ -35,9 +35,9 @@ class PooledExecutor(MultiThreadedExecutor):
     (thousands with 1000 goals open: a third of the process's CPU, while the callbacks waited for the GIL).
 
     Here a handler leaves the task list when it is queued and is queued once; a coroutine that awaits goes
-    back on the list after its turn, to be resumed as rclpy does. The spin thread also waits for the workers
-    to start what is queued before it rebuilds the wait set. A callback's exception is raised from
-    ``spin_once``, as rclpy does.
+    back on the list after its turn, to be resumed at a later wake-up as rclpy does. The spin thread also
+    waits for the workers to start what is queued before it rebuilds the wait set. A callback's exception
+    is raised from ``spin_once``, as rclpy does.
     """
 
     def __init__(self, num_threads: int | None = None, *, context=None) -> None:
@@ -53,10 +53,9 @@ class PooledExecutor(MultiThreadedExecutor):
         task()
         if task.done():
             self._ended.append(task)
-        else:  # a coroutine awaiting something: rclpy resumes it from the task list
+        elif not task.cancelled():  # a coroutine awaiting something: resumed at a later wake-up, as rclpy does
             with self._tasks_lock:
                 self._tasks.append((task, entity, node))
-            self.wake()
 
     def _spin_once_impl(self, timeout_sec=None, wait_condition: Callable[[], bool] = lambda: False) -> None:
         # Hand the GIL to the workers until they have started what is queued: each wake-up rebuilds the whole
@@ -76,13 +75,21 @@ class PooledExecutor(MultiThreadedExecutor):
                     self._tasks = [t for t in self._tasks if t[0] is not task]
             if fresh:
                 self._executor.submit(self._run, task, entity, node)
-        while self._ended:
-            self._ended.popleft().result()  # raises what the callback raised
+        for task in self._take_ended():
+            task.result()  # raises what the callback raised
+
+    def _take_ended(self) -> Iterator[Task]:
+        while True:  # shutdown() may drain it from another thread while this one still spins
+            try:
+                yield self._ended.popleft()
+            except IndexError:
+                return
 
     def shutdown(self, timeout_sec: float | None = None, *, wait_for_threads: bool = True) -> bool:
         done = super().shutdown(timeout_sec, wait_for_threads=wait_for_threads)
-        while self._ended:  # ended after the last spin: a callback cut short by the teardown itself
-            self._ended.popleft().exception()
+        for task in self._take_ended():  # ended after the last spin, e.g. cut short by the teardown itself
+            if (e := task.exception()) is not None:
+                rclpy.logging.get_logger("timelyllm.spin").warning(f"a callback raised during shutdown: {e!r}")
         return done
 
 

@@ -98,6 +98,43 @@ def test_a_normal_task_waits_behind_an_urgent_one_and_a_cancel_while_waiting_ans
     assert core.snapshot()["waiting_for_robot"] == 0
 
 
+def test_of_the_tasks_waiting_for_a_robot_the_urgent_one_goes_first():
+    """Had the urgent one arrived when the normal one owned the robot, it would have preempted it."""
+    clock = SimClock()
+    core, segs, results = make_core(clock=clock)
+    core.submit(on_robot(0, "r", plan="mf(50);", level="urgent"))
+    core.submit(on_robot(1, "r", plan="tc(30);"))  # waits (lower beta)
+    core.submit(on_robot(2, "r", plan="mb(100);", level="urgent"))  # waits (equal beta), arrived later
+    drain(core, clock)
+    core.report_segment_done("t0", 0, finish_time=clock.now() + 1.0)
+    drain(core, clock)
+    assert [t for t, _, _ in segs] == ["t0", "t2"]
+    core.report_segment_done("t2", 0, finish_time=clock.now() + 1.0)
+    drain(core, clock)
+    assert [t for t, _, _ in segs] == ["t0", "t2", "t1"]
+    assert core.snapshot()["waiting_for_robot"] == 0
+
+
+def test_restored_after_a_restart_the_task_that_had_the_robot_keeps_it():
+    """The journal restores tasks oldest first: an older task that was waiting must not take the robot from
+    the later one whose plan was already on it."""
+    clock = SimClock()
+    core, segs, results = make_core(clock=clock)
+    core.submit(on_robot(0, "r", plan="tc(30);mf(50);", level="urgent"))
+    step_until(core, clock, lambda: segs)
+    restored_segments = list(core._tasks["t0"].segments)  # what was on the robot when the planner died
+    core2, segs2, results2 = make_core(clock=clock)
+    core2.restore(on_robot(1, "r", plan="mb(100);"), [])  # older, waiting when the planner died
+    core2.restore(on_robot(0, "r", plan="tc(30);mf(50);", level="urgent"), restored_segments)
+    drain(core2, clock)
+    assert {t for t, _, _ in segs2} == {"t0"}, segs2  # t1 was not generated behind t0's back
+    assert core2.snapshot()["waiting_for_robot"] == 1
+    for seg in core2.result("t0").segments:
+        core2.report_segment_done("t0", seg.index, finish_time=clock.now() + 1.0)
+    drain(core2, clock)
+    assert [t for t, _, _ in segs2][-1] == "t1"
+
+
 def test_other_robots_are_not_held_back():
     clock = SimClock()
     core, segs, results = make_core(clock=clock)

@@ -313,21 +313,25 @@ class PlannerCore:
                             f"preempted by task {by.task_id} (beta {by.tuf.beta:g} > {old_beta:g})")
 
     def _release(self, robot_id: str) -> None:
-        """Hand the robot to the next waiting task once its owner has ended and every segment sent to it
-        has been reported (or given up on)."""
+        """Hand the robot to the waiting task of highest beta once its owner has ended and every segment sent
+        to it has been reported (or given up on)."""
         owner = self._owner.get(robot_id)
         if owner is not None and (owner[0] in self._tasks or owner[0] in self._watch):
             return
         self._owner.pop(robot_id, None)
         turns = self._turns.get(robot_id)
-        while turns:
-            g = self._tasks.get(turns.popleft())
-            if g is not None and not g.status.terminal:
-                self._owner[robot_id] = (g.task_id, g.tuf.beta)
-                g.enqueued_at = self.clock.now()
-                self._cands[g.task_id] = g
-                break
-        if turns is not None and not turns:
+        if turns is None:
+            return
+        waiting = [g for t in turns if (g := self._tasks.get(t)) is not None and not g.status.terminal]
+        if waiting:  # the highest beta, first come among equals: it would have preempted any of the others
+            g = max(waiting, key=lambda w: w.tuf.beta)
+            waiting.remove(g)
+            self._owner[robot_id] = (g.task_id, g.tuf.beta)
+            g.enqueued_at = self.clock.now()
+            self._cands[g.task_id] = g
+        turns.clear()
+        turns.extend(w.task_id for w in waiting)
+        if not turns:
             del self._turns[robot_id]
 
     def waiting_for_robot(self) -> int:
@@ -468,6 +472,11 @@ class PlannerCore:
             g.segments = list(segments)
             self._tasks[tid] = g
             if g.segments:  # its plan was already on the robot when the planner died
+                prev = self._owner.get(g.robot_id)
+                if prev is not None and prev[0] != tid and not self._tasks[prev[0]].segments:
+                    # restored before it (older) and claimed the robot, but was waiting when the planner died
+                    self._cands.pop(prev[0], None)
+                    self._turns.setdefault(g.robot_id, deque()).appendleft(prev[0])
                 self._owner[g.robot_id] = (tid, g.tuf.beta)
             unreported = [s for s in g.segments if s.dispatch is not None and s.real_end is None]
             if unreported:

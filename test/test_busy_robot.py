@@ -66,7 +66,7 @@ def test_an_urgent_task_preempts_a_normal_one_still_generating():
     assert [(t, i) for t, i, _ in segs] == [("t0", 0), ("t1", 0)]  # nothing more of t0 was sent
 
 
-def test_an_urgent_task_revises_a_finished_plan_the_robot_is_still_running():
+def test_an_urgent_task_revises_a_finished_plan_the_robot_reports_it_did_not_finish():
     clock = SimClock()
     core, segs, results = make_core(clock=clock)
     core.submit(on_robot(0, "r", plan="mf(50);"))
@@ -74,12 +74,27 @@ def test_an_urgent_task_revises_a_finished_plan_the_robot_is_still_running():
     assert results[-1].status is TaskStatus.DONE
     core.submit(on_robot(1, "r", plan="mb(100);", level="urgent"))
     drain(core, clock)
-    revised = [r for r in results if r.task_id == "t0"][-1]
-    assert revised.status is TaskStatus.CANCELLED and "preempted by task t1" in revised.reason
-    assert core.result("t1").status is TaskStatus.DONE
-    # the robot's report of the preempted segment changes nothing more
+    assert core.result("t1").status is TaskStatus.DONE  # the robot went to t1 at once
+    assert core.result("t0").status is TaskStatus.DONE  # no evidence yet that t0 did not run to the end
+    # the robot reports the segment it dropped for t1: revised, with the preemption as the reason
     core.report_segment_done("t0", 0, success=False, error="preempted by task t1")
-    assert core.result("t0").status is TaskStatus.CANCELLED
+    revised = [r for r in results if r.task_id == "t0"]
+    assert [r.status for r in revised] == [TaskStatus.CANCELLED, TaskStatus.CANCELLED]  # (one object, published twice)
+    assert "preempted by task t1 (beta" in revised[-1].reason
+
+
+def test_a_finished_plan_the_robot_ran_to_the_end_before_the_urgent_task_came_stays_done():
+    """The robot had finished t0 when t1 arrived; its report was still on the way."""
+    clock = SimClock()
+    core, segs, results = make_core(clock=clock)
+    core.submit(on_robot(0, "r", plan="mf(50);"))
+    drain(core, clock)
+    core.submit(on_robot(1, "r", plan="mb(100);", level="urgent"))
+    drain(core, clock)
+    core.report_segment_done("t0", 0, finish_time=clock.now() - 0.01)
+    assert [r.status for r in results if r.task_id == "t0"] == [TaskStatus.DONE]
+    assert core.result("t0").status is TaskStatus.DONE and core.result("t1").status is TaskStatus.DONE
+    assert not core._preempted
 
 
 def test_a_normal_task_waits_behind_an_urgent_one_and_a_cancel_while_waiting_answers():

@@ -28,9 +28,11 @@ released to) until it has ended and the robot has reported every segment sent to
 a robot owned by another:
 
 * preempts it when its beta is strictly higher (an urgent task over a normal one): the older task
-  ends CANCELLED ("preempted by task ..."; a finished generation whose plan the robot is still
-  running has its result revised to that), and the robot drops the rest of it when the new task's
-  segment 0 arrives (executor_base: segment 0 of a different task preempts);
+  ends CANCELLED ("preempted by task ..."), and the robot drops the rest of it when the new task's
+  segment 0 arrives (executor_base: segment 0 of a different task preempts). A finished generation
+  whose plan the robot may still be running has its result revised to that once the robot reports a
+  segment it did not run to the end; if it reports every one done (the plan ended before the new
+  task's segment 0 reached it), the result stays DONE;
 * otherwise waits its turn: it is not generated (not a candidate) until the robot is released, so
   its segment 0 never interrupts the plan in progress; its response time still counts from its
   arrival.
@@ -175,6 +177,7 @@ class PlannerCore:
         self._done: dict[str, TaskResult] = {}  # finished, oldest first (bounded: keep_results_*)
         self._done_at: dict[str, float] = {}
         self._watch: dict[str, list[Segment]] = {}  # task -> dispatched segments the robot has not reported
+        self._preempted: dict[str, str] = {}  # DONE task, preempted while in _watch -> why (bounded by _watch)
         self._report_lag = 0.0  # how far behind the caller reads robot reports (s): not the robot's silence
         self._report_lag_at = 0.0
         self._robot_heard: dict[str, float] = {}  # robot -> when its latest report was read (clock time)
@@ -284,6 +287,9 @@ class PlannerCore:
             return
         res = self._done.get(task_id)
         if res is not None and res.status is TaskStatus.DONE:
+            why = self._preempted.pop(task_id, None)
+            if why is not None:  # what the robot did not run to the end, it was told to drop
+                status, reason = TaskStatus.CANCELLED, why
             self._revise(res, status, reason)
 
     def _revise(self, res: TaskResult, status: TaskStatus, reason: str) -> None:
@@ -308,9 +314,13 @@ class PlannerCore:
             self._preempt(owner[0], owner[1], g)
 
     def _preempt(self, old_id: str, old_beta: float, by: Generation) -> None:
-        # a plan already generated DONE whose robot is still running it is revised CANCELLED
-        self._end_or_revise(old_id, TaskStatus.CANCELLED,
-                            f"preempted by task {by.task_id} (beta {by.tuf.beta:g} > {old_beta:g})")
+        reason = f"preempted by task {by.task_id} (beta {by.tuf.beta:g} > {old_beta:g})"
+        if old_id not in self._tasks and old_id in self._watch:
+            # Generated DONE, not all reported: the robot may have run it all before the new segment 0 came.
+            # A report of a segment not run to the end revises it CANCELLED with this reason (_end_or_revise).
+            self._preempted[old_id] = reason
+        else:
+            self._end_or_revise(old_id, TaskStatus.CANCELLED, reason)
 
     def _release(self, robot_id: str) -> None:
         """Hand the robot to the waiting task of highest beta once its owner has ended and every segment sent
@@ -345,6 +355,8 @@ class PlannerCore:
             pending[:] = [s for s in pending if s is not seg]  # identity: segments compare by value
             if not pending:
                 del self._watch[task_id]
+                if seg.success:  # it ran to the end: it stays DONE (a failure revises it, report_segment_done)
+                    self._preempted.pop(task_id, None)
                 owner = self._tasks.get(task_id) or self._done.get(task_id)
                 if owner is not None:
                     self._release(owner.robot_id)
@@ -917,6 +929,7 @@ class PlannerCore:
                 break
             del self._done_at[tid]
             res = self._done.pop(tid, None)
+            self._preempted.pop(tid, None)
             if self._watch.pop(tid, None) is not None and res is not None:
                 self._release(res.robot_id)
 

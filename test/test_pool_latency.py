@@ -204,3 +204,19 @@ def test_engine_state_shows_each_members_estimate():
     pool = EnginePool(_members([0.05, 0.01]), background_probes=False)
     v = dict(add_pool_members(Status("planner: engine"), pool.stats()).values)
     assert (v["member_0_est_time_per_token_s"], v["member_1_est_time_per_token_s"]) == ("0.050", "0.010")
+
+
+def test_a_member_with_neither_samples_nor_a_model_is_planned_as_the_measured_one_not_the_gpu_prior():
+    """Placement prices such a member as the most measured one; the scheduler's estimate must agree."""
+    members = _members([0.05, 0.05])
+    for m in members:
+        m.info = dataclasses.replace(m.info, step_model=None)
+    pool = EnginePool(members, background_probes=False)
+    est = pool.latency_estimator()
+    for _ in range(20):
+        pool.member_estimator(0).observe(1, 0.05)
+    assert pool.member_estimator(1).decode_samples == 0
+    # the second generation goes to member 1 (member 0 has one): planned at member 0's measured pace
+    assert est.step_time(2) == pytest.approx(0.05, rel=0.05)
+    assert pool.member_estimator(1).step_time(1) < 0.03  # its own: still the prior
+    assert pool.members()[1].est_time_per_token_s == pytest.approx(0.05, rel=0.05)

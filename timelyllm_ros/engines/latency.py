@@ -45,6 +45,7 @@ class LatencyEstimator:
         self._ewma = ewma
         self._avg = [0.0] * (max_batch + 2)
         self._n = [0] * (max_batch + 2)
+        self._samples = 0  # sum(self._n): placement asks for it per member and candidate
         self._a, self._c = decode_s, slope_s
         self._prior = (decode_s, slope_s)
         self._dirty = 0
@@ -85,6 +86,7 @@ class LatencyEstimator:
         else:
             self._avg[batch] += self._ewma * (duration_s - self._avg[batch])
         self._n[batch] += 1
+        self._samples += 1
         self._dirty += 1
         if self._dirty >= 8:
             self._refit()
@@ -120,7 +122,7 @@ class LatencyEstimator:
     @property
     def decode_samples(self) -> int:
         """Decode steps learned from so far (0: still the seed)."""
-        return sum(self._n)
+        return self._samples
 
     def describe(self) -> dict[str, Any]:
         """What the estimate is now and where it started (results files and /engine_state state it)."""

@@ -192,7 +192,6 @@ class EnginePool(Engine):
         self._owner: dict[str, int] = {}  # gen_id -> member running it
         self._reqs: dict[str, EngineRequest] = {}
         self._last: OrderedDict[str, int] = OrderedDict()  # gen_id -> member it last ran on (suspended too)
-        self._by_key: OrderedDict[Any, int] = OrderedDict()  # affinity key -> member that last served it
         # (affinity key, member) -> the last prompt of that key the member prefilled (what its cache shares)
         self._prompts: OrderedDict[tuple[Any, int], list[int]] = OrderedDict()
         self._placed_tokens: dict[str, int] = {}  # gen_id -> tokens generated since it was placed
@@ -314,11 +313,16 @@ class EnginePool(Engine):
             # previous collection, over the tokens each generation got, is the server's time per token.
             # An in-process member's step is the step (modelled for a simulated one: deterministic).
             per_gen = max(1.0, rep.new_tokens / rep.batch_size)
-            streamed = m.engine.info.streamed and m.last_collect is not None
-            sample = (max(rep.duration_s, now - m.last_collect) if streamed else rep.duration_s) / per_gen
-            m.step_s = sample if m.step_s is None else m.step_s + STEP_EWMA * (sample - m.step_s)
-            if m.engine.info.streamed:
-                m.unlearned.append((rep.batch_size, sample, rep.prefill_tokens))
+            if not m.engine.info.streamed:
+                sample = rep.duration_s / per_gen
+            elif m.last_collect is not None:
+                sample = max(rep.duration_s, now - m.last_collect) / per_gen
+                # per token, so no prefill cost can be told apart in it: only decode is learned
+                m.unlearned.append((rep.batch_size, sample, 0))
+            else:  # the first collection after idle: its own wait says nothing of the server's pace
+                sample = None
+            if sample is not None:
+                m.step_s = sample if m.step_s is None else m.step_s + STEP_EWMA * (sample - m.step_s)
         if not m.engine.info.streamed:  # what the core would learn from this engine alone (prefill steps too)
             m.unlearned.append((rep.batch_size, rep.duration_s, rep.prefill_tokens))
         m.last_collect = now if m.engine.has_work() else None
@@ -419,7 +423,6 @@ class EnginePool(Engine):
             self._reqs[req.gen_id] = req
             self._remember(self._last, req.gen_id, m.index)
             key = self.affinity_key(req)
-            self._remember(self._by_key, key, m.index)
             self._remember(self._prompts, (key, m.index), req.prompt_token_ids, PREFIX_MEMORY_LEN)
             return
 
@@ -555,7 +558,7 @@ class EnginePool(Engine):
                     st = m.engine.stats()
             out.append(MemberStats(m.index, m.name, m.engine.info.name, m.up, m.down_reason, len(m.owned),
                                    m.max_batch, m.step_s, m.failovers, m.rejoins, st,
-                                   m.est.step_time(len(m.owned)) if m.up else None))
+                                   self._pricing(m).step_time(len(m.owned)) if m.up else None))
         return out
 
     def latency_estimator(self) -> PoolLatencyEstimator:
@@ -678,18 +681,18 @@ class PoolLatencyEstimator(LatencyEstimator):
         if placed is None:
             return super().step_time(batch)
         m, load = placed
-        return m.est.step_time(load)
+        return self._pool._pricing(m).step_time(load)
 
     def prefill_time(self, tokens: int) -> float:
         m = self._next()
-        return m.est.prefill_time(tokens) if m is not None else super().prefill_time(tokens)
+        return self._pool._pricing(m).prefill_time(tokens) if m is not None else super().prefill_time(tokens)
 
     def describe(self) -> dict[str, Any]:
         """The estimate of the member a new generation would go to now; samples summed over the members."""
         m = self._next()
         if m is None:
             return {**super().describe(), "seed": f"{self.source} (no pool member up)"}
-        d = m.est.describe()
+        d = self._pool._pricing(m).describe()
         ests = [x.est.describe() for x in self._pool._up()]
         d["seed"] = f"per pool member ({m.name}: {d['seed']})"
         d["decode_samples"] = sum(e["decode_samples"] for e in ests)

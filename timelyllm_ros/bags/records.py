@@ -159,7 +159,7 @@ class RecordBuilder:
             start, end = (_s(d.start) if stamp_ns(d.start) else math.nan), _s(d.finish)
             gen = _s(seg.stamp_generated)
             rec.segments.append(SegRecord(k, seg.text, len(seg.skills), dispatch=gen, recv=gen, start=start,
-                                          end=end, exec_s=max(0.0, end - start) if start == start else 0.0,
+                                          end=end, exec_s=max(0.0, end - start) if math.isfinite(start) else 0.0,
                                           preempted="" if d.success else d.error))
         rec.plan = "".join(texts)
         failed = [d for d in t.done.values() if not d.success]

@@ -11,7 +11,7 @@ from timelyllm_ros.engines.base import EngineStats
 from timelyllm_ros.engines.pool import MemberStats, PoolStats
 from timelyllm_ros.model.tuf import LEVELS, TimeUtility
 from timelyllm_ros.model.types import STATUS_CODE, STATUS_FROM_CODE, TaskStatus
-from timelyllm_ros.msg import EngineMember, PlanSegment, SkillCall
+from timelyllm_ros.msg import EngineMember, PlanSegment, SegmentDone, SkillCall
 from timelyllm_ros.msg import TimeUtility as TimeUtilityMsg
 
 
@@ -33,6 +33,20 @@ def time_msg(wall_seconds: float) -> Time:
 
 def time_s(t: Time) -> float:
     return t.sec + t.nanosec * 1e-9
+
+
+def segment_done_msg(task_id: str, robot_id: str, index: int, start: float | None, finish: float, ok: bool,
+                     error: str) -> SegmentDone:
+    """A robot's report of one segment; ``start`` None: it never started (a zero stamp on the wire, which
+    :func:`started` reads back)."""
+    return SegmentDone(task_id=task_id, robot_id=robot_id, segment_index=index,
+                       start=time_msg(start) if start is not None else Time(), finish=time_msg(finish),
+                       success=ok, error=error)
+
+
+def started(t: Time) -> bool:
+    """A report's start stamp is set: the robot started the segment (refused or dropped ones carry zero)."""
+    return bool(t.sec or t.nanosec)
 
 
 def _clock_pair(tries: int = 5) -> tuple[float, float]:

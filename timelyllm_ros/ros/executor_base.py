@@ -38,7 +38,6 @@ import time
 from collections import deque
 from typing import Protocol
 
-from builtin_interfaces.msg import Time
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.node import Node
 from std_srvs.srv import Trigger
@@ -46,7 +45,7 @@ from std_srvs.srv import Trigger
 from timelyllm_ros.msg import PlanSegment, SegmentAck, SegmentDone
 from timelyllm_ros.robots.base import ExecutionError, Interrupted, RefusedError, StopSignal
 from timelyllm_ros.robots.inbox import DEFAULT_REORDER_TIMEOUT_S, ReportCache, Segment, SegmentInbox
-from timelyllm_ros.ros.convert import time_msg
+from timelyllm_ros.ros.convert import segment_done_msg, time_msg
 from timelyllm_ros.ros.diagnostics import ExecutorState, RobotLink, Status, attach_executor_diagnostics, executor_status
 from timelyllm_ros.ros.params import declare
 from timelyllm_ros.ros.topics import (
@@ -276,9 +275,7 @@ class RobotExecutorNode(Node):
     def _report(self, msg: PlanSegment, start: float | None, finish: float, ok: bool, error: str) -> None:
         """``start`` None: the segment never started (a zero stamp on the wire)."""
         self.history.append((msg.task_id, msg.segment_index, ok, error))
-        report = SegmentDone(task_id=msg.task_id, robot_id=self.robot_id, segment_index=msg.segment_index,
-                             start=time_msg(start) if start is not None else Time(), finish=time_msg(finish),
-                             success=ok, error=error)
+        report = segment_done_msg(msg.task_id, self.robot_id, msg.segment_index, start, finish, ok, error)
         self._reports.put(msg.task_id, msg.segment_index, report)
         publish_or_log(self._done_pub, report, self.get_logger(), f"the report of {msg.task_id}[{msg.segment_index}]")
 

@@ -61,6 +61,7 @@ from timelyllm_ros.ros.convert import (
     pool_members,
     segment_msg,
     skill_call_msg,
+    started,
     status_code,
     time_s,
     tuf_from_msg,
@@ -781,8 +782,8 @@ class PlannerNode(LifecycleNode):
         core, delivery = self.core, self.delivery
         if core is None:  # cleaned up: a callback already in flight has nothing to do
             return
-        start = self._bridge.to_core(msg.start) if (msg.start.sec or msg.start.nanosec) else None
-        finish = self._bridge.to_core(msg.finish) if (msg.finish.sec or msg.finish.nanosec) else None
+        start = self._bridge.to_core(msg.start) if started(msg.start) else None
+        finish = self._bridge.to_core(msg.finish) if started(msg.finish) else None
         # A report implies receipt (its ack may have been lost), and that the robot is alive.
         delivery.ack(msg.task_id, msg.segment_index)
         delivery.heard(msg.robot_id, time.monotonic())

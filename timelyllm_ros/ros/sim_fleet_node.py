@@ -30,13 +30,12 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from builtin_interfaces.msg import Time
 from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.node import Node
 
 from timelyllm_ros.msg import PlanSegment, SegmentAck, SegmentDone
 from timelyllm_ros.robots.inbox import DEFAULT_REORDER_TIMEOUT_S, ReportCache, SegmentInbox
-from timelyllm_ros.ros.convert import time_msg
+from timelyllm_ros.ros.convert import segment_done_msg, time_msg
 from timelyllm_ros.ros.params import all_of, declare, distinct, non_empty, on_change
 from timelyllm_ros.ros.spin import run_nodes
 from timelyllm_ros.ros.topics import (
@@ -226,9 +225,7 @@ class SimFleetNode(Node):
             return
         task_id = msg_or_entry.task_id if isinstance(msg_or_entry, PlanSegment) else msg_or_entry[0]
         index = msg_or_entry.segment_index if isinstance(msg_or_entry, PlanSegment) else msg_or_entry[1]
-        report = SegmentDone(task_id=task_id, robot_id=rob.robot_id, segment_index=index,
-                             start=time_msg(start) if start is not None else Time(), finish=time_msg(finish),
-                             success=ok, error=error)
+        report = segment_done_msg(task_id, rob.robot_id, index, start, finish, ok, error)
         self._reports.put(task_id, index, report)
         publish_or_log(self._done_pub, report, self.get_logger(), f"{rob.robot_id}'s report of {task_id}[{index}]")
 

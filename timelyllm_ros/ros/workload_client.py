@@ -19,7 +19,7 @@ from timelyllm_ros.model.plans import plan_templates
 from timelyllm_ros.model.types import TaskStatus
 from timelyllm_ros.msg import PlanResult, SegmentDone
 from timelyllm_ros.ros.actions import SafeActionClient
-from timelyllm_ros.ros.convert import ClockBridge, status_from_code, tuf_to_msg
+from timelyllm_ros.ros.convert import ClockBridge, started, status_from_code, tuf_to_msg
 from timelyllm_ros.ros.topics import PLAN_RESULTS, RELIABLE, RESULTS_QOS
 from timelyllm_ros.sim.records import SegRecord, TaskRecord
 from timelyllm_ros.sim.workloads import Job
@@ -129,11 +129,10 @@ class WorkloadClient(Node):
                 self._early[(msg.task_id, msg.segment_index)] = msg  # the robot was faster than the feedback
                 return
             seg = rec.segments[msg.segment_index]
-            # a zero start: the robot never started it (refused, or dropped for a preempting task)
-            started = bool(msg.start.sec or msg.start.nanosec)
+            ran = started(msg.start)  # else refused, or dropped for a preempting task
             seg.end = self._bridge.to_core(msg.finish)
-            seg.start = self._bridge.to_core(msg.start) if started else float("nan")
-            seg.exec_s = seg.end - seg.start if started else 0.0
+            seg.start = self._bridge.to_core(msg.start) if ran else float("nan")
+            seg.exec_s = seg.end - seg.start if ran else 0.0
             seg.preempted = "" if msg.success else msg.error
 
     def _plan_result(self, msg: PlanResult) -> None:

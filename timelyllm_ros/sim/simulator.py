@@ -207,7 +207,7 @@ class Simulator:
     def _report(self, task_id: str, sr: SegRecord, success: bool = True, error: str = "") -> None:
         if success and sr.preempted:
             return  # superseded: the robot reported it failed when it stopped
-        start = None if sr.start != sr.start else sr.start  # NaN: never started
+        start = sr.start if sr.started else None
         finish = self.clock.now() - self.cfg.hop_s if start is None else sr.end
         self.core.report_segment_done(task_id, sr.index, finish_time=finish, success=success, error=error,
                                       start_time=start)

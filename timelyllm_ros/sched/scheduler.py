@@ -546,7 +546,7 @@ class PlannerCore:
         with self._lock:
             return {"queued": len(self._cands), "suspended": len(self._waiting), "running": len(self._running),
                     "tasks": len(self._tasks), "done": len(self._done), "policy": self.policy.name,
-                    "waiting_for_robot": sum(len(t) for t in self._turns.values()),
+                    "waiting_for_robot": self.waiting_for_robot(),
                     "admission": self.admission.name,
                     "per_token_s": self.estimator.step_time(max(1, len(self._running)))}
 

@@ -233,8 +233,8 @@ class _Spun:
         self.ex.add_node(node)
 
     def close(self) -> None:
+        self.spin.stop()  # before the executor's shutdown, which destroys what in-flight handlers still use
         self.ex.shutdown(timeout_sec=5)
-        self.spin.stop()
         for n in reversed([*self.nodes, self.op_node]):
             n.destroy_node()
         rclpy.shutdown(context=self.ctx)

@@ -163,3 +163,37 @@ def test_pooled_executor_resumes_a_coroutine_that_awaits(ros_context):
         sp.stop()
         ex.shutdown(timeout_sec=5)
         node.destroy_node()
+
+
+def test_a_pooled_executor_shut_down_while_it_spins_raises_nothing_into_spin_once(ros_context):
+    """rclpy's shutdown destroys the guard condition at once, in-flight handlers or not, and then runs what its
+    thread pool still holds: those handlers must not run into it, and what ends once shutdown has begun is the
+    teardown's, not a callback error raised into the thread that still spins."""
+    node = rclpy.create_node("teardown", context=ros_context)
+    group = ReentrantCallbackGroup()
+    ticks = []
+
+    def slow() -> None:
+        time.sleep(0.2)
+        ticks.append(1)
+
+    for _ in range(4):  # more slow callbacks than workers: handlers wait in the pool
+        node.create_timer(0.01, slow, callback_group=group)
+    node.create_timer(0.005, lambda: ticks.append(0), callback_group=group)
+    ex = PooledExecutor(num_threads=2, context=ros_context)
+    ex.add_node(node)
+    end = time.monotonic() + 30
+    while len(ticks) < 5 and time.monotonic() < end:
+        ex.spin_once(timeout_sec=0.05)
+    assert len(ticks) >= 5 and ex._queued, "nothing was waiting in the pool"
+    closer = threading.Thread(target=ex.shutdown, kwargs={"timeout_sec": 5})
+    closer.start()
+    raised = []
+    while closer.is_alive():  # the spin thread of a node being torn down
+        try:
+            ex.spin_once(timeout_sec=0.01)
+        except Exception as e:  # noqa: BLE001
+            raised.append(e)
+    closer.join()
+    node.destroy_node()
+    assert not raised, raised[0]

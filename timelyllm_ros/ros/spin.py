@@ -50,6 +50,9 @@ class PooledExecutor(MultiThreadedExecutor):
         with self._started:
             self._queued.discard(task)
             self._started.notify_all()
+        if self._is_shutdown:  # queued before shutdown, whose guard condition the handler would trigger
+            task.cancel()
+            return
         task()
         if task.done():
             self._ended.append(task)
@@ -76,7 +79,10 @@ class PooledExecutor(MultiThreadedExecutor):
             if fresh:
                 self._executor.submit(self._run, task, entity, node)
         for task in self._take_ended():
-            task.result()  # raises what the callback raised
+            if self._is_shutdown:  # shutdown destroys the guard condition that in-flight handlers still trigger
+                self._teardown_error(task)
+            else:
+                task.result()  # raises what the callback raised
 
     def _take_ended(self) -> Iterator[Task]:
         while True:  # shutdown() may drain it from another thread while this one still spins
@@ -88,9 +94,13 @@ class PooledExecutor(MultiThreadedExecutor):
     def shutdown(self, timeout_sec: float | None = None, *, wait_for_threads: bool = True) -> bool:
         done = super().shutdown(timeout_sec, wait_for_threads=wait_for_threads)
         for task in self._take_ended():  # ended after the last spin, e.g. cut short by the teardown itself
-            if (e := task.exception()) is not None:
-                rclpy.logging.get_logger("timelyllm.spin").warning(f"a callback raised during shutdown: {e!r}")
+            self._teardown_error(task)
         return done
+
+    @staticmethod
+    def _teardown_error(task: Task) -> None:
+        if (e := task.exception()) is not None:
+            rclpy.logging.get_logger("timelyllm.spin").warning(f"a callback raised during shutdown: {e!r}")
 
 
 def spin_until(ex: Executor, stop: Callable[[], bool] = lambda: False, *,
@@ -116,7 +126,8 @@ class Spinner(threading.Thread):
     """A daemon thread spinning ``ex`` with :func:`spin_until`; ``errors`` keeps the last tracebacks.
 
     Stop it before ``ex.shutdown()``: shutdown destroys the executor's guard condition, which handlers
-    already handed to its thread pool still trigger (rclpy raises that into the next spin_once)."""
+    already handed to its thread pool still trigger (rclpy's own executor raises that into the next
+    spin_once; a PooledExecutor logs it once shutdown has begun)."""
 
     def __init__(self, ex: Executor, name: str = "timelyllm-spin", max_errors: int = 100) -> None:
         super().__init__(name=name, daemon=True)

@@ -178,12 +178,22 @@ def test_a_failed_engine_start_goes_through_error_processing_and_can_be_retried(
         m.close()
 
 
+def _nodes_left(ctx) -> set[str]:
+    """The nodes of ``ctx`` on its graph, as another node of it sees them (a failed build leaves none)."""
+    probe = rclpy.create_node("probe", context=ctx)
+    try:
+        return set(probe.get_node_names()) - {"probe"}
+    finally:
+        probe.destroy_node()
+
+
 def test_autostart_with_a_broken_engine_config_fails_at_once_with_the_reason(tmp_path):
     ctx = rclpy.Context()
     rclpy.init(context=ctx)
     try:
         with pytest.raises(RuntimeError, match=r"could not configure: .*nope\.yaml"):
             build_planner([Parameter("engine_config", value=str(tmp_path / "nope.yaml"))], context=ctx)
+        assert not _nodes_left(ctx)  # the planner and the scheduler it built are gone from the graph
     finally:
         rclpy.try_shutdown(context=ctx)
 
@@ -209,6 +219,9 @@ def test_parameters_are_read_only_with_ranges_and_refused_with_a_reason():
         with pytest.raises(ValueError, match="resend_max_period_s: must be >= resend_period_s"):
             build_planner([Parameter("resend_period_s", value=2.0), Parameter("autostart", value=False)],
                           context=ctx)
+        with pytest.raises(ValueError, match="parameter policy: unknown 'nope'"):
+            build_planner([Parameter("policy", value="nope")], context=ctx)
+        assert not _nodes_left(ctx)
     finally:
         rclpy.try_shutdown(context=ctx)
 
@@ -228,9 +241,11 @@ def test_the_planner_process_as_ros2_launch_starts_it(tmp_path):
     params.write_text(yaml.safe_dump({
         "planner": {"ros__parameters": {"engine_config": "engine_sim.yaml", "warm_up": False}},
         "scheduler": {"ros__parameters": {"policy": "edf-seg"}}}))
-    proc = subprocess.Popen([sys.executable, "-m", "timelyllm_ros.ros.planner_node", "--ros-args",
-                             "-r", "__node:=planner", "--params-file", str(params), "-p", "autostart:=false"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ.copy())
+    log = tmp_path / "planner.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "timelyllm_ros.ros.planner_node", "--ros-args",
+                                 "-r", "__node:=planner", "--params-file", str(params), "-p", "autostart:=false"],
+                                stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
     ctx = rclpy.Context()
     rclpy.init(context=ctx)
     try:
@@ -260,8 +275,10 @@ def test_the_planner_process_as_ros2_launch_starts_it(tmp_path):
         sp.stop()
         ex.shutdown(timeout_sec=5)
         node.destroy_node()
+    except AssertionError as e:
+        raise AssertionError(f"{e}\nplanner exit code {proc.poll()}, its log:\n{log.read_text()}") from e
     finally:
         rclpy.try_shutdown(context=ctx)
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 0, out
+        proc.wait(timeout=60)
+    assert proc.returncode == 0, log.read_text()

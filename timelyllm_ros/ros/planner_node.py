@@ -142,50 +142,54 @@ class PlannerNode(LifecycleNode):
                  node_name: str = "planner", engine_factory: Callable[[], Any] | None = None,
                  scheduler: SchedulerNode | None = None, **node_kw) -> None:
         super().__init__(node_name, parameter_overrides=parameter_overrides or [], **node_kw)
-        self._p = p = self._declare_params()
-        p["policy"] = policy
-        self._scheduler = scheduler
-        self._given = (engine, constrained, engine_factory, core_config)
-        self._bridge = ClockBridge()
-        self.engine: Any = None
-        self.core: PlannerCore | None = None
-        self.delivery: Any = None
-        self.journal: Any = None
-        self._prompts: PromptRenderer | None = None
-        self._engine_factory: Callable[[], Any] = self._reuse_engine
-        self._owns_engine = False
-        self._open: dict[str, _OpenTask] = {}
-        self._open_lock = threading.RLock()
-        self._arrivals: dict[int, float] = {}  # id(goal message) -> arrival (core clock), goal_cb -> accepted cb
-        self._seg_pubs: dict[str, Any] = {}
-        self._discovered: set[str] = set()  # robots whose reader matched their segment topic (one per publisher)
-        self._pub_lock = threading.Lock()
-        self._skillset_ids: dict[str, str] = {}
-        self._oneshot = threading.BoundedSemaphore(p["max_oneshot_calls"])
-        self._engine_error: str | None = None  # set while the engine is down (goals are refused)
-        self._next_prune = 0.0
-        self._journal_closed = False
-        self._recovered = False
-        self._active = False  # goals are accepted only while active
-        self._servers: list[Any] = []  # action server and services: open from the first activate to cleanup
-        self._configured: list[Any] = []  # subscriptions and timers of the configured state
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.engine_restarts = 0
-        self.lifecycle_error: str | None = None  # why the last transition failed
-        # The report publishers live as long as the node: a drained task's result still goes out.
-        self._engine_pub = self.create_publisher(EngineState, "engine_state", topics.TELEMETRY)
-        self._all_segments = self.create_publisher(PlanSegment, topics.ALL_SEGMENTS, topics.REPORTS)
-        self._requests = self.create_publisher(TaskRequest, topics.PLAN_REQUESTS, topics.REPORTS)
-        self._results = self.create_publisher(PlanResult, topics.PLAN_RESULTS, topics.RESULTS_QOS)
-        self.journal_errors = 0
-        self.diagnostics = attach_planner_diagnostics(self)  # /diagnostics in every lifecycle state
-        if p["autostart"]:
-            for step, trigger in (("configure", self.trigger_configure), ("activate", self.trigger_activate)):
-                if trigger() != TransitionCallbackReturn.SUCCESS:
-                    why = self.lifecycle_error or "see the log"
-                    self.destroy_node()
-                    raise RuntimeError(f"planner could not {step}: {why}")
+        # A constructor that raises destroys its node: left alive, it stays on the graph (its services
+        # announced, nobody answering) for as long as the exception's traceback keeps it referenced.
+        try:
+            self._p = p = self._declare_params()
+            p["policy"] = policy
+            self._scheduler = scheduler
+            self._given = (engine, constrained, engine_factory, core_config)
+            self._bridge = ClockBridge()
+            self.engine: Any = None
+            self.core: PlannerCore | None = None
+            self.delivery: Any = None
+            self.journal: Any = None
+            self._prompts: PromptRenderer | None = None
+            self._engine_factory: Callable[[], Any] = self._reuse_engine
+            self._owns_engine = False
+            self._open: dict[str, _OpenTask] = {}
+            self._open_lock = threading.RLock()
+            self._arrivals: dict[int, float] = {}  # id(goal message) -> arrival (core clock), goal_cb -> accepted cb
+            self._seg_pubs: dict[str, Any] = {}
+            self._discovered: set[str] = set()  # robots whose reader matched their segment topic (one per publisher)
+            self._pub_lock = threading.Lock()
+            self._skillset_ids: dict[str, str] = {}
+            self._oneshot = threading.BoundedSemaphore(p["max_oneshot_calls"])
+            self._engine_error: str | None = None  # set while the engine is down (goals are refused)
+            self._next_prune = 0.0
+            self._journal_closed = False
+            self._recovered = False
+            self._active = False  # goals are accepted only while active
+            self._servers: list[Any] = []  # action server and services: open from the first activate to cleanup
+            self._configured: list[Any] = []  # subscriptions and timers of the configured state
+            self._stop = threading.Event()
+            self._thread: threading.Thread | None = None
+            self.engine_restarts = 0
+            self.lifecycle_error: str | None = None  # why the last transition failed
+            # The report publishers live as long as the node: a drained task's result still goes out.
+            self._engine_pub = self.create_publisher(EngineState, "engine_state", topics.TELEMETRY)
+            self._all_segments = self.create_publisher(PlanSegment, topics.ALL_SEGMENTS, topics.REPORTS)
+            self._requests = self.create_publisher(TaskRequest, topics.PLAN_REQUESTS, topics.REPORTS)
+            self._results = self.create_publisher(PlanResult, topics.PLAN_RESULTS, topics.RESULTS_QOS)
+            self.journal_errors = 0
+            self.diagnostics = attach_planner_diagnostics(self)  # /diagnostics in every lifecycle state
+            if p["autostart"]:
+                for step, trigger in (("configure", self.trigger_configure), ("activate", self.trigger_activate)):
+                    if trigger() != TransitionCallbackReturn.SUCCESS:
+                        raise RuntimeError(f"planner could not {step}: {self.lifecycle_error or 'see the log'}")
+        except BaseException:
+            self.destroy_node()
+            raise
 
     @property
     def lifecycle_state(self) -> str:
@@ -990,6 +994,12 @@ class PlannerNode(LifecycleNode):
         """Answer every open task (shutdown): nothing is left hanging."""
         self.core.fail_all(reason, TaskStatus.CANCELLED)
 
+    def destroy_node(self) -> None:
+        super().destroy_node()
+        # rclpy's LifecycleNode keeps its state machine, which holds the node's handle: the node would stay
+        # on the graph (its lifecycle services announced, nobody answering) until garbage-collected.
+        self._state_machine.destroy_when_not_in_use()
+
     def shutdown(self) -> None:
         """Stop the engine thread and answer every open task CANCELLED (idempotent; any lifecycle state)."""
         with self._open_lock:
@@ -1069,6 +1079,7 @@ class SchedulerNode(Node):
         self.policy_name = self.declare_parameter(
             "policy", "pud", ParameterDescriptor(description=f"one of {sorted(POLICIES)}; settable at run time")).value
         if self.policy_name not in POLICIES:
+            self.destroy_node()  # not left on the graph (PlannerNode.__init__)
             raise ValueError(f"parameter policy: unknown {self.policy_name!r}; known: {sorted(POLICIES)}")
         self._period = self.declare_parameter("state_period_s", 0.5, ParameterDescriptor(
             description="SchedulerState period, s", read_only=True,
@@ -1137,8 +1148,12 @@ def build_planner(parameter_overrides: list[Parameter] | None = None, engine: An
     overrides = parameter_overrides or []
     sched = SchedulerNode(parameter_overrides=[p for p in overrides if p.name in ("policy", "state_period_s")],
                           **node_kw, **(scheduler_kw or {}))
-    planner = PlannerNode(policy=sched.policy_name, engine=engine, constrained=constrained, scheduler=sched,
-                          parameter_overrides=[p for p in overrides if p.name != "policy"], **node_kw)
+    try:
+        planner = PlannerNode(policy=sched.policy_name, engine=engine, constrained=constrained, scheduler=sched,
+                              parameter_overrides=[p for p in overrides if p.name != "policy"], **node_kw)
+    except BaseException:
+        sched.destroy_node()
+        raise
     return planner, sched
 
 

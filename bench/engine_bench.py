@@ -35,6 +35,7 @@ from timelyllm_ros.engines import driver
 from timelyllm_ros.engines.base import Engine, EngineRequest, FinishReason
 from timelyllm_ros.engines.factory import load_engine_config, make_engine
 from timelyllm_ros.engines.prompts import PromptBuilder
+from timelyllm_ros.engines.vllm_engine import VllmEngine
 from timelyllm_ros.skills.segmenter import StopChecker, make_stop_checker
 
 
@@ -80,7 +81,18 @@ def timed_run(eng: Engine, req: EngineRequest) -> tuple[float, list]:
 
 
 # -- a, b --------------------------------------------------------------------------
-def bench_segmentation(eng: Engine, pb: PromptBuilder, repeats: int, constrained: bool) -> dict:
+def bench_segmentation(eng: VllmEngine, pb: PromptBuilder, repeats: int, constrained: bool,
+                       in_place: bool = True) -> dict:
+    """``in_place``: an idle engine resumes a suspended generation in place (vLLM's request kept); False:
+    every resume is a resubmission, as when other requests need the engine (b measures those)."""
+    eng.park_idle = in_place  # a-d run on the vLLM backend only (main)
+    try:
+        return _bench_segmentation(eng, pb, repeats, constrained) | {"in_place": in_place}
+    finally:
+        eng.park_idle = True
+
+
+def _bench_segmentation(eng: Engine, pb: PromptBuilder, repeats: int, constrained: bool) -> dict:
     rows = []
     tasks = trace_tasks()
     for rep in range(repeats):
@@ -98,11 +110,13 @@ def bench_segmentation(eng: Engine, pb: PromptBuilder, repeats: int, constrained
                 subs = eng.submissions[n_sub:]
                 out[mode] = {"s": dt, "tokens": len(req.output_token_ids), "ids": list(req.output_token_ids),
                              "segments": sum(e.reason is FinishReason.SEGMENT for e in ev),
+                             "suspensions": sum(e.suspended for e in ev),
                              "resumes": subs[1:], "plan": "".join(e.text for e in ev)}
             same = out["seg"]["ids"] == out["whole"]["ids"]
             rows.append({
                 "task": tid, "repeat": rep, "seg_s": out["seg"]["s"], "whole_s": out["whole"]["s"],
                 "tokens": out["whole"]["tokens"], "segments": out["seg"]["segments"], "same_tokens": same,
+                "suspensions": out["seg"]["suspensions"],
                 "plan": out["whole"]["plan"],
                 "parses": pb.skillset.validate(out["whole"]["plan"], complete=True) is None,
                 "resumes": [{"prompt": s["prompt_tokens"], "cached": s["cached_tokens"], "ttft_s": s.get("ttft_s")}
@@ -123,7 +137,8 @@ def bench_segmentation(eng: Engine, pb: PromptBuilder, repeats: int, constrained
         "overhead_ms_per_task_median": 1000 * _med(per_task),
         # robust to CPU contention from other processes (the totals are not)
         "overhead_pct_median_of_ratios": 100 * _med([r["seg_s"] / r["whole_s"] - 1 for r in rows]),
-        "overhead_ms_per_resume": 1000 * (seg - whole) / max(1, len(resumes)),
+        "suspensions": sum(r["suspensions"] for r in rows),  # each resumed: in place or by a resubmission
+        "overhead_ms_per_resume": 1000 * (seg - whole) / max(1, sum(r["suspensions"] for r in rows)),
         "tokens_identical": all(r["same_tokens"] for r in rows),
         "plans_parse": sum(r["parses"] for r in rows) / len(rows),
         "resume_count": len(resumes),
@@ -230,6 +245,66 @@ def fit_step_model(batch: dict) -> dict:
             "prefill_points": [{"tokens": k, "s": v} for k, v in pp]}
 
 
+def _overhead(a: dict) -> str:
+    return (f"{a['suspensions']} resumes ({a['resume_count']} by resubmission) over {len(a['rows'])} plans; "
+            f"segmented {a['total_seg_s']:.2f} s vs "
+            f"unsegmented {a['total_whole_s']:.2f} s: **{a['overhead_pct']:.1f} %** "
+            f"({a['overhead_ms_per_resume']:.1f} ms per resume; median of per-task ratios "
+            f"**{a['overhead_pct_median_of_ratios']:.1f} %**); token-identical plans: {a['tokens_identical']}")
+
+
+def _in_place_line(res: dict) -> str:
+    a = res["a_segmentation_in_place"]
+    return f"- resumed in place (idle engine, vLLM's request kept): {_overhead(a)}"
+
+
+def write_segmentation(out: Path, res: dict, cmd: str) -> None:
+    """a and b alone: the two ways a suspended generation resumes, measured side by side in one run."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "segmentation.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
+    a, ip = res["a_segmentation"], res["a_segmentation_in_place"]
+    lines = [
+        f"# Segmentation overhead ({res['meta']['backend']}, {res['meta']['model']}, batch 1, "
+        f"8 LRTrace drone tasks x {len({r['repeat'] for r in a['rows']})})",
+        "",
+        f"Command: `{cmd}`",
+        f"Machine: {res['meta']['machine']}; load average before: {res['meta']['load_before']}.",
+        "",
+        "| resume | overhead (total) | median of per-task ratios | ms per resume | resumes | resubmissions |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in (("resubmitted (another request needs the engine)", a),
+                    ("in place (nothing else in the engine)", ip)):
+        lines.append(f"| {name} | {r['overhead_pct']:.1f} % | {r['overhead_pct_median_of_ratios']:.1f} % | "
+                     f"{r['overhead_ms_per_resume']:.1f} | {r['suspensions']} | {r['resume_count']} |")
+    lines += [
+        "",
+        f"- resubmitted: {_overhead(a)}",
+        f"- in place: {_overhead(ip)}",
+        f"- b. cached / prompt tokens per resubmission: mean **{100 * (a['resume_cached_ratio_mean'] or 0):.1f} %**; "
+        f"tokens recomputed per resubmission: median {a['resume_uncached_tokens_median']}, "
+        f"max {a['resume_uncached_tokens_max']} (block size {res['meta']['block_size']})",
+    ]
+    (out / "segmentation.md").write_text("\n".join(lines) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 3.6))
+        ax.bar(["resubmitted", "in place"], [a["overhead_pct"], ip["overhead_pct"]])
+        ax.axhline(5.0, color="k", ls="--", lw=1, label="target 5 %")
+        ax.set(ylabel="segmented vs whole, %", title="a. segmentation overhead (batch 1)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "segmentation.png", dpi=110)
+    except Exception as e:  # the plot is a convenience; numbers are in the files above
+        log(f"plot failed: {e}")
+    log(f"wrote {out}/segmentation.md")
+    print((out / "segmentation.md").read_text())
+
+
 def write_outputs(out: Path, res: dict, fit_out: Path | None, cmd: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
@@ -248,12 +323,13 @@ def write_outputs(out: Path, res: dict, fit_out: Path | None, cmd: str) -> None:
         f"{res['meta']['load_after']} (shared machine: timings are medians and noisy).",
         f"Model load: {res['meta']['load_s']:.1f} s (+ import {res['meta']['import_s']:.1f} s).",
         "",
-        "## a. Segmentation overhead (batch 1, 8 LRTrace drone tasks)",
+        "## a. Segmentation overhead (batch 1, 8 LRTrace drone tasks; every resume a resubmission)",
         f"- {a['resume_count']} resumes over {len(a['rows'])} plans; segmented {a['total_seg_s']:.2f} s vs "
         f"unsegmented {a['total_whole_s']:.2f} s: **{a['overhead_pct']:.1f} %** "
         f"({a['overhead_ms_per_task_median']:.0f} ms per task median, {a['overhead_ms_per_resume']:.1f} ms per resume; "
         f"median of per-task ratios **{a['overhead_pct_median_of_ratios']:.1f} %**)",
         f"- token-identical plans (greedy): {a['tokens_identical']}; plans that parse: {100 * a['plans_parse']:.0f} %",
+        _in_place_line(res),
     ]
     if "a_segmentation_constrained" in res:
         ac = res["a_segmentation_constrained"]
@@ -356,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--no-constrained", action="store_true", help="skip the constrained-decoding run")
     ap.add_argument("--quick", action="store_true", help="1 repeat, batches 1,4 (smoke run)")
+    ap.add_argument("--segmentation-only", action="store_true",
+                    help="only a and b, resubmitted and in place (no fit written)")
     args = ap.parse_args(argv)
     cmd = "python -m bench.engine_bench " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.quick:
@@ -383,9 +461,14 @@ def main(argv: list[str] | None = None) -> int:
         "load_before": [round(x, 2) for x in load_before], "prompt_tokens_example": len(pb.token_ids(CAT_TASK)),
     }}
     t0 = time.perf_counter()
-    res["a_segmentation"] = bench_segmentation(eng, pb, args.repeats, constrained=False)
+    res["a_segmentation"] = bench_segmentation(eng, pb, args.repeats, constrained=False, in_place=False)
+    res["a_segmentation_in_place"] = bench_segmentation(eng, pb, args.repeats, constrained=False)
+    if args.segmentation_only:
+        write_segmentation(args.out, res, cmd)
+        eng.close()
+        return 0
     if not args.no_constrained:
-        res["a_segmentation_constrained"] = bench_segmentation(eng, pb, 1, constrained=True)
+        res["a_segmentation_constrained"] = bench_segmentation(eng, pb, 1, constrained=True, in_place=False)
     res["c_resume"] = bench_resume_vs_reprefill(eng, pb, args.repeats)
     res["d_batch"] = bench_batch(eng, pb, batches, args.decode_tokens, args.repeats)
     res["fit"] = fit_step_model(res["d_batch"])

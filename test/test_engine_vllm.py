@@ -101,9 +101,22 @@ def test_drone_prompt_segments_parse(eng, pb, constrained):
     assert pb.skillset.validate(plan, complete=True) is None
 
 
+@pytest.fixture
+def resubmitting(eng):
+    """Every suspension aborts its vLLM request and every resume resubmits, even on an idle engine."""
+    eng.park_idle = False
+    yield eng
+    eng.park_idle = True
+
+
+def _own_submissions(eng, gen_id: str) -> list[dict]:
+    return [s for s in eng.submissions if s["gen_id"] == gen_id]
+
+
 @engine
 @pytest.mark.parametrize("task", [CAT, BOY])
-def test_segmentation_does_not_change_plan(eng, pb, task):
+def test_segmentation_does_not_change_plan(resubmitting, pb, task):
+    eng = resubmitting
     seg = _req(pb, f"s-{task[:20]}", task=task)
     whole = _req(pb, f"w-{task[:20]}", task=task, suspend_at_boundary=False)
     ev_s = driver.run(eng, [seg])[seg.gen_id]
@@ -111,10 +124,61 @@ def test_segmentation_does_not_change_plan(eng, pb, task):
     assert seg.output_token_ids == whole.output_token_ids
     assert [e.text for e in ev_s] == [e.text for e in ev_w]
     assert sum(e.suspended for e in ev_s) >= 1 and not any(e.suspended for e in ev_w)
+    assert len(_own_submissions(eng, seg.gen_id)) == sum(e.suspended for e in ev_s) + 1  # resubmitted
 
 
 @engine
-def test_resume_reuses_prefix_cache(eng, pb):
+def test_an_idle_engine_resumes_a_suspended_generation_in_place(eng, pb):
+    """Nothing else in the engine: the suspended generation's vLLM request stays (parked) and its resume
+    continues it without a resubmission, into the plan that resubmitting gives."""
+    parked = _req(pb, "in-place")
+    ev = driver.run(eng, [parked])["in-place"]
+    assert sum(e.suspended for e in ev) >= 2 and ev[-1].final
+    assert len(_own_submissions(eng, "in-place")) == 1
+    eng.park_idle = False
+    try:
+        resubmitted = _req(pb, "resubmitted")
+        driver.run(eng, [resubmitted])
+    finally:
+        eng.park_idle = True
+    assert len(_own_submissions(eng, "resubmitted")) > 1
+    assert parked.output_token_ids == resubmitted.output_token_ids  # greedy: the same plan either way
+    assert not eng.backend_has_request("in-place")
+
+
+def _until_suspended(eng, gen_id: str) -> None:
+    for _ in range(200):
+        if any(e.gen_id == gen_id and e.suspended for e in eng.step().events):
+            return
+    raise AssertionError(f"{gen_id} never reached a boundary")
+
+
+@engine
+def test_a_parked_generation_gives_up_its_request_to_another_or_on_abort(eng, pb):
+    a = _req(pb, "parked-a")
+    eng.add(a)
+    _until_suspended(eng, "parked-a")
+    assert eng.backend_has_request("parked-a") and not eng.has_work()  # parked: kept, but never stepped
+    b = _req(pb, "parked-b", task=BOY, suspend_at_boundary=False)
+    eng.add(b)  # b needs the engine: a is suspended for real
+    assert not eng.backend_has_request("parked-a") and eng.backend_running_ids() <= {"parked-b"}
+    eng.abort("parked-b")
+    ev = driver.run(eng, [a])["parked-a"]  # resumed by resubmission, and it finishes its plan
+    assert ev[-1].final and len(_own_submissions(eng, "parked-a")) >= 2
+
+    c = _req(pb, "parked-c")
+    eng.add(c)
+    _until_suspended(eng, "parked-c")
+    assert eng.backend_has_request("parked-c")
+    eng.abort("parked-c")  # a task cancelled while its generation is suspended
+    assert not eng.backend_has_request("parked-c")
+    st = eng.stats()
+    assert (st.running, st.waiting) == (0, 0)
+
+
+@engine
+def test_resume_reuses_prefix_cache(resubmitting, pb):
+    eng = resubmitting
     r = _req(pb, "resume")
     n_prompt = len(r.prompt_token_ids)
     ev = driver.run(eng, [r])["resume"]

@@ -88,6 +88,27 @@ def test_cancel_and_failure_reach_the_robot():
     assert bad.status is TaskStatus.FAILED and "max_segment_tokens" in bad.reason
 
 
+def test_a_task_ended_while_suspended_is_released_in_the_engine_by_the_engine_thread():
+    """A suspended generation may still hold engine state (a parked vLLM request, a kept cache): when its
+    task ends, the engine hears abort, from the thread that steps it."""
+    clock = SimClock()
+    core, segs, results = make_core(clock=clock)
+    aborted: list[str] = []
+    abort = core.engine.abort
+    core.engine.abort = lambda gid: (aborted.append(gid), abort(gid))[1]
+    core.submit(spec(0))
+    while not segs:  # to its first boundary: suspended until its robot nearly finishes
+        rep = core.start_step()
+        clock.advance(rep.duration_s)
+        core.complete_step(rep)
+    assert "t0" not in core.engine.running_ids()
+    assert core.cancel("t0") and results[-1].status is TaskStatus.CANCELLED
+    assert aborted == []  # not from the canceller's thread
+    assert core.next_wakeup() == clock.now()
+    core.start_step()
+    assert aborted == ["t0"]
+
+
 def test_overdue_reject_policy():
     clock = SimClock(10.0)
     core, segs, results = make_core(clock=clock, overdue="reject")

@@ -18,6 +18,12 @@ token on this CPU), but while its robot executes it keeps its batch slot
 its KV blocks: with max_num_seqs robots mid-segment nothing else can run, which
 defeats suspending.
 
+Except while nothing else needs the engine: a generation that reaches a boundary while no other generation
+is in the engine is **parked** instead (its vLLM request stays, unstepped: nothing steps an engine without
+live generations), and a resume of it continues that request with no resubmission at all. The first other
+generation added suspends it for real (abort, as above), so it never holds a slot anyone needs, and an
+abort of the suspended generation ends it. ``park_idle=False`` always resubmits.
+
 The engine must run in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so that an
 abort takes effect synchronously and the scheduler's state (running, waiting,
 KV-cache use) can be read directly.
@@ -139,9 +145,12 @@ class VllmEngine(Engine):
     (vLLM structured outputs).
     """
 
+    park_idle = True  # a boundary reached with nothing else in the engine parks the generation (module doc)
+
     def __init__(self, engine_args: dict[str, Any], *, env: dict[str, str] | None = None,
-                 default_regex: str | None = None) -> None:
+                 default_regex: str | None = None, park_idle: bool = True) -> None:
         super().__init__()
+        self.park_idle = park_idle
         apply_default_env(env)
         t0 = time.perf_counter()
         import vllm  # noqa: F401 - heavy import timed separately from the model load
@@ -186,6 +195,7 @@ class VllmEngine(Engine):
         self._retired: OrderedDict[str, list[str]] = OrderedDict()
         # gen_id -> (reason, what vLLM reported) for Engine._finish in the step that ran _backend_step
         self._finish_errors: dict[str, tuple[FinishReason, str]] = {}
+        self._parked: set[str] = set()  # suspended generations whose vLLM request still stands (module doc)
         # self.submissions (Engine.__init__): one record per (re)submission, with time to first token.
 
     # -- hooks -------------------------------------------------------------
@@ -217,6 +227,11 @@ class VllmEngine(Engine):
         )
 
     def _backend_add(self, req: EngineRequest) -> None:
+        if self._unpark(req):
+            return
+        for gen_id in list(self._parked):  # another generation needs the engine: suspend for real
+            self._parked.discard(gen_id)
+            self._cancel(gen_id)
         ids = req.all_token_ids  # token ids, never re-tokenized text
         limit = self.info.max_model_len
         if limit is not None and len(ids) >= limit:
@@ -303,11 +318,33 @@ class VllmEngine(Engine):
         self._llm.abort_request([sub.ext_id])
 
     def _backend_suspend(self, gen_id: str) -> None:
+        if self.park_idle and not self._live and gen_id in self._subs:
+            self._parked.add(gen_id)  # nothing else in the engine: its resume continues this request
+            return
         # Aborting frees the batch slot now; full KV blocks stay in the prefix cache for the resume.
         self._cancel(gen_id)
 
+    def _unpark(self, req: EngineRequest) -> bool:
+        """Resume a parked generation in place; False if it must be (re)submitted."""
+        if req.gen_id not in self._parked:
+            return False
+        self._parked.discard(req.gen_id)
+        sub = self._subs.get(req.gen_id)
+        # vLLM's request holds exactly the tokens the generation kept (none were cut past the boundary).
+        if sub is not None and sub.prompt_len + sub.n_out == len(req.all_token_ids):
+            return True
+        self._cancel(req.gen_id)
+        return False
+
+    def abort(self, gen_id: str) -> None:
+        if gen_id in self._parked:  # suspended, so not live: Engine.abort alone would leave its request
+            self._parked.discard(gen_id)
+            self._backend_abort(gen_id)
+        super().abort(gen_id)
+
     def _backend_abort(self, gen_id: str) -> None:
         # The generation ended (aborted or finished): its request-id history moves to the bounded retired set.
+        self._parked.discard(gen_id)
         self._cancel(gen_id)
         ids = self._history.pop(gen_id, None)
         if ids is not None:

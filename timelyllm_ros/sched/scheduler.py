@@ -430,10 +430,10 @@ class PlannerCore:
         The engine's own state is left alone; replace it with :meth:`replace_engine`."""
         with self._lock:
             gens = list(self._tasks.values())
-            self._aborts.clear()
             self._running.clear()
             for g in gens:
                 self._finish(g, status, reason)
+            self._aborts.clear()  # nothing is asked of the dead engine
         self._flush()
         return len(gens)
 
@@ -897,6 +897,10 @@ class PlannerCore:
         g.status = status
         g.reason = reason
         g.wait_version += 1
+        if g.req is not None and g.task_id not in self._running:
+            # Suspended: the engine may still hold it (a parked vLLM request, a kept cache). The engine
+            # thread releases it (start_step), never a caller's thread while a step runs.
+            self._aborts.append(g.task_id)
         self._tasks.pop(g.task_id, None)
         self._cands.pop(g.task_id, None)
         self._running.pop(g.task_id, None)

@@ -450,6 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = "python -m bench.vllm_sessions " + " ".join(argv if argv is not None else sys.argv[1:])
     load_before = [round(x, 2) for x in os.getloadavg()]
     eng = make_engine(args.config)
+    eng.park_idle = False  # measured here: resubmission and native sessions, never the in-place resume
     pb = PromptBuilder(eng.tokenizer, "drone")
     plans = {t.trace_id: pb.token_ids(t.task_input) for t in plan_templates().values() if t.robot_type == "drone"}
     stop_ids = candidate_stop_ids(eng.tokenizer)

@@ -120,6 +120,48 @@ def test_placement_prefers_the_robot_types_member_and_a_resumed_generation_goes_
     assert pool.member_engine(1).submissions is not None
 
 
+class _Keeping(_Flaky):
+    """A member that keeps what a suspended generation held (as vLLM's parked request or the transformers
+    engine's cache do) until it is resumed there or aborted."""
+
+    def __init__(self, config: SimEngineConfig | None = None) -> None:
+        super().__init__(config)
+        self.kept: set[str] = set()
+
+    def _backend_suspend(self, gen_id: str) -> None:
+        super()._backend_suspend(gen_id)
+        self.kept.add(gen_id)
+
+    def _backend_add(self, req: EngineRequest) -> None:
+        self.kept.discard(req.gen_id)
+        super()._backend_add(req)
+
+    def suspended_ids(self) -> set[str]:
+        return set(self.kept)
+
+    def abort(self, gen_id: str) -> None:
+        self.kept.discard(gen_id)
+        super().abort(gen_id)
+
+
+def test_what_a_member_keeps_of_a_suspended_generation_is_released_on_abort_and_when_it_resumes_elsewhere():
+    members = [_Keeping(SimEngineConfig(max_batch=4)) for _ in range(2)]
+    pool = EnginePool(members, background_probes=False)
+    reqs = [_req(0), _req(1)]
+    for r in reqs:
+        pool.add(r)
+    assert [_owner(pool, r.gen_id) for r in reqs] == [0, 0]
+    while pool.has_work():
+        pool.step()  # both to their first boundary: suspended, kept by member 0
+    assert pool.suspended_ids() == {"g0", "g1"} == members[0].kept
+    pool.abort("g0")  # e.g. its task was cancelled while its robot moved
+    assert members[0].kept == {"g1"}
+    for i in range(2, 6):  # member 0 full: g1 resumes on member 1, and member 0 lets go of it
+        pool.add(_req(i))
+    pool.add(reqs[1])
+    assert _owner(pool, "g1") == 1 and members[0].kept == set()
+
+
 def test_placement_prefers_the_member_with_the_lower_measured_step_time():
     pool, _ = _pool(decode=[0.05, 0.01], max_batch=8)
     pool.add(_req(0, "drone"))

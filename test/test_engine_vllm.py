@@ -159,6 +159,7 @@ def test_a_parked_generation_gives_up_its_request_to_another_or_on_abort(eng, pb
     eng.add(a)
     _until_suspended(eng, "parked-a")
     assert eng.backend_has_request("parked-a") and not eng.has_work()  # parked: kept, but never stepped
+    assert eng.suspended_ids() == {"parked-a"}
     b = _req(pb, "parked-b", task=BOY, suspend_at_boundary=False)
     eng.add(b)  # b needs the engine: a is suspended for real
     assert not eng.backend_has_request("parked-a") and eng.backend_running_ids() <= {"parked-b"}
@@ -174,6 +175,17 @@ def test_a_parked_generation_gives_up_its_request_to_another_or_on_abort(eng, pb
     assert not eng.backend_has_request("parked-c")
     st = eng.stats()
     assert (st.running, st.waiting) == (0, 0)
+
+
+@engine
+def test_a_seeded_sampled_generation_is_never_parked(eng, pb):
+    """Its plan must not depend on the engine's load: a resubmission reseeds (EngineRequest.sampling_seed),
+    an in-place resume would continue vLLM's draws."""
+    r = _req(pb, "seeded", extra={"temperature": 0.8, "seed": 7})
+    eng.add(r)
+    _until_suspended(eng, "seeded")
+    assert not eng.backend_has_request("seeded") and not eng.suspended_ids()
+    assert driver.run(eng, [r])["seeded"][-1].final
 
 
 @engine

@@ -279,6 +279,11 @@ class Engine(abc.ABC):
         of engines steps only the ready ones, so one slow member does not hold back the others' tokens."""
         return True
 
+    def suspended_ids(self) -> set[str]:
+        """Suspended generations whose state the backend still keeps (a parked vLLM request, a kept cache);
+        :meth:`abort` releases one. Most backends keep nothing of a suspended generation."""
+        return set()
+
     def abort(self, gen_id: str) -> None:
         """Stop a generation and free its batch slot (no-op if not running)."""
         if self._live.pop(gen_id, None) is not None:

@@ -231,13 +231,15 @@ class EnginePool(Engine):
         self._place(req, list(segment_so_far))
 
     def abort(self, gen_id: str) -> None:
-        self._last.pop(gen_id, None)
+        last = self._last.pop(gen_id, None)
         self._moves.pop(gen_id, None)
         self._placed_tokens.pop(gen_id, None)
         self._pending = [e for e in self._pending if e.gen_id != gen_id]
         i = self._owner.pop(gen_id, None)
         self._reqs.pop(gen_id, None)
-        if i is None:
+        if i is None:  # suspended: the member it last ran on may still keep it (Engine.suspended_ids)
+            if last is not None and self._members[last].up:
+                self._members[last].engine.abort(gen_id)
             return
         m = self._members[i]
         m.owned.discard(gen_id)
@@ -246,6 +248,9 @@ class EnginePool(Engine):
 
     def running_ids(self) -> set[str]:
         return set(self._owner) | {e.gen_id for e in self._pending}
+
+    def suspended_ids(self) -> set[str]:
+        return set().union(*(m.engine.suspended_ids() for m in self._up()))
 
     def has_work(self) -> bool:
         return bool(self._owner or self._pending)
@@ -401,6 +406,7 @@ class EnginePool(Engine):
         """Submit ``req`` to the best member that takes it; NoMemberUp if none does. A member that fails on
         ``add`` is marked down (its other generations move too) and the next one is tried."""
         tried = set(exclude)
+        prev = self._last.get(req.gen_id)
         while True:
             order = self.placement_order(req, frozenset(tried))
             if not order:
@@ -418,6 +424,9 @@ class EnginePool(Engine):
                 self._down(m, f"it refused a generation: {type(e).__name__}: {e}")
                 tried.add(m.index)
                 continue
+            if prev is not None and prev != m.index and self._members[prev].up:
+                with contextlib.suppress(Exception):  # resumed elsewhere: what the old member kept is released
+                    self._members[prev].engine.abort(req.gen_id)
             m.owned.add(req.gen_id)
             self._owner[req.gen_id] = m.index
             self._reqs[req.gen_id] = req

@@ -132,6 +132,10 @@ class _Sub:
     first_output: float | None = None
     cached: int | None = None
     t_first: list[float] = field(default_factory=list)
+    req: EngineRequest | None = None  # the generation's request object (a parked one resumes only for it)
+    # An in-place resume continues vLLM's random draws, a resubmission reseeds (EngineRequest.sampling_seed):
+    # a seeded sampled generation always resubmits, so its plan does not depend on the engine's load.
+    parkable: bool = True
 
 
 class VllmEngine(Engine):
@@ -242,7 +246,8 @@ class VllmEngine(Engine):
         int_id = self._llm.add_request(ext, {"prompt_token_ids": ids}, params)
         sub = _Sub(req.gen_id, ext, int_id, len(ids),
                    IncrementalDetokenizer(self.tokenizer, ids, skip_ids=self.eos_token_ids), time.perf_counter(),
-                   max_tokens=params.max_tokens)
+                   max_tokens=params.max_tokens, req=req,
+                   parkable=float(req.extra.get("temperature", 0.0)) == 0 or req.sampling_seed is None)
         self._subs[req.gen_id] = sub
         self._by_ext[ext] = sub
         revived = self._retired.pop(req.gen_id, None) or []
@@ -318,7 +323,8 @@ class VllmEngine(Engine):
         self._llm.abort_request([sub.ext_id])
 
     def _backend_suspend(self, gen_id: str) -> None:
-        if self.park_idle and not self._live and gen_id in self._subs:
+        sub = self._subs.get(gen_id)
+        if self.park_idle and not self._live and sub is not None and sub.parkable:
             self._parked.add(gen_id)  # nothing else in the engine: its resume continues this request
             return
         # Aborting frees the batch slot now; full KV blocks stay in the prefix cache for the resume.
@@ -330,11 +336,14 @@ class VllmEngine(Engine):
             return False
         self._parked.discard(req.gen_id)
         sub = self._subs.get(req.gen_id)
-        # vLLM's request holds exactly the tokens the generation kept (none were cut past the boundary).
-        if sub is not None and sub.prompt_len + sub.n_out == len(req.all_token_ids):
+        # The same generation, and vLLM's request holds exactly the tokens it kept (none cut past the boundary).
+        if sub is not None and sub.req is req and sub.prompt_len + sub.n_out == len(req.all_token_ids):
             return True
         self._cancel(req.gen_id)
         return False
+
+    def suspended_ids(self) -> set[str]:
+        return set(self._parked)
 
     def abort(self, gen_id: str) -> None:
         if gen_id in self._parked:  # suspended, so not live: Engine.abort alone would leave its request

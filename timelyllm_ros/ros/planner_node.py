@@ -888,7 +888,7 @@ class PlannerNode(LifecycleNode):
 
     def _reuse_engine(self) -> Any:
         """Restart for an engine handed in without a factory: drop whatever it still holds."""
-        for gid in list(self.engine.running_ids()):
+        for gid in self.engine.running_ids() | self.engine.suspended_ids():
             self.engine.abort(gid)
         return self.engine
 

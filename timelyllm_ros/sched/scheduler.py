@@ -426,14 +426,16 @@ class PlannerCore:
         return out
 
     def fail_all(self, reason: str, status: TaskStatus = TaskStatus.FAILED) -> int:
-        """End every open task at once (the engine died: nothing may wait for the engine thread).
-        The engine's own state is left alone; replace it with :meth:`replace_engine`."""
+        """End every open task at once (the engine died, or a drain or shutdown: nothing may wait for the
+        engine thread). What the engine holds of them is released at the engine thread's next decision: on
+        this engine when it serves on (a drain; a restart that reuses it), a no-op on a replacement
+        (:meth:`replace_engine`)."""
         with self._lock:
             gens = list(self._tasks.values())
+            self._aborts.extend(self._running)
             self._running.clear()
             for g in gens:
                 self._finish(g, status, reason)
-            self._aborts.clear()  # nothing is asked of the dead engine
         self._flush()
         return len(gens)
 
@@ -615,18 +617,22 @@ class PlannerCore:
         """
         with self._lock:
             now = self.clock.now()
-            for tid in self._aborts:
-                g = self._tasks.get(tid)
-                self.engine.abort(tid)
-                self._running.pop(tid, None)
-                if g is not None and g.pending_abort:
-                    self._finish(g, g.abort_status, g.reason)
-            self._aborts.clear()
+            self._apply_aborts()
             self._schedule(now)
+            self._apply_aborts()  # of suspended tasks the decision itself ended
         self._flush()
         if not self.engine.has_work():
             return None
         return self.engine.step()
+
+    def _apply_aborts(self) -> None:
+        for tid in self._aborts:
+            g = self._tasks.get(tid)
+            self.engine.abort(tid)
+            self._running.pop(tid, None)
+            if g is not None and g.pending_abort:
+                self._finish(g, g.abort_status, g.reason)
+        self._aborts.clear()
 
     def complete_step(self, report: StepReport) -> None:
         """Handle the step's segment events at the current clock time."""
@@ -894,13 +900,13 @@ class PlannerCore:
     def _finish(self, g: Generation, status: TaskStatus, reason: str) -> None:
         if g.status.terminal:
             return
+        if g.status is TaskStatus.SUSPENDED:
+            # The engine may still hold it (a parked vLLM request, a kept cache). The engine thread releases
+            # it (start_step), never a caller's thread while a step runs.
+            self._aborts.append(g.task_id)
         g.status = status
         g.reason = reason
         g.wait_version += 1
-        if g.req is not None and g.task_id not in self._running:
-            # Suspended: the engine may still hold it (a parked vLLM request, a kept cache). The engine
-            # thread releases it (start_step), never a caller's thread while a step runs.
-            self._aborts.append(g.task_id)
         self._tasks.pop(g.task_id, None)
         self._cands.pop(g.task_id, None)
         self._running.pop(g.task_id, None)

@@ -626,13 +626,15 @@ class PlannerCore:
         return self.engine.step()
 
     def _apply_aborts(self) -> None:
-        for tid in self._aborts:
+        # Taken before any is applied: an engine whose abort raises (the engine loop restarts it) is not
+        # asked the same again and again.
+        aborts, self._aborts = self._aborts, []
+        for tid in aborts:
             g = self._tasks.get(tid)
             self.engine.abort(tid)
             self._running.pop(tid, None)
             if g is not None and g.pending_abort:
                 self._finish(g, g.abort_status, g.reason)
-        self._aborts.clear()
 
     def complete_step(self, report: StepReport) -> None:
         """Handle the step's segment events at the current clock time."""

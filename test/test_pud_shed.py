@@ -185,3 +185,30 @@ def test_scale_fleet_adds_robots_at_the_traces_pace():
     assert streams(scale_fleet(wl, 1.0)) == mine
     with pytest.raises(ValueError, match="load factor"):
         scale_fleet(wl, 0.0)
+
+
+@pytest.mark.parametrize("warmed", [True, False])
+def test_the_first_task_after_warm_up_counts_the_warmed_prefix_as_cached(warmed):
+    """A planner warms each robot type's shared prompt before serving. A cold 3000-token prompt at the
+    GPU prior's prefill cost would take past an urgent cutoff, a warm one would not: the first urgent task
+    must not be shed for a prefill the prefix cache already holds (it was, on the real CPU engine)."""
+    from timelyllm_ros.engines.sim_engine import SimEngineConfig
+
+    clock = SimClock(0.0)
+    results = []
+    eng = SimEngine(SimEngineConfig(prefill_s_per_token=0.0002))
+    core = PlannerCore(eng, make_policy("pud-shed"), clock, on_result=results.append)
+    shared = list(range(5000, 8000))
+    if warmed:
+        eng.warm_prefix(shared)
+        core.note_warm_prompt("drone", shared + [1, 2])  # the warm-up's own task text follows the shared part
+    s = spec(0, level="urgent", arrival=0.0)
+    s.prompt_token_ids = shared + [7, 8, 9]
+    assert core.estimator.prefill_time(len(s.prompt_token_ids)) > LEVELS["urgent"].cutoff  # cold: hopeless
+    core.submit(s)
+    drain(core, clock)
+    (r,) = results
+    if warmed:
+        assert r.status == TaskStatus.DONE and r.response_time < LEVELS["urgent"].cutoff
+    else:
+        assert r.status == TaskStatus.OVERDUE  # what it did before: shed at once

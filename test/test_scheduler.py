@@ -196,3 +196,14 @@ def test_a_plan_whose_segments_parse_but_whose_whole_does_not_ends_failed():
     assert by_id["t0"].status is TaskStatus.FAILED and "invalid plan at its end" in by_id["t0"].reason
     assert by_id["t1"].status is TaskStatus.DONE
     assert "".join(s[2] for s in segs if s[0] == "t0") == "?iv('cat')==True{mf(50);"  # streamed before the end
+
+
+def test_the_decision_log_keeps_the_most_recent_decisions_only(monkeypatch):
+    monkeypatch.setattr(PlannerCore, "DECISION_LOG_LEN", 5)
+    clock = SimClock()
+    core, segs, results = make_core(clock=clock)
+    for i in range(6):
+        core.submit(spec(i, plan="tc(30);mf(50);tc(90);"))
+        drain(core, clock)
+    assert len(results) == 6 and len(core.decision_times) == 5  # more decisions were taken than are kept
+    assert core.step_count > 5

@@ -148,6 +148,18 @@ class SimEngine(Engine):
         req.extra["_sim_hashes"] = out
         return out
 
+    def warm_prefix(self, token_ids: Sequence[int]) -> int:
+        """Put the full blocks of ``token_ids`` in the prefix cache, as the planner's warm-up generation
+        does before it serves (PlannerCore.warm_up); takes no modelled time. Returns the blocks added."""
+        if not self.cfg.prefix_caching:
+            return 0
+        hashes = self._block_hashes(EngineRequest("warm-prefix", list(token_ids), None))
+        room = max(0, self._capacity - self._used - len(self._cache))
+        added = [h for h in hashes if h not in self._pinned and h not in self._cache][:room]
+        for h in added:
+            self._cache[h] = None
+        return len(added)
+
     def _backend_add(self, req: EngineRequest) -> None:
         pieces = req.extra.get("plan_pieces") or bpe_pieces(req.extra.get("plan_text", ""))
         if not pieces:

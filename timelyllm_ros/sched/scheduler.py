@@ -155,6 +155,8 @@ class _SkillHooks:
 class PlannerCore:
     """Scheduler + engine + clock. See the module docstring for the threading model."""
 
+    DECISION_LOG_LEN = 200_000
+
     def __init__(self, engine: Engine, policy: Policy, clock: Clock, *,
                  admission: Admission | str | int | None = None, config: CoreConfig | None = None,
                  on_segment: SegmentCallback | None = None, on_result: ResultCallback | None = None,
@@ -191,8 +193,10 @@ class PlannerCore:
         self._tok_est = dict(self.cfg.segment_tokens_prior)
         self._cache_hit: dict[str, float] = {}  # robot type -> prefix-cache hit tokens of new prompts (EWMA)
         self._cache_hit_max: dict[str, int] = {}  # robot type -> the largest hit seen (a best case, for shedding)
+        self._warm_prompts: dict[str, list[int]] = {}  # robot type -> a prompt warm_up left in the prefix cache
         self._outbox: list[tuple[str, Any, Any]] = []  # callbacks to fire outside the lock
-        self.decision_times: list[float] = []  # seconds, one per decision with candidates
+        # seconds, one per decision with candidates: the most recent DECISION_LOG_LEN (a planner runs for days)
+        self.decision_times: deque[float] = deque(maxlen=self.DECISION_LOG_LEN)
         self.step_count = 0
 
     # -- thread-safe API ------------------------------------------------------
@@ -206,6 +210,7 @@ class PlannerCore:
             arrival = self.clock.now() if spec.arrival is None else float(spec.arrival)
             g = Generation(spec, tid, arrival, seq)
             g.tok_est = self._tok_est.get(spec.robot_type, 8.0)
+            self._take_warm_prompt(spec)
             g.prefill_est_s = self._prefill_estimate(spec)
             self._tasks[tid] = g
             self._claim(g)
@@ -468,7 +473,29 @@ class PlannerCore:
                 while engine.has_work():
                     engine.step()
                     steps += 1
+        for rt, ids in prompts:
+            self.note_warm_prompt(rt, ids)
         return steps
+
+    def note_warm_prompt(self, robot_type: str, prompt_ids: list[int]) -> None:
+        """``prompt_ids`` sits in the engine's prefix cache (warm_up, or a simulator's warmed prefix): the first
+        task of this robot type is estimated with the prefix it shares with it as cached, not as a cold
+        prompt (which made pud-shed shed every urgent task before the first hit was seen)."""
+        if self.engine.info.supports_prefix_cache and prompt_ids:
+            with self._lock:
+                self._warm_prompts[robot_type] = list(prompt_ids)
+
+    def _take_warm_prompt(self, spec: TaskSpec) -> None:
+        ids = spec.prompt_token_ids
+        if not ids or spec.robot_type not in self._warm_prompts:
+            return
+        warm = self._warm_prompts.pop(spec.robot_type)
+        if spec.robot_type in self._cache_hit:  # a hit was already measured
+            return
+        n = next((i for i, (a, b) in enumerate(zip(warm, ids, strict=False)) if a != b), min(len(warm), len(ids)))
+        n = min(n, len(ids) - 1)  # the last prompt token is always computed
+        self._cache_hit[spec.robot_type] = float(n)
+        self._cache_hit_max[spec.robot_type] = max(self._cache_hit_max.get(spec.robot_type, 0), n)
 
     def restore(self, spec: TaskSpec, segments: list[Segment], *, final: bool = False) -> str:
         """Re-open a task journaled by a planner that died: its segments were already sent (their

@@ -57,6 +57,8 @@ class SimConfig:
     # would mean ~1170; see bench/results/README.md for the sensitivity).
     prompt_shared_tokens: int = 2734
     prompt_context_tokens: int = 150
+    # The planner prefills each robot type's shared prompt once before it serves (PlannerCore.warm_up).
+    warm_prefix: bool = True
 
 
 @dataclass
@@ -96,10 +98,22 @@ class _Agent:
     live: list[SegRecord] = field(default_factory=list)
 
 
+@dataclass
+class Replay:
+    """What a run on the real stack measured, for the simulator to take as given (bench real-policies:
+    sim vs real). Keyed by job id; the engine's step times and the scheduling stay modelled."""
+
+    plan_pieces: dict[int, list[str]] = field(default_factory=dict)  # the plan the real engine wrote, as tokens
+    prompt_ids: dict[int, list[int]] = field(default_factory=dict)  # the real prompt's token ids
+    seg_exec_s: dict[tuple[int, int], float] = field(default_factory=dict)  # (job, segment index) -> robot time
+
+
 class Simulator:
     def __init__(self, workload: Workload, config: SimConfig | None = None, *,
-                 policy: Policy | None = None, admission: Admission | None = None) -> None:
+                 policy: Policy | None = None, admission: Admission | None = None,
+                 replay: Replay | None = None) -> None:
         self.wl = workload
+        self.replay = replay or Replay()
         # A copy: the run sets core.comm_s from hop_s, and the caller may reuse its config for other runs.
         self.cfg = copy.deepcopy(config) if config is not None else SimConfig()
         self.clock = SimClock(0.0)
@@ -126,10 +140,12 @@ class Simulator:
         tpl = plan_templates().get(job.task_key)
         if tpl is None:
             raise ValueError(f"job {job.job_id}: no plan template for task type {tuple(job.task_key)}")
+        pieces, prompt = self.replay.plan_pieces.get(job.job_id), self.replay.prompt_ids.get(job.job_id)
         spec = TaskSpec(robot_id=f"agent{job.agent_id}", prompt=job.task_input, tuf=job.time_utility,
                         robot_type=tpl.robot_type, task_id=f"j{job.job_id}", arrival=job.trigger_time,
-                        prompt_token_ids=self._prompt_ids(job, tpl.robot_type),
-                        extra={"plan_text": tpl.plan}, meta={"job_id": job.job_id})
+                        prompt_token_ids=prompt or self._prompt_ids(job, tpl.robot_type),
+                        extra={"plan_pieces": pieces} if pieces else {"plan_text": tpl.plan},
+                        meta={"job_id": job.job_id})
         self._runs[spec.task_id] = _Run(rec, job, spec.robot_id)  # first: submit may end it at once
         self.core.submit(spec)
 
@@ -143,6 +159,30 @@ class Simulator:
         r = random.Random(f"ctx-{self.cfg.seed}-{job.job_id}")
         ctx = [r.randrange(1000, 128000) for _ in range(self.cfg.prompt_context_tokens)]
         return shared + ctx + self.engine.tokenize(job.task_input)
+
+    def _warm_prefixes(self) -> None:
+        """Each robot type's shared prompt in the prefix cache before the first arrival: the generated
+        one, or the longest common prefix of the replayed prompts."""
+        tpls = plan_templates()
+        replayed: dict[str, list[list[int]]] = {}
+        for job in self.wl.jobs:
+            tpl = tpls.get(job.task_key)
+            if tpl is None:
+                continue
+            ids = self.replay.prompt_ids.get(job.job_id)
+            if ids is None:
+                self._prompt_ids(job, tpl.robot_type)  # makes the robot type's shared prompt
+            else:
+                replayed.setdefault(tpl.robot_type, []).append(ids)
+        warm = {rt: shared for rt, shared in self._shared_prompt.items() if rt not in replayed}
+        for rt, prompts in replayed.items():
+            n = 0
+            while all(n < len(p) and p[n] == prompts[0][n] for p in prompts):
+                n += 1
+            warm[rt] = prompts[0][:min(n, len(prompts[0]) - 1)]
+        for rt, ids in warm.items():
+            self.engine.warm_prefix(ids)
+            self.core.note_warm_prompt(rt, ids)
 
     def _on_segment(self, task: TaskResult, seg: Segment) -> None:
         now = self.clock.now()
@@ -178,7 +218,8 @@ class Simulator:
                 self._preempt(agent, task_id, now)
             agent.task, agent.live = task_id, []
         sr.start = max(sr.recv, agent.busy_until)
-        sr.exec_s = self._exec_time(run, calls)
+        measured = self.replay.seg_exec_s.get((run.job.job_id, sr.index))
+        sr.exec_s = self._exec_time(run, calls) if measured is None else measured
         sr.end = sr.start + sr.exec_s
         agent.busy_until = sr.end
         agent.live.append(sr)
@@ -222,11 +263,15 @@ class Simulator:
         for job in self.wl.jobs:
             tpl = tpls.get(job.task_key)
             tuf = job.time_utility
+            # the level stays named when a benchmark scales the TUFs (as ros.workload_client)
             rec = TaskRecord(job.job_id, job.trace_id, tpl.name if tpl else str(job.trace_id),
-                             tpl.robot_type if tpl else "?", tuf.level, job.agent_id, job.trigger_time,
+                             tpl.robot_type if tpl else "?", tpl.level if tpl else tuf.level, job.agent_id,
+                             job.trigger_time,
                              tuf.alpha, tuf.beta, tuf.ert)
             self.records.append(rec)
             self._at(job.trigger_time, self._arrive, job, rec)
+        if self.cfg.warm_prefix:
+            self._warm_prefixes()
         wall0 = time.perf_counter()
         heap, clock, core = self._heap, self.clock, self.core
         inf = float("inf")
@@ -281,4 +326,4 @@ def simulate(workload: Workload, policy: str = "pud", admission: str | int | Non
     return Simulator(workload, cfg, policy=pol).run()
 
 
-__all__ = ["SimConfig", "SimResult", "Simulator", "simulate", "TaskStatus"]
+__all__ = ["Replay", "SimConfig", "SimResult", "Simulator", "simulate", "TaskStatus"]

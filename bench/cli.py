@@ -316,6 +316,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_pool(sub, common)  # pool: one vLLM server vs two vs in-process; projection for 1-8 GPU servers (issue 13)
 
+    from bench.real_policies import add_parser as add_real_policies
+
+    add_real_policies(sub)  # real-policies: the policies on the real engine, repeated, beside the simulator
+
     p = sub.add_parser("overhead", help="scheduler decision time vs queue length")
     p.add_argument("--sizes", default="1,8,64,1000,10000")
     p.add_argument("--policies", default="pud,edf-seg,fcfs")

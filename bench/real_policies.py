@@ -1,0 +1,449 @@
+"""``timelyllm-bench real-policies``: the scheduling policies on the real engine, repeated, beside the simulator.
+
+    timelyllm-bench real-policies          # 5 policies x 3 repetitions x 66 WID 2 tasks at 2x, real vLLM on this CPU
+    timelyllm-bench real-policies --reps 1 --events 2 --policies pud,fcfs      # smoke run (12 tasks)
+    timelyllm-bench real-policies --from-runs bench/results/real_policies      # tables again from saved runs
+
+Each repetition serves the same tasks (the first ``--events`` arrival events of the trace, at most
+``--per-event`` tasks each, TUF time axis x5 on a CPU) through the real stack of the README's demo
+(planner node, vLLM, ROS 2, simulated fleet node), one policy after another. The policy order is rotated
+per repetition, so no policy always runs first, and the fleet's seed is the repetition number. Each run's
+records are saved under ``runs/`` as soon as it ends.
+
+Beside every real run the simulator (step model fitted to this engine, ``--sim-engine``) serves the same
+tasks twice:
+
+- **replay**: it takes as given what the run measured and a scheduler cannot change: the plan the model
+  wrote for each task (as tokens), the prompt's token ids, and each segment's execution time on the robot.
+  What is left is modelled: engine step times, scheduling, admission and network hops. Per task, the
+  simulated response time is compared with the real one (robot's view).
+- **templates**: the simulator alone, as in every other benchmark (plans from data/plans.yaml, robot times
+  from the trace). Its ranking of the policies is what the simulator would have predicted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.load_sweep import mean_ci
+from bench.pool_bench import _ci
+from timelyllm_ros.engines.sim_engine import SimEngineConfig
+from timelyllm_ros.sim import metrics
+from timelyllm_ros.sim.records import SegRecord, TaskRecord
+from timelyllm_ros.sim.simulator import Replay, SimConfig, Simulator
+from timelyllm_ros.sim.workloads import Job, Workload
+
+DEFAULT_POLICIES = "pud-shed,pud,edf-seg,fcfs-stream,fcfs"
+GROUPS = (("urgent", "all urgent"), ("normal", "all normal"), ("all", "all"))
+SOURCES = ("real", "replay", "templates")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("real-policies", help="policies on the real engine (repeated, mean ± 95 %% CI) beside "
+                                             "the simulator: per-task response error and ranking")
+    p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma list (default %(default)s)")
+    p.add_argument("--reps", type=int, default=3, help="repetitions of the whole set (default 3)")
+    p.add_argument("--workload", default="wid2", help="LRTrace workload, as for the demo (default the real WID 2)")
+    p.add_argument("--events", type=int, default=10, help="arrival events of the trace (default 10: 66 tasks)")
+    p.add_argument("--per-event", type=int, default=10, help="at most this many tasks per event (default 10)")
+    p.add_argument("--max-gap", type=float, default=6.0, help="shorten idle gaps between events to this (s)")
+    p.add_argument("--load", type=float, default=2.0,
+                   help="arrival times divided by this (after --max-gap): the same tasks, this much denser "
+                        "(default 2: the simulator's projection separates the policies there)")
+    p.add_argument("--tuf-scale", type=float, default=None, help="TUF time axis factor (default as the demo: "
+                   "5 on a CPU, 1 on a GPU)")
+    p.add_argument("--engine", default="engine_vllm_cpu.yaml", help="engine YAML of the real runs")
+    p.add_argument("--sim-engine", default="sim_engine_fitted_cpu.yaml",
+                   help="the simulator's step model (name in config/ or path; default the fit to this CPU)")
+    p.add_argument("--timeout", type=float, default=900.0, help="per run (s)")
+    p.add_argument("--from-runs", default="", help="build the report from a folder's saved runs/ (no engine)")
+    p.add_argument("--out", default="", help="results folder (default bench/results/real_policies)")
+    p.set_defaults(fn=cmd_real_policies)
+
+
+# -- saved runs ------------------------------------------------------------------------------------
+
+def _rec_to_json(r: TaskRecord) -> dict[str, Any]:
+    return dataclasses.asdict(r)
+
+
+def _rec_from_json(d: dict[str, Any]) -> TaskRecord:
+    return TaskRecord(**{**d, "segments": [SegRecord(**s) for s in d["segments"]]})
+
+
+def replay_of(records: Sequence[TaskRecord], jobs: Sequence[Job], tokenize: Callable[[str], Sequence[Any]],
+              decode: Callable[[list[Any]], str], prompt_ids: Callable[[Job, str], Sequence[int]]) -> Replay:
+    """What a real run measured that no scheduler changes: plans (as the engine's tokens), prompts (``prompt_ids``
+    of the job and its robot type), and the robot's time per segment. A segment the robot did not finish
+    (preempted, refused) gives no time: the simulator samples one if it runs it."""
+    by_id = {j.job_id: j for j in jobs}
+    rp = Replay()
+    for r in records:
+        job = by_id[r.job_id]
+        if r.plan:
+            rp.plan_pieces[r.job_id] = [decode([i]) for i in tokenize(r.plan)]
+        rp.prompt_ids[r.job_id] = list(prompt_ids(job, r.robot_type))
+        for s in r.segments:
+            if s.started and not s.preempted and math.isfinite(s.end):
+                rp.seg_exec_s[(r.job_id, s.index)] = s.end - s.start
+    return rp
+
+
+def save_run(out: Path, policy: str, rep: int, admission: str, wall_s: float, steps: Sequence[Sequence[float]],
+             records: Sequence[TaskRecord], replay: Replay, latency_estimate: dict[str, Any] | None = None,
+             ) -> dict[str, Any]:
+    """One run as ``runs/rep<k>-<policy>.json`` (what ``--from-runs`` reads back)."""
+    run = {"policy": policy, "rep": rep, "admission": admission, "wall_s": wall_s,
+           "latency_estimate": latency_estimate or {}, "steps": [list(x) for x in steps],
+           "records": [_rec_to_json(r) for r in records], "replay": _replay_to_json(replay)}
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    (out / "runs" / f"rep{rep}-{policy}.json").write_text(json.dumps(run))
+    return run
+
+
+def save_jobs(out: Path, jobs: Sequence[Job], tuf_scale: float, engine: str, load: float = 1.0) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "jobs.json").write_text(json.dumps({"tuf_scale": tuf_scale, "load": load, "engine": engine,
+                                               "jobs": [j.to_json() for j in jobs]}, indent=1))
+
+
+def _replay_to_json(rp: Replay) -> dict[str, Any]:
+    return {"plan_pieces": {str(k): v for k, v in rp.plan_pieces.items()},
+            "prompt_ids": {str(k): v for k, v in rp.prompt_ids.items()},
+            "seg_exec_s": [[j, i, t] for (j, i), t in rp.seg_exec_s.items()]}
+
+
+def _replay_from_json(d: dict[str, Any]) -> Replay:
+    return Replay({int(k): v for k, v in d["plan_pieces"].items()}, {int(k): v for k, v in d["prompt_ids"].items()},
+                  {(int(j), int(i)): float(t) for j, i, t in d["seg_exec_s"]})
+
+
+def fit_service_steps(steps: Sequence[Sequence[float]], base: SimEngineConfig) -> SimEngineConfig:
+    """The step model refitted to the steps the planner took in service, (batch, prefill tokens, seconds):
+    decode_s and batch_slowdown by least squares over the medians per batch of the pure decode steps,
+    prefill_s_per_token through the origin over what the prefill steps took beyond that decode time."""
+    by_b: dict[int, list[float]] = {}
+    for b, pf, d in steps:
+        if pf == 0 and b > 0:
+            by_b.setdefault(int(b), []).append(float(d))
+    pts = sorted((b, statistics.median(v)) for b, v in by_b.items())
+    if not pts:
+        raise ValueError("no decode steps to fit a step model to")
+    xs, ys = [b - 1 for b, _ in pts], [y for _, y in pts]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    c1 = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
+    c0 = my - c1 * mx
+    if c0 <= 0:
+        c0, c1 = pts[0][1], 0.0
+    pre = [(pf, d - (c0 + c1 * max(0, b - 1))) for b, pf, d in steps if pf > 0]
+    sxx_p = sum(pf * pf for pf, _ in pre)
+    per_tok = sum(pf * r for pf, r in pre) / sxx_p if sxx_p else base.prefill_s_per_token
+    return dataclasses.replace(base, decode_s=c0, batch_slowdown=max(0.0, c1 / c0),
+                               prefill_s_per_token=max(per_tok, 1e-6))
+
+
+def simulate(jobs: Sequence[Job], policy: str, seed: int, step_model: SimEngineConfig,
+             replay: Replay | None) -> list[TaskRecord]:
+    cfg = SimConfig(policy=policy, seed=seed, engine=step_model)
+    return Simulator(Workload("real-policies", list(jobs)), cfg, replay=replay).run().records
+
+
+# -- the real runs ---------------------------------------------------------------------------------
+
+def _real_runs(args: argparse.Namespace, out: Path, policies: list[str]) -> list[dict[str, Any]]:
+    from timelyllm_ros import demo
+    from timelyllm_ros.engines.factory import planner_engine
+    from timelyllm_ros.engines.prompts import PromptRenderer
+    from timelyllm_ros.sim.workloads import load_workload
+
+    engine, constrained = planner_engine(args.engine)
+    tuf_scale = args.tuf_scale
+    if tuf_scale is None:
+        tuf_scale = 1.0 if engine.info.needs_plan_text or demo._has_cuda() else demo.CPU_TUF_SCALE
+    jobs = demo.pick_jobs(load_workload(args.workload, 0), args.events, args.per_event, args.max_gap, tuf_scale)
+    jobs = [dataclasses.replace(j, trigger_time=j.trigger_time / args.load) for j in jobs]
+    renderer = PromptRenderer(engine, constrained)
+    steps: list[tuple[int, int, float]] = []
+    engine_step = engine.step
+
+    def logged_step() -> Any:  # every step the planner takes: (batch, prefill tokens, measured s)
+        rep = engine_step()
+        steps.append((rep.batch_size, rep.prefill_tokens, rep.duration_s))
+        return rep
+
+    engine.step = logged_step  # type: ignore[method-assign]
+    ns = argparse.Namespace(admission="auto", fleet_time_scale=1.0, speed=1.0, timeout=args.timeout, record=False,
+                            tuf_scale=tuf_scale, out_dir=out, seed=0)
+    save_jobs(out, jobs, tuf_scale, engine.info.model, args.load)
+    runs = []
+    try:
+        demo.console.rule("[dim]warm-up pass (not measured)")
+        demo.run_policy(engine, constrained, policies[0], jobs, ns, record=False)
+        for rep in range(args.reps):
+            ns.seed = rep
+            k = rep % len(policies)
+            for policy in policies[k:] + policies[:k]:
+                steps.clear()
+                res = demo.run_policy(engine, constrained, policy, jobs, ns, record=False)
+                rp = replay_of(res.records, jobs, engine.tokenize, engine.decode,
+                               lambda job, rt: renderer.token_ids(rt, job.task_input))
+                runs.append(save_run(out, policy, rep, res.admission, res.wall_s, steps, res.records, rp,
+                                     res.latency_estimate))
+    finally:
+        engine.close()
+    return runs
+
+
+def _load_runs(folder: Path) -> list[dict[str, Any]]:
+    files = sorted((folder / "runs").glob("rep*-*.json"))
+    if not files:
+        raise SystemExit(f"--from-runs: no saved runs under {folder / 'runs'}")
+    return [json.loads(f.read_text()) for f in files]
+
+
+# -- the report ------------------------------------------------------------------------------------
+
+def _figures(records: Sequence[TaskRecord]) -> dict[str, float]:
+    rows = {s.group: s for s in metrics.summarize(records)}
+    out: dict[str, float] = {}
+    for key, group in GROUPS:
+        s = rows.get(group)
+        out[f"{key}_u"] = s.utility_norm_all if s else math.nan
+    out["resp_mean"] = rows["all"].response_mean
+    out["not_done"] = float(sum(1 for r in records if not r.done))
+    return out
+
+
+def per_task_errors(real: Sequence[TaskRecord], sim: Sequence[TaskRecord]) -> dict[str, Any]:
+    """Relative response-time error of the simulator per task served in both; tasks served in one only."""
+    sim_by = {r.job_id: r for r in sim}
+    errs, only_real, only_sim, pairs = [], 0, 0, []
+    for r in real:
+        s = sim_by[r.job_id]
+        a, b = r.response_time, s.response_time
+        if a is None and b is None:
+            continue
+        if b is None:
+            only_real += 1
+        elif a is None:
+            only_sim += 1
+        else:
+            pairs.append((a, b))
+            if a > 0:
+                errs.append(abs(b - a) / a)
+    return {"median_abs_err": statistics.median(errs) if errs else math.nan, "tasks_compared": len(errs),
+            "served_real_only": only_real, "served_sim_only": only_sim, "pairs": pairs}
+
+
+def build_report(runs: list[dict[str, Any]], jobs: list[Job], bench_fit: SimEngineConfig) -> dict[str, Any]:
+    """Each run beside the simulator. The replay's step model is fitted to the steps the planner took in
+    the *other* repetitions (all runs when there is one), so no run is predicted from its own steps;
+    the bench fit (engine bench on a bare engine) is replayed too, for comparison."""
+    policies = list(dict.fromkeys(r["policy"] for r in runs))
+    reps = sorted({r["rep"] for r in runs})
+    fits = {}
+    for rep in reps:
+        train = [s for r in runs if r["rep"] != rep or len(reps) == 1 for s in r["steps"]]
+        fits[rep] = fit_service_steps(train, bench_fit)
+    per_run = []
+    for run in runs:
+        real = [_rec_from_json(d) for d in run["records"]]
+        rp = _replay_from_json(run["replay"])
+        replayed = simulate(jobs, run["policy"], run["rep"], fits[run["rep"]], rp)
+        bench_replayed = simulate(jobs, run["policy"], run["rep"], bench_fit, rp)
+        templated = simulate(jobs, run["policy"], run["rep"], fits[run["rep"]], None)
+        per_run.append({"policy": run["policy"], "rep": run["rep"], "admission": run["admission"],
+                        "wall_s": run["wall_s"], "steps": len(run["steps"]), "real": _figures(real),
+                        "replay": _figures(replayed), "templates": _figures(templated),
+                        "error": per_task_errors(real, replayed),
+                        "error_bench_fit": per_task_errors(real, bench_replayed)})
+    table = []
+    for p in policies:
+        rs = [x for x in per_run if x["policy"] == p]
+        row: dict[str, Any] = {"policy": p, "reps": len(rs), "admission": rs[0]["admission"]}
+        for src in SOURCES:
+            for k in rs[0][src]:
+                row[f"{src}_{k}"], row[f"{src}_{k}_ci"] = mean_ci([x[src][k] for x in rs])
+        pooled = _abs_errors(rs, "error")
+        row["median_abs_err"] = statistics.median(pooled) if pooled else math.nan
+        row["tasks_compared"] = len(pooled)
+        row["served_one_side_only"] = sum(x["error"]["served_real_only"] + x["error"]["served_sim_only"] for x in rs)
+        table.append(row)
+    everything, bench_errs = _abs_errors(per_run, "error"), _abs_errors(per_run, "error_bench_fit")
+    ranking = {src: sorted(policies, key=lambda p, s=src: -_row(table, p)[f"{s}_all_u"]) for src in SOURCES}
+    return {"policies": policies, "reps": len(reps), "tasks": len(jobs),
+            "urgent_tasks": sum(1 for j in jobs if j.tuf[0] > 1), "robots": len({j.agent_id for j in jobs}),
+            "table": table, "per_run": per_run, "ranking": ranking,
+            "step_models": {"bench_fit": dataclasses.asdict(bench_fit),
+                            "service_fit_per_rep": {str(k): dataclasses.asdict(v) for k, v in fits.items()}},
+            "median_abs_err_all": statistics.median(everything) if everything else math.nan,
+            "median_abs_err_bench_fit": statistics.median(bench_errs) if bench_errs else math.nan,
+            "tasks_compared_all": len(everything)}
+
+
+def _abs_errors(per_run: Sequence[dict[str, Any]], key: str) -> list[float]:
+    return [abs(b - a) / a for x in per_run for a, b in x[key]["pairs"] if a > 0]
+
+
+def _row(table: list[dict[str, Any]], policy: str) -> dict[str, Any]:
+    return next(r for r in table if r["policy"] == policy)
+
+
+def markdown(rep: dict[str, Any], command: str, tuf_scale: float, load: float, step_model_name: str) -> str:
+    md = [f"# Policies on the real engine, beside the simulator ({time.strftime('%Y-%m-%d %H:%M')})", "",
+          f"Command: `{command}`", "",
+          f"{rep['tasks']} tasks ({rep['urgent_tasks']} urgent) on {rep['robots']} robots, each policy "
+          f"{rep['reps']} times; TUF time axis x{tuf_scale:g}; arrivals x{load:g} as dense as the trace's (idle gaps "
+          "shortened to --max-gap first). Real: vLLM on this CPU through the ROS 2 stack, "
+          "times from the robots' side. U/beta counts every task (0 for a task not done). Mean ± half-width of "
+          "the 95 % interval over the repetitions (Student t).", "",
+          "Simulator: *replay* = the simulator given each real run's plans, prompts and robot segment times; "
+          "*templates* = the simulator alone (template plans, trace robot times). Both step with the model "
+          "`decode_s * (1 + batch_slowdown * (batch - 1)) + prefill_tokens * prefill_s_per_token` fitted to the "
+          "engine steps the planner took in the other repetitions (all runs when there is one):", "",
+          *(f"- fit for repetition {k}: decode {1e3 * v['decode_s']:.1f} ms at batch 1, slowdown "
+            f"{v['batch_slowdown']:.3f} per extra sequence, prefill {1e3 * v['prefill_s_per_token']:.3f} ms/token"
+            for k, v in rep["step_models"]["service_fit_per_rep"].items()),
+          f"- `{step_model_name}` (engine bench, bare engine), for comparison: decode "
+          f"{1e3 * rep['step_models']['bench_fit']['decode_s']:.1f} ms, slowdown "
+          f"{rep['step_models']['bench_fit']['batch_slowdown']:.3f}, prefill "
+          f"{1e3 * rep['step_models']['bench_fit']['prefill_s_per_token']:.3f} ms/token; the replay with it has a "
+          f"median absolute response error of {100 * rep['median_abs_err_bench_fit']:.1f} %.", "",
+          "| policy | admission | real urgent U/β | real normal U/β | real all U/β | real resp mean s | real not done "
+          "| replay urgent U/β | replay all U/β | replay resp mean s | median abs resp error | templates all U/β |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rep["table"]:
+        md.append(f"| {r['policy']} | {r['admission']} | {_ci(r['real_urgent_u'], r['real_urgent_u_ci'])} | "
+                  f"{_ci(r['real_normal_u'], r['real_normal_u_ci'])} | {_ci(r['real_all_u'], r['real_all_u_ci'])} | "
+                  f"{_ci(r['real_resp_mean'], r['real_resp_mean_ci'], '{:.2f}')} | "
+                  f"{_ci(r['real_not_done'], r['real_not_done_ci'], '{:.1f}')} | "
+                  f"{_ci(r['replay_urgent_u'], r['replay_urgent_u_ci'])} | "
+                  f"{_ci(r['replay_all_u'], r['replay_all_u_ci'])} | "
+                  f"{_ci(r['replay_resp_mean'], r['replay_resp_mean_ci'], '{:.2f}')} | "
+                  f"{metrics.fmt(100 * r['median_abs_err'], '.1f', ' %')} ({r['tasks_compared']} tasks) | "
+                  f"{_ci(r['templates_all_u'], r['templates_all_u_ci'])} |")
+    rk = rep["ranking"]
+    md += ["", "Ranking by all-tasks U/β (best first):", "",
+           *(f"- {src}: {_ranked(rep['table'], rk[src], src)}" for src in SOURCES), "",
+           f"Same ranking, real vs replay: {'yes' if rk['real'] == rk['replay'] else 'no'}; real vs templates: "
+           f"{'yes' if rk['real'] == rk['templates'] else 'no'}.", "",
+           f"Median absolute response-time error of the replay over all runs: "
+           f"{100 * rep['median_abs_err_all']:.1f} % ({rep['tasks_compared_all']} task responses compared).", "",
+           "## Per run", "", "| rep | policy | wall s | real all U/β | replay all U/β | real resp mean s | "
+           "replay resp mean s | median abs err | served in one only |", "|---|---|---|---|---|---|---|---|---|"]
+    for x in sorted(rep["per_run"], key=lambda x: (x["rep"], x["policy"])):
+        e = x["error"]
+        md.append(f"| {x['rep']} | {x['policy']} | {x['wall_s']:.1f} | {metrics.fmt(x['real']['all_u'], '+.3f')} | "
+                  f"{metrics.fmt(x['replay']['all_u'], '+.3f')} | {metrics.fmt(x['real']['resp_mean'], '.2f')} | "
+                  f"{metrics.fmt(x['replay']['resp_mean'], '.2f')} | "
+                  f"{metrics.fmt(100 * e['median_abs_err'], '.1f', ' %')} | "
+                  f"{e['served_real_only'] + e['served_sim_only']} |")
+    return "\n".join(md) + "\n"
+
+
+def _ranked(table: list[dict[str, Any]], order: list[str], src: str) -> str:
+    out = order[0]
+    for a, b in zip(order, order[1:], strict=False):
+        tie = abs(_row(table, a)[f"{src}_all_u"] - _row(table, b)[f"{src}_all_u"]) < 1e-9
+        out += (" = " if tie else " > ") + b
+    return out
+
+
+def plot(path: Path, rep: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+    pols = rep["policies"]
+    width = 0.8 / len(GROUPS)
+    for gi, (key, _) in enumerate(GROUPS):
+        xs = [i + (gi - 1) * width for i in range(len(pols))]
+        rows = [_row(rep["table"], p) for p in pols]
+        ax.bar(xs, [r[f"real_{key}_u"] for r in rows], width,
+               yerr=[0 if math.isnan(r[f"real_{key}_u_ci"]) else r[f"real_{key}_u_ci"] for r in rows],
+               capsize=3, label=f"real, {key}")
+        ax.plot(xs, [r[f"replay_{key}_u"] for r in rows], "k_", ms=14, mew=2,
+                label="simulator (replay)" if gi == 0 else None)
+    ax.set_xticks(range(len(pols)))
+    ax.set_xticklabels(pols)
+    ax.axhline(0, color="black", lw=0.6)
+    ax.axhline(1, color="gray", lw=0.6, ls="--")
+    ax.set_ylabel("utility / beta, all tasks (mean ± 95 % CI)")
+    ax.set_title(f"Real vLLM (CPU), {rep['tasks']} tasks x {rep['reps']} repetitions", fontsize=10)
+    ax.legend(fontsize=8)
+    hi = 0.0
+    for p in pols:
+        pairs = [pr for x in rep["per_run"] if x["policy"] == p for pr in x["error"]["pairs"]]
+        if pairs:
+            ax2.scatter([a for a, _ in pairs], [b for _, b in pairs], s=10, alpha=0.6, label=p)
+            hi = max(hi, *(max(a, b) for a, b in pairs))
+    ax2.plot([0, hi], [0, hi], color="gray", lw=0.8, ls="--")
+    ax2.set_xlabel("real response time (s)")
+    ax2.set_ylabel("simulated response time, replay (s)")
+    ax2.set_title(f"Per task: median abs error {100 * rep['median_abs_err_all']:.1f} %", fontsize=10)
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def cmd_real_policies(args: argparse.Namespace) -> int:
+    import sys
+
+    policies = [p for p in args.policies.split(",") if p]
+    from timelyllm_ros.sched.policies import POLICIES
+
+    bad = [p for p in policies if p not in POLICIES]
+    if bad or not policies:
+        raise SystemExit(f"--policies: unknown {bad}; known: {', '.join(POLICIES)}")
+    if args.reps < 1:
+        raise SystemExit("--reps must be >= 1")
+    if not args.load > 0:
+        raise SystemExit(f"--load must be > 0, got {args.load}")
+    out = Path(args.out or Path(__file__).resolve().parent / "results" / "real_policies")
+    if args.from_runs:
+        src = Path(args.from_runs)
+        runs = _load_runs(src)
+        saved = json.loads((src / "jobs.json").read_text())
+        if src.resolve() != out.resolve():
+            out.mkdir(parents=True, exist_ok=True)
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        runs = _real_runs(args, out, policies)
+        saved = json.loads((out / "jobs.json").read_text())
+    jobs = [Job.from_json(d) for d in saved["jobs"]]
+    rep = build_report(runs, jobs, SimEngineConfig.from_yaml(_config_file(args.sim_engine)))
+    command = "timelyllm-bench " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("bench") else \
+        "python -m bench " + " ".join(sys.argv[1:])
+    md = markdown(rep, command, saved["tuf_scale"], saved.get("load", 1.0), args.sim_engine)
+    (out / "results.md").write_text(md)
+    (out / "results.json").write_text(json.dumps({k: v for k, v in rep.items()}, indent=1,
+                                                  default=lambda x: None))
+    plot(out / "real_policies.png", rep)
+    demo_console().print(md)
+    demo_console().print(f"results: {out / 'results.md'}, plot: {out / 'real_policies.png'}")
+    return 0
+
+
+def _config_file(name: str) -> Path:
+    from timelyllm_ros.paths import config_dir
+
+    p = Path(name)
+    return p if p.exists() else config_dir() / name
+
+
+def demo_console() -> Any:
+    from rich.console import Console
+
+    return Console(highlight=False)

@@ -58,3 +58,39 @@ def test_non_segmented_streams_without_suspending():
     evs = run_gen(eng, req)
     assert [e.suspended for e in evs] == [False, False, False]
     assert [e.text for e in evs] == ["tc(30);", "mf(50);", ""]
+
+
+def test_a_prefill_step_costs_its_fixed_part_once_and_nothing_without_prefill():
+    import pytest
+
+    cfg = SimEngineConfig(decode_s=0.04, batch_slowdown=0.0, prefill_s_per_token=0.001, prefill_step_s=0.015)
+    assert cfg.step_time(2) == pytest.approx(0.04)
+    assert cfg.step_time(2, 100) == pytest.approx(0.04 + 0.015 + 0.1)
+    with pytest.raises(ValueError, match="prefill_step_s >= 0"):
+        SimEngineConfig(prefill_step_s=-0.001)
+
+
+def test_a_warmed_prefix_is_a_cache_hit_and_costs_no_time():
+    eng = SimEngine(SimEngineConfig(block_size=4))
+    ids = list(range(100, 140))
+    assert eng.warm_prefix(ids) == 10
+    assert eng.warm_prefix(ids) == 0  # already there
+    eng.add(EngineRequest("g", ids + [7, 8], make_stop_checker("drone"), extra={"plan_text": "tc(90);"}))
+    rep = eng.step()
+    assert rep.prefill_tokens == 2  # only what follows the warmed blocks
+
+
+def test_at_most_max_batch_requests_run_and_the_rest_wait_their_turn():
+    eng = SimEngine(SimEngineConfig(max_batch=2, block_size=4))
+    for i, plan in enumerate(["tc(90);", "tc(90);mf(50);mf(50);mf(50);", "tc(90);"]):
+        eng.add(EngineRequest(f"g{i}", [10 + i, 20, 30, 40, 50], make_stop_checker("drone"),
+                              suspend_at_boundary=False, extra={"plan_text": plan}))
+    first = eng.step()
+    assert eng.stats().running == 2 and eng.stats().waiting == 1
+    assert first.duration_s == SimEngineConfig(max_batch=2, block_size=4).step_time(2, first.prefill_tokens)
+    started = set()
+    while eng.has_work():
+        rep = eng.step()
+        started |= {ev.gen_id for ev in rep.events}
+        assert eng.stats().running <= 2
+    assert "g2" in started  # the third ran once a slot was free

@@ -63,6 +63,7 @@ class SimEngineConfig:
     decode_s: float = 0.022  # per step at batch 1 (Table 1)
     batch_slowdown: float = 0.025  # relative step-time increase per extra sequence in the batch
     prefill_s_per_token: float = 0.328 / 2884  # Table 1: 2884 prompt tokens in 328 ms
+    prefill_step_s: float = 0.0  # fixed cost of a step that prefills, beyond its tokens (fitted on the CPU)
     max_prefill_tokens_per_step: int = 2048  # chunked-prefill token budget (vLLM max_num_batched_tokens)
     prefix_caching: bool = True  # vLLM automatic prefix caching (full blocks, LRU)
     kv_capacity_tokens: int = 32768  # ~4 GiB of KV at 128 KiB/token (Llama3-8B fp16 on a 24 GB card)
@@ -70,8 +71,9 @@ class SimEngineConfig:
     max_batch: int = 256
 
     def __post_init__(self) -> None:
-        if self.decode_s <= 0 or self.batch_slowdown < 0 or self.prefill_s_per_token < 0:
-            raise ValueError("SimEngineConfig: decode_s > 0, batch_slowdown >= 0, prefill_s_per_token >= 0")
+        if self.decode_s <= 0 or self.batch_slowdown < 0 or self.prefill_s_per_token < 0 or self.prefill_step_s < 0:
+            raise ValueError("SimEngineConfig: decode_s > 0, batch_slowdown >= 0, prefill_s_per_token >= 0, "
+                             "prefill_step_s >= 0")
         if self.block_size < 1 or self.max_batch < 1 or self.max_prefill_tokens_per_step < 1:
             raise ValueError("SimEngineConfig: block_size, max_batch, max_prefill_tokens_per_step must be >= 1")
         if self.kv_capacity_tokens < 4 * self.block_size:
@@ -92,7 +94,7 @@ class SimEngineConfig:
 
     def step_time(self, batch: int, prefill_tokens: int = 0) -> float:
         d = self.decode_s * (1 + self.batch_slowdown * (batch - 1)) if batch > 0 else 0.0
-        return d + prefill_tokens * self.prefill_s_per_token
+        return d + (prefill_tokens * self.prefill_s_per_token + self.prefill_step_s if prefill_tokens > 0 else 0.0)
 
 
 @dataclass
@@ -122,7 +124,7 @@ class SimEngine(Engine):
                                supports_prefix_cache=self.cfg.prefix_caching,
                                step_model=self.cfg.step_model("the simulated engine's own step model"))
         self._run: dict[str, _SimReq] = {}
-        self._wait: list[_SimReq] = []  # no KV room yet (FIFO)
+        self._wait: list[_SimReq] = []  # no batch slot or KV room yet (FIFO)
         self._cache: OrderedDict[int, None] = OrderedDict()  # unpinned cached blocks, LRU first
         self._pinned: dict[int, int] = {}  # block hash -> running requests using it
         self._capacity = self.cfg.kv_capacity_tokens // self.cfg.block_size
@@ -178,7 +180,8 @@ class SimEngine(Engine):
         if len(hashes) + self._extra_blocks(sr) > self._capacity:
             raise ValueError(f"{req.gen_id}: {n_all} tokens do not fit in the KV cache "
                              f"({self.cfg.kv_capacity_tokens} tokens)")
-        if not self._pin(sr):
+        # vLLM runs at most max_num_seqs requests; the others wait, first come first served
+        if self._wait or len(self._run) >= self.cfg.max_batch or not self._pin(sr):
             self._wait.append(sr)
         else:
             self._run[req.gen_id] = sr
@@ -225,7 +228,7 @@ class SimEngine(Engine):
                     self._cache.move_to_end(h)
         while len(self._cache) > max(0, self._capacity - self._used):
             self._cache.popitem(last=False)
-        while self._wait and self._pin(self._wait[0]):
+        while self._wait and len(self._run) < self.cfg.max_batch and self._pin(self._wait[0]):
             w = self._wait.pop(0)
             self._run[w.req.gen_id] = w
 

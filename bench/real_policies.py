@@ -1,7 +1,8 @@
 """``timelyllm-bench real-policies``: the scheduling policies on the real engine, repeated, beside the simulator.
 
-    timelyllm-bench real-policies          # 5 policies x 3 repetitions x 66 WID 2 tasks at 2x, real vLLM on this CPU
+    timelyllm-bench real-policies          # 5 policies x 3 repetitions x 66 WID 2 tasks at 3x, real vLLM on this CPU
     timelyllm-bench real-policies --reps 1 --events 2 --policies pud,fcfs      # smoke run (12 tasks)
+    timelyllm-bench real-policies --first-rep 3    # 3 more repetitions into the same folder, report over all
     timelyllm-bench real-policies --from-runs bench/results/real_policies      # tables again from saved runs
 
 Each repetition serves the same tasks (the first ``--events`` arrival events of the trace, at most
@@ -51,13 +52,15 @@ def add_parser(sub: Any) -> None:
                                              "the simulator: per-task response error and ranking")
     p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma list (default %(default)s)")
     p.add_argument("--reps", type=int, default=3, help="repetitions of the whole set (default 3)")
+    p.add_argument("--first-rep", type=int, default=0,
+                   help="number the repetitions from this one (add repetitions to a folder's saved runs)")
     p.add_argument("--workload", default="wid2", help="LRTrace workload, as for the demo (default the real WID 2)")
     p.add_argument("--events", type=int, default=10, help="arrival events of the trace (default 10: 66 tasks)")
     p.add_argument("--per-event", type=int, default=10, help="at most this many tasks per event (default 10)")
     p.add_argument("--max-gap", type=float, default=6.0, help="shorten idle gaps between events to this (s)")
-    p.add_argument("--load", type=float, default=2.0,
+    p.add_argument("--load", type=float, default=3.0,
                    help="arrival times divided by this (after --max-gap): the same tasks, this much denser "
-                        "(default 2: the simulator's projection separates the policies there)")
+                        "(default 3: overload on this CPU)")
     p.add_argument("--tuf-scale", type=float, default=None, help="TUF time axis factor (default as the demo: "
                    "5 on a CPU, 1 on a GPU)")
     p.add_argument("--engine", default="engine_vllm_cpu.yaml", help="engine YAML of the real runs")
@@ -126,15 +129,37 @@ def _replay_from_json(d: dict[str, Any]) -> Replay:
                   {(int(j), int(i)): float(t) for j, i, t in d["seg_exec_s"]})
 
 
+BUSY_GAP_S = 0.05  # a step that starts this soon after the previous one ended: the engine had work all along
+
+
+def service_step_times(steps: Sequence[Sequence[float]]) -> list[tuple[int, int, float]]:
+    """(batch, prefill tokens, seconds) per step, a step's seconds counted as the planner lived them: from its
+    start to the next step's start while the engine stays busy. That adds what the engine thread does between
+    two steps (segments out, the next decision, and the wait for the interpreter lock the ROS executor's
+    threads hold) to the engine's own step time. Steps logged without wall times keep their measured time."""
+    out = []
+    for i, st in enumerate(steps):
+        b, pf, d = int(st[0]), int(st[1]), float(st[2])
+        if len(st) >= 5:
+            t0, t1 = float(st[3]), float(st[4])
+            nxt = steps[i + 1][3] if i + 1 < len(steps) and len(steps[i + 1]) >= 5 else None
+            d = (nxt - t0) if nxt is not None and 0 <= nxt - t1 < BUSY_GAP_S else t1 - t0
+        out.append((b, pf, d))
+    return out
+
+
 def fit_service_steps(steps: Sequence[Sequence[float]], base: SimEngineConfig) -> SimEngineConfig:
-    """The step model refitted to the steps the planner took in service, (batch, prefill tokens, seconds):
-    decode_s and batch_slowdown by least squares over the medians per batch of the pure decode steps,
-    prefill_s_per_token through the origin over what the prefill steps took beyond that decode time."""
+    """The step model refitted to the steps the planner took in service (see :func:`service_step_times`):
+    decode_s and batch_slowdown by least squares over the medians per batch of the pure decode steps;
+    prefill_step_s + prefill_s_per_token * tokens by least squares over what the prefill steps took beyond
+    that decode time (a small prefill costs more per token than the fixed rate alone would say)."""
+    # the engine reports every live request as its batch; it runs at most max_batch of them at a time
+    steps = [(min(b, base.max_batch), pf, d) for b, pf, d in service_step_times(steps)]
     by_b: dict[int, list[float]] = {}
     for b, pf, d in steps:
         if pf == 0 and b > 0:
             by_b.setdefault(int(b), []).append(float(d))
-    pts = sorted((b, statistics.median(v)) for b, v in by_b.items())
+    pts = sorted((b, statistics.fmean(v)) for b, v in by_b.items())  # means: queues add up every step
     if not pts:
         raise ValueError("no decode steps to fit a step model to")
     xs, ys = [b - 1 for b, _ in pts], [y for _, y in pts]
@@ -145,10 +170,16 @@ def fit_service_steps(steps: Sequence[Sequence[float]], base: SimEngineConfig) -
     if c0 <= 0:
         c0, c1 = pts[0][1], 0.0
     pre = [(pf, d - (c0 + c1 * max(0, b - 1))) for b, pf, d in steps if pf > 0]
-    sxx_p = sum(pf * pf for pf, _ in pre)
-    per_tok = sum(pf * r for pf, r in pre) / sxx_p if sxx_p else base.prefill_s_per_token
+    per_tok, fixed = base.prefill_s_per_token, 0.0
+    if len(pre) >= 2 and len({pf for pf, _ in pre}) > 1:  # what a prefill step costs: fixed + per token
+        px, py = [pf for pf, _ in pre], [r for _, r in pre]
+        pmx, pmy = statistics.fmean(px), statistics.fmean(py)
+        per_tok = sum((x - pmx) * (y - pmy) for x, y in pre) / sum((x - pmx) ** 2 for x in px)
+        fixed = pmy - per_tok * pmx
+        if fixed < 0:  # no fixed cost to see: through the origin
+            fixed, per_tok = 0.0, sum(x * y for x, y in pre) / sum(x * x for x in px)
     return dataclasses.replace(base, decode_s=c0, batch_slowdown=max(0.0, c1 / c0),
-                               prefill_s_per_token=max(per_tok, 1e-6))
+                               prefill_s_per_token=max(per_tok, 1e-6), prefill_step_s=fixed)
 
 
 def simulate(jobs: Sequence[Job], policy: str, seed: int, step_model: SimEngineConfig,
@@ -172,23 +203,28 @@ def _real_runs(args: argparse.Namespace, out: Path, policies: list[str]) -> list
     jobs = demo.pick_jobs(load_workload(args.workload, 0), args.events, args.per_event, args.max_gap, tuf_scale)
     jobs = [dataclasses.replace(j, trigger_time=j.trigger_time / args.load) for j in jobs]
     renderer = PromptRenderer(engine, constrained)
-    steps: list[tuple[int, int, float]] = []
+    steps: list[tuple[int, int, float, float, float]] = []
     engine_step = engine.step
 
-    def logged_step() -> Any:  # every step the planner takes: (batch, prefill tokens, measured s)
+    def logged_step() -> Any:  # every step the planner takes: (batch, prefill tokens, measured s, call start, end)
+        t0 = time.perf_counter()
         rep = engine_step()
-        steps.append((rep.batch_size, rep.prefill_tokens, rep.duration_s))
+        steps.append((rep.batch_size, rep.prefill_tokens, rep.duration_s, t0, time.perf_counter()))
         return rep
 
     engine.step = logged_step  # type: ignore[method-assign]
     ns = argparse.Namespace(admission="auto", fleet_time_scale=1.0, speed=1.0, timeout=args.timeout, record=False,
                             tuf_scale=tuf_scale, out_dir=out, seed=0)
+    earlier = out / "jobs.json"
+    if args.first_rep and earlier.exists() and json.loads(earlier.read_text())["jobs"] != [j.to_json() for j in jobs]:
+        engine.close()
+        raise SystemExit(f"--first-rep: these tasks differ from those of the runs already in {out}")
     save_jobs(out, jobs, tuf_scale, engine.info.model, args.load)
     runs = []
     try:
         demo.console.rule("[dim]warm-up pass (not measured)")
         demo.run_policy(engine, constrained, policies[0], jobs, ns, record=False)
-        for rep in range(args.reps):
+        for rep in range(args.first_rep, args.first_rep + args.reps):
             ns.seed = rep
             k = rep % len(policies)
             for policy in policies[k:] + policies[:k]:
@@ -279,15 +315,33 @@ def build_report(runs: list[dict[str, Any]], jobs: list[Job], bench_fit: SimEngi
         row["served_one_side_only"] = sum(x["error"]["served_real_only"] + x["error"]["served_sim_only"] for x in rs)
         table.append(row)
     everything, bench_errs = _abs_errors(per_run, "error"), _abs_errors(per_run, "error_bench_fit")
+    pairs = pair_orders(per_run, policies)
     ranking = {src: sorted(policies, key=lambda p, s=src: -_row(table, p)[f"{s}_all_u"]) for src in SOURCES}
     return {"policies": policies, "reps": len(reps), "tasks": len(jobs),
             "urgent_tasks": sum(1 for j in jobs if j.tuf[0] > 1), "robots": len({j.agent_id for j in jobs}),
-            "table": table, "per_run": per_run, "ranking": ranking,
+            "table": table, "per_run": per_run, "ranking": ranking, "pairs": pairs,
             "step_models": {"bench_fit": dataclasses.asdict(bench_fit),
                             "service_fit_per_rep": {str(k): dataclasses.asdict(v) for k, v in fits.items()}},
             "median_abs_err_all": statistics.median(everything) if everything else math.nan,
             "median_abs_err_bench_fit": statistics.median(bench_errs) if bench_errs else math.nan,
             "tasks_compared_all": len(everything)}
+
+
+def pair_orders(per_run: Sequence[dict[str, Any]], policies: list[str]) -> list[dict[str, Any]]:
+    """Every pair of policies: the real all-tasks U/beta difference paired by repetition (mean ± 95 % CI), whether
+    the real runs separate them (the interval excludes 0), and whether the replay orders them the same way."""
+    by = {(x["policy"], x["rep"]): x for x in per_run}
+    reps = sorted({x["rep"] for x in per_run})
+    out = []
+    for i, a in enumerate(policies):
+        for b in policies[i + 1:]:
+            common = [r for r in reps if (a, r) in by and (b, r) in by]
+            d, ci = mean_ci([by[(a, r)]["real"]["all_u"] - by[(b, r)]["real"]["all_u"] for r in common])
+            dr = statistics.fmean(by[(a, r)]["replay"]["all_u"] - by[(b, r)]["replay"]["all_u"] for r in common)
+            separated = not math.isnan(ci) and abs(d) > ci
+            out.append({"a": a, "b": b, "real_diff": d, "real_diff_ci": ci, "replay_diff": dr,
+                        "separated": separated, "same_order": (d > 0) == (dr > 0)})
+    return out
 
 
 def _abs_errors(per_run: Sequence[dict[str, Any]], key: str) -> list[float]:
@@ -308,10 +362,12 @@ def markdown(rep: dict[str, Any], command: str, tuf_scale: float, load: float, s
           "the 95 % interval over the repetitions (Student t).", "",
           "Simulator: *replay* = the simulator given each real run's plans, prompts and robot segment times; "
           "*templates* = the simulator alone (template plans, trace robot times). Both step with the model "
-          "`decode_s * (1 + batch_slowdown * (batch - 1)) + prefill_tokens * prefill_s_per_token` fitted to the "
+          "`decode_s * (1 + batch_slowdown * (batch - 1)) + prefill_step_s + prefill_tokens * prefill_s_per_token` "
+          "(prefill terms in steps that prefill) fitted to the "
           "engine steps the planner took in the other repetitions (all runs when there is one):", "",
           *(f"- fit for repetition {k}: decode {1e3 * v['decode_s']:.1f} ms at batch 1, slowdown "
-            f"{v['batch_slowdown']:.3f} per extra sequence, prefill {1e3 * v['prefill_s_per_token']:.3f} ms/token"
+            f"{v['batch_slowdown']:.3f} per extra sequence, prefill {1e3 * v['prefill_step_s']:.1f} ms per step + "
+            f"{1e3 * v['prefill_s_per_token']:.3f} ms/token"
             for k, v in rep["step_models"]["service_fit_per_rep"].items()),
           f"- `{step_model_name}` (engine bench, bare engine), for comparison: decode "
           f"{1e3 * rep['step_models']['bench_fit']['decode_s']:.1f} ms, slowdown "
@@ -336,6 +392,14 @@ def markdown(rep: dict[str, Any], command: str, tuf_scale: float, load: float, s
            *(f"- {src}: {_ranked(rep['table'], rk[src], src)}" for src in SOURCES), "",
            f"Same ranking, real vs replay: {'yes' if rk['real'] == rk['replay'] else 'no'}; real vs templates: "
            f"{'yes' if rk['real'] == rk['templates'] else 'no'}.", "",
+           "Pairs (all-tasks U/β, a - b, paired by repetition; *separated*: the real runs' 95 % interval "
+           "excludes 0, so the real order is known):", "",
+           "| a | b | real a - b | replay a - b | separated | replay orders them the same |",
+           "|---|---|---|---|---|---|",
+           *(f"| {x['a']} | {x['b']} | {_ci(x['real_diff'], x['real_diff_ci'])} | {x['replay_diff']:+.3f} | "
+             f"{'yes' if x['separated'] else 'no'} | {'yes' if x['same_order'] else 'no'} |" for x in rep["pairs"]),
+           "", f"The replay orders {sum(1 for x in rep['pairs'] if x['separated'] and x['same_order'])} of the "
+           f"{sum(1 for x in rep['pairs'] if x['separated'])} pairs the real runs separate as they do.", "",
            f"Median absolute response-time error of the replay over all runs: "
            f"{100 * rep['median_abs_err_all']:.1f} % ({rep['tasks_compared_all']} task responses compared).", "",
            "## Per run", "", "| rep | policy | wall s | real all U/β | replay all U/β | real resp mean s | "
@@ -407,8 +471,8 @@ def cmd_real_policies(args: argparse.Namespace) -> int:
     bad = [p for p in policies if p not in POLICIES]
     if bad or not policies:
         raise SystemExit(f"--policies: unknown {bad}; known: {', '.join(POLICIES)}")
-    if args.reps < 1:
-        raise SystemExit("--reps must be >= 1")
+    if args.reps < 1 or args.first_rep < 0:
+        raise SystemExit("--reps must be >= 1 and --first-rep >= 0")
     if not args.load > 0:
         raise SystemExit(f"--load must be > 0, got {args.load}")
     out = Path(args.out or Path(__file__).resolve().parent / "results" / "real_policies")
@@ -420,7 +484,8 @@ def cmd_real_policies(args: argparse.Namespace) -> int:
             out.mkdir(parents=True, exist_ok=True)
     else:
         out.mkdir(parents=True, exist_ok=True)
-        runs = _real_runs(args, out, policies)
+        _real_runs(args, out, policies)
+        runs = _load_runs(out)
         saved = json.loads((out / "jobs.json").read_text())
     jobs = [Job.from_json(d) for d in saved["jobs"]]
     rep = build_report(runs, jobs, SimEngineConfig.from_yaml(_config_file(args.sim_engine)))

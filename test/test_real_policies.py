@@ -6,19 +6,28 @@ run was stepped with must give the run back."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
 import pytest
 
 from bench import cli
-from bench.real_policies import fit_service_steps, per_task_errors, replay_of, save_jobs, save_run
+from bench.real_policies import (
+    fit_service_steps,
+    per_task_errors,
+    replay_of,
+    save_jobs,
+    save_run,
+    service_step_times,
+)
 from timelyllm_ros.engines.sim_engine import SimEngineConfig, bpe_pieces
 from timelyllm_ros.sim.records import SegRecord, TaskRecord
 from timelyllm_ros.sim.simulator import Replay, SimConfig, Simulator
 from timelyllm_ros.sim.workloads import Workload, load_workload
 
-STEP_MODEL = SimEngineConfig(decode_s=0.03, batch_slowdown=0.05, prefill_s_per_token=0.0011, max_batch=8)
+STEP_MODEL = SimEngineConfig(decode_s=0.03, batch_slowdown=0.05, prefill_s_per_token=0.0011, prefill_step_s=0.012,
+                             max_batch=8)
 
 
 def _jobs(n: int = 14):
@@ -51,7 +60,17 @@ def test_the_fit_recovers_the_step_model_the_steps_came_from() -> None:
     assert fit.batch_slowdown == pytest.approx(STEP_MODEL.batch_slowdown, rel=1e-6)
     # a prefill step's decode part is priced at the step's batch, which may count the prefilling request
     assert fit.prefill_s_per_token == pytest.approx(STEP_MODEL.prefill_s_per_token, rel=0.01)
+    assert fit.prefill_step_s == pytest.approx(STEP_MODEL.prefill_step_s, rel=0.05)
     assert fit.max_batch == SimEngineConfig().max_batch  # the rest comes from the base model
+
+
+def test_a_step_lasts_until_the_next_one_starts_while_the_engine_stays_busy() -> None:
+    # (batch, prefill, engine's own s, call start, call end): 10 ms of the engine thread's own work after
+    # the first step; then the engine went idle for a second, so the second step keeps its call's time
+    steps = [(1, 0, 0.030, 0.0, 0.031), (1, 0, 0.030, 0.041, 0.072), (2, 0, 0.032, 1.072, 1.105), (1, 5, 0.05)]
+    got = service_step_times(steps)
+    assert [round(d, 3) for _, _, d in got] == [0.041, 0.031, 0.033, 0.05]
+    assert [(b, pf) for b, pf, _ in got] == [(1, 0), (1, 0), (2, 0), (1, 5)]
 
 
 def test_the_fit_refuses_steps_without_decoding() -> None:
@@ -128,7 +147,7 @@ def test_the_report_from_saved_runs_gives_the_runs_back_when_the_model_is_right(
 
 
 def test_a_replay_with_the_wrong_step_model_shows_its_error(tmp_path) -> None:
-    slow = SimEngineConfig(decode_s=0.09, batch_slowdown=0.05, prefill_s_per_token=0.0011, max_batch=8)
+    slow = dataclasses.replace(STEP_MODEL, decode_s=0.09)
     _saved_runs(tmp_path, STEP_MODEL, policies=("pud",), reps=1)
     assert cli.main(["real-policies", "--from-runs", str(tmp_path), "--out", str(tmp_path / "r"),
                      "--sim-engine", str(_yaml(tmp_path, slow))]) == 0
@@ -138,8 +157,6 @@ def test_a_replay_with_the_wrong_step_model_shows_its_error(tmp_path) -> None:
 
 
 def _yaml(tmp_path, cfg: SimEngineConfig):
-    import dataclasses
-
     import yaml
 
     p = tmp_path / "model.yaml"

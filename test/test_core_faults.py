@@ -359,3 +359,19 @@ def test_a_restored_segment_whose_robot_stays_silent_still_fails():
     clock.set(105.5)
     assert core.expire_silent() == ["t0"]
     assert any(r.status is TaskStatus.ROBOT_FAILED and "robot silent" in r.reason for r in results)
+
+
+def test_a_robot_inside_the_longest_time_the_model_allows_is_not_silent():
+    """s('cat') takes 1.5 to 12.2 s by the drone's model. The next segment is planned with the minimum, but a
+    robot still scanning 1.5 s + the timeout later is not silent (real CPU engine runs failed it at 11.5 s)."""
+    clock = SimClock()
+    core, _, results = make_core(clock=clock, robot_timeout_s=5.0)
+    core.submit(spec(0, plan="?s('cat')==True{g('cat');}"))
+    drain(core, clock)
+    first = results[0].segments[0]
+    assert first.est_exec_s == pytest.approx(1.5275) and first.max_exec_s == pytest.approx(12.22)
+    clock.set(first.pred_start + first.est_exec_s + 5.0 + 1.0)  # past min + timeout: what was failed before
+    assert core.expire_silent(clock.now()) == []
+    clock.set(first.pred_start + first.max_exec_s + 5.0 + 1.0)  # past the longest + timeout: silent
+    assert core.expire_silent(clock.now()) == ["t0"]
+    assert "longest execution by the model (12.22 s)" in core.result("t0").reason

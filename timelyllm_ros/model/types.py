@@ -79,6 +79,7 @@ class Segment:
     ready: float  # when the engine produced it
     dispatch: float | None = None  # when it was sent to the robot
     est_exec_s: float = 0.0  # model minimum
+    max_exec_s: float = 0.0  # model maximum: a robot is silent only once it is past this
     pred_start: float | None = None
     pred_end: float | None = None
     real_end: float | None = None  # reported by the robot
@@ -91,9 +92,12 @@ class Segment:
     silence_from: float | None = None
 
     def silence_base(self) -> float:
-        """Since when the robot's silence about this segment counts: its predicted end (or the restart)."""
+        """Since when the robot's silence about this segment counts: the latest it can end by the model (its
+        predicted start + the model's maximum; the predicted end, planned with the minimum, at the least), or
+        the restart. A scan the model allows 12 s for was failed as silent at 1.2 s + the timeout."""
         assert self.pred_end is not None
-        return self.pred_end if self.silence_from is None else max(self.pred_end, self.silence_from)
+        latest = self.pred_end if self.pred_start is None else max(self.pred_end, self.pred_start + self.max_exec_s)
+        return latest if self.silence_from is None else max(latest, self.silence_from)
 
     @property
     def end(self) -> float | None:

@@ -929,12 +929,12 @@ class PlannerNode(LifecycleNode):
             for js in jt.segments:
                 if js.marker:
                     continue
-                seg = Segment(index=js.index, text=js.text, token_ids=list(js.token_ids),
-                              calls=self.core.hooks.parse(jt.robot_type, js.text),
+                calls = self.core.hooks.parse(jt.robot_type, js.text)
+                seg = Segment(index=js.index, text=js.text, token_ids=list(js.token_ids), calls=calls,
                               gen_start=self._bridge.to_core_s(js.dispatch_wall),
                               ready=self._bridge.to_core_s(js.dispatch_wall),
                               dispatch=self._bridge.to_core_s(js.dispatch_wall), est_exec_s=js.est_exec_s,
-                              final=js.is_final)
+                              max_exec_s=self.core.exec_range(jt.robot_type, calls)[1], final=js.is_final)
                 seg.pred_start = seg.dispatch + self.core.cfg.comm_s
                 if segs and segs[-1].end is not None:
                     seg.pred_start = max(seg.pred_start, segs[-1].end)

@@ -401,8 +401,9 @@ class PlannerCore:
                 if late:
                     s = late[0]
                     self._watch.pop(tid, None)
-                    self._robot_failed(tid, f"robot silent: no report for segment {s.index} within its predicted "
-                                            f"execution ({s.est_exec_s:.2f} s) + {self.cfg.robot_timeout_s:g} s")
+                    self._robot_failed(tid, f"robot silent: no report for segment {s.index} within its longest "
+                                            f"execution by the model ({max(s.est_exec_s, s.max_exec_s):.2f} s) + "
+                                            f"{self.cfg.robot_timeout_s:g} s")
                     ended.append(tid)
         self._flush()
         return ended
@@ -862,14 +863,9 @@ class PlannerCore:
                 if q.k == 0 and q.robot_type == rt:
                     q.prefill_est_s = self._prefill_estimate(q.spec)
         calls = self.hooks.parse(g.robot_type, ev.text)
-        est = 0.0
-        if calls:
-            try:
-                est = float(self.hooks.exec_model(g.robot_type).estimate(calls).min_s)
-            except Exception as e:
-                log.warning("exec-time estimate failed for %r: %s", ev.text, e)
+        est, longest = self.exec_range(g.robot_type, calls)
         seg = Segment(index=len(g.segments), text=ev.text, token_ids=list(ev.token_ids), calls=calls,
-                      gen_start=g.gen_start, ready=now, est_exec_s=est)
+                      gen_start=g.gen_start, ready=now, est_exec_s=est, max_exec_s=longest)
         g.segments.append(seg)
         n = len(ev.token_ids)
         if n and calls:  # learn the segment length G is estimated from
@@ -881,6 +877,17 @@ class PlannerCore:
             self._dispatch(g, seg, now)
         else:
             g.held.append(seg)
+
+    def exec_range(self, robot_type: str, calls: list[Any]) -> tuple[float, float]:
+        """The execution-time model's (minimum, maximum) for these skill calls; (0, 0) for none."""
+        if not calls:
+            return 0.0, 0.0
+        try:
+            e = self.hooks.exec_model(robot_type).estimate(calls)
+            return float(e.min_s), float(e.max_s)
+        except Exception as e:
+            log.warning("exec-time estimate failed for %r: %s", calls, e)
+            return 0.0, 0.0
 
     def _release_held(self, g: Generation, now: float) -> None:
         for seg in g.held:

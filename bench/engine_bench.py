@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.load_sweep import line_fit
 from timelyllm_ros import paths
 from timelyllm_ros.engines import driver
 from timelyllm_ros.engines.base import Engine, EngineRequest, FinishReason
@@ -222,13 +223,7 @@ def fit_step_model(batch: dict) -> dict:
         by_b.setdefault(r["batch"], []).append(r["step_ms"] / 1000)
     pts = sorted((b, _med(v)) for b, v in by_b.items())
     # least squares for step = c0 + c1 * (b - 1); decode_s = c0, batch_slowdown = c1 / c0
-    n = len(pts)
-    xs = [b - 1 for b, _ in pts]
-    ys = [y for _, y in pts]
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    c1 = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
-    c0 = my - c1 * mx
+    c0, c1 = line_fit([b - 1 for b, _ in pts], [y for _, y in pts])
     if c0 <= 0:
         c0 = pts[0][1]
     by_n: dict[int, list[float]] = {}
@@ -236,10 +231,7 @@ def fit_step_model(batch: dict) -> dict:
         by_n.setdefault(r["prompt_tokens"], []).append(r["prefill_s"])
     pp = sorted((k, _med(v)) for k, v in by_n.items())
     # slope of prefill time vs tokens (the intercept is one decode step)
-    px = [k for k, _ in pp]
-    py = [v for _, v in pp]
-    pmx, pmy = sum(px) / len(px), sum(py) / len(py)
-    per_tok = sum((x - pmx) * (y - pmy) for x, y in zip(px, py, strict=True)) / sum((x - pmx) ** 2 for x in px)
+    per_tok = line_fit([k for k, _ in pp], [v for _, v in pp])[1]
     return {"decode_s": round(c0, 5), "batch_slowdown": round(max(0.0, c1 / c0), 4),
             "prefill_s_per_token": round(max(per_tok, 1e-6), 7),
             "points": [{"batch": b, "step_s": y, "fit_s": c0 + c1 * (b - 1)} for b, y in pts],

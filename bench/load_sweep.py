@@ -61,6 +61,14 @@ def mean_ci(xs: Sequence[float]) -> tuple[float, float]:
     return m, t95(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
 
 
+def line_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares line y = intercept + slope * x (slope 0 when every x is the same)."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
+    return my - slope * mx, slope
+
+
 def scale_load(wl: Workload, factor: float) -> Workload:
     """The same tasks arriving ``factor`` times as densely (every arrival time divided by it)."""
     if not factor > 0:

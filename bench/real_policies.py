@@ -34,9 +34,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.load_sweep import mean_ci
+from bench.load_sweep import line_fit, mean_ci
 from bench.pool_bench import _ci
 from timelyllm_ros.engines.sim_engine import SimEngineConfig
+from timelyllm_ros.launch_graph import resolve_config
 from timelyllm_ros.sim import metrics
 from timelyllm_ros.sim.records import SegRecord, TaskRecord
 from timelyllm_ros.sim.simulator import Replay, SimConfig, Simulator
@@ -121,12 +122,12 @@ def save_jobs(out: Path, jobs: Sequence[Job], tuf_scale: float, engine: str, loa
 def _replay_to_json(rp: Replay) -> dict[str, Any]:
     return {"plan_pieces": {str(k): v for k, v in rp.plan_pieces.items()},
             "prompt_ids": {str(k): v for k, v in rp.prompt_ids.items()},
-            "seg_exec_s": [[j, i, t] for (j, i), t in rp.seg_exec_s.items()]}
+            "seg_exec_s": [[j, i, t] for (j, i), t in rp.seg_exec_s.items()], "warm_prompts": rp.warm_prompts}
 
 
 def _replay_from_json(d: dict[str, Any]) -> Replay:
     return Replay({int(k): v for k, v in d["plan_pieces"].items()}, {int(k): v for k, v in d["prompt_ids"].items()},
-                  {(int(j), int(i)): float(t) for j, i, t in d["seg_exec_s"]})
+                  {(int(j), int(i)): float(t) for j, i, t in d["seg_exec_s"]}, dict(d.get("warm_prompts", {})))
 
 
 BUSY_GAP_S = 0.05  # a step that starts this soon after the previous one ended: the engine had work all along
@@ -150,7 +151,7 @@ def service_step_times(steps: Sequence[Sequence[float]]) -> list[tuple[int, int,
 
 def fit_service_steps(steps: Sequence[Sequence[float]], base: SimEngineConfig) -> SimEngineConfig:
     """The step model refitted to the steps the planner took in service (see :func:`service_step_times`):
-    decode_s and batch_slowdown by least squares over the medians per batch of the pure decode steps;
+    decode_s and batch_slowdown by least squares over the means per batch of the pure decode steps;
     prefill_step_s + prefill_s_per_token * tokens by least squares over what the prefill steps took beyond
     that decode time (a small prefill costs more per token than the fixed rate alone would say)."""
     # the engine reports every live request as its batch; it runs at most max_batch of them at a time
@@ -162,24 +163,20 @@ def fit_service_steps(steps: Sequence[Sequence[float]], base: SimEngineConfig) -
     pts = sorted((b, statistics.fmean(v)) for b, v in by_b.items())  # means: queues add up every step
     if not pts:
         raise ValueError("no decode steps to fit a step model to")
-    xs, ys = [b - 1 for b, _ in pts], [y for _, y in pts]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    c1 = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
-    c0 = my - c1 * mx
+    c0, c1 = line_fit([b - 1 for b, _ in pts], [y for _, y in pts])
     if c0 <= 0:
         c0, c1 = pts[0][1], 0.0
     pre = [(pf, d - (c0 + c1 * max(0, b - 1))) for b, pf, d in steps if pf > 0]
     per_tok, fixed = base.prefill_s_per_token, 0.0
     if len(pre) >= 2 and len({pf for pf, _ in pre}) > 1:  # what a prefill step costs: fixed + per token
         px, py = [pf for pf, _ in pre], [r for _, r in pre]
-        pmx, pmy = statistics.fmean(px), statistics.fmean(py)
-        per_tok = sum((x - pmx) * (y - pmy) for x, y in pre) / sum((x - pmx) ** 2 for x in px)
-        fixed = pmy - per_tok * pmx
-        if fixed < 0:  # no fixed cost to see: through the origin
+        fixed, per_tok = line_fit(px, py)
+        if per_tok <= 0:  # no per-token cost to see: a fixed one only
+            fixed, per_tok = max(0.0, statistics.fmean(py)), 0.0
+        elif fixed < 0:  # no fixed cost to see: through the origin
             fixed, per_tok = 0.0, sum(x * y for x, y in pre) / sum(x * x for x in px)
     return dataclasses.replace(base, decode_s=c0, batch_slowdown=max(0.0, c1 / c0),
-                               prefill_s_per_token=max(per_tok, 1e-6), prefill_step_s=fixed)
+                               prefill_s_per_token=per_tok, prefill_step_s=fixed)
 
 
 def simulate(jobs: Sequence[Job], policy: str, seed: int, step_model: SimEngineConfig,
@@ -193,13 +190,13 @@ def simulate(jobs: Sequence[Job], policy: str, seed: int, step_model: SimEngineC
 def _real_runs(args: argparse.Namespace, out: Path, policies: list[str]) -> list[dict[str, Any]]:
     from timelyllm_ros import demo
     from timelyllm_ros.engines.factory import planner_engine
-    from timelyllm_ros.engines.prompts import PromptRenderer
+    from timelyllm_ros.engines.prompts import WARM_UP_TASK, PromptRenderer
     from timelyllm_ros.sim.workloads import load_workload
 
     engine, constrained = planner_engine(args.engine)
     tuf_scale = args.tuf_scale
     if tuf_scale is None:
-        tuf_scale = 1.0 if engine.info.needs_plan_text or demo._has_cuda() else demo.CPU_TUF_SCALE
+        tuf_scale = demo.default_tuf_scale(engine)
     jobs = demo.pick_jobs(load_workload(args.workload, 0), args.events, args.per_event, args.max_gap, tuf_scale)
     jobs = [dataclasses.replace(j, trigger_time=j.trigger_time / args.load) for j in jobs]
     renderer = PromptRenderer(engine, constrained)
@@ -207,9 +204,9 @@ def _real_runs(args: argparse.Namespace, out: Path, policies: list[str]) -> list
     engine_step = engine.step
 
     def logged_step() -> Any:  # every step the planner takes: (batch, prefill tokens, measured s, call start, end)
-        t0 = time.perf_counter()
+        t0 = time.monotonic()  # the workload client's clock: steps before the first arrival are the warm-up
         rep = engine_step()
-        steps.append((rep.batch_size, rep.prefill_tokens, rep.duration_s, t0, time.perf_counter()))
+        steps.append((rep.batch_size, rep.prefill_tokens, rep.duration_s, t0, time.monotonic()))
         return rep
 
     engine.step = logged_step  # type: ignore[method-assign]
@@ -219,6 +216,9 @@ def _real_runs(args: argparse.Namespace, out: Path, policies: list[str]) -> list
     if args.first_rep and earlier.exists() and json.loads(earlier.read_text())["jobs"] != [j.to_json() for j in jobs]:
         engine.close()
         raise SystemExit(f"--first-rep: these tasks differ from those of the runs already in {out}")
+    if not args.first_rep:  # a new set: runs of an earlier one must not mix into its report
+        for old in (out / "runs").glob("rep*-*.json"):
+            old.unlink()
     save_jobs(out, jobs, tuf_scale, engine.info.model, args.load)
     runs = []
     try:
@@ -232,6 +232,8 @@ def _real_runs(args: argparse.Namespace, out: Path, policies: list[str]) -> list
                 res = demo.run_policy(engine, constrained, policy, jobs, ns, record=False)
                 rp = replay_of(res.records, jobs, engine.tokenize, engine.decode,
                                lambda job, rt: renderer.token_ids(rt, job.task_input))
+                rp.warm_prompts = {rt: renderer.token_ids(rt, WARM_UP_TASK)
+                                   for rt in {r.robot_type for r in res.records}}
                 runs.append(save_run(out, policy, rep, res.admission, res.wall_s, steps, res.records, rp,
                                      res.latency_estimate))
     finally:
@@ -280,6 +282,13 @@ def per_task_errors(real: Sequence[TaskRecord], sim: Sequence[TaskRecord]) -> di
             "served_real_only": only_real, "served_sim_only": only_sim, "pairs": pairs}
 
 
+def serving_steps(run: dict[str, Any]) -> list[Sequence[float]]:
+    """The run's steps from its first arrival on: the planner's warm-up (a cold prompt, a first batch) is
+    not what it costs to serve."""
+    first = min((r["arrival"] for r in run["records"] if math.isfinite(r["arrival"])), default=-math.inf)
+    return [s for s in run["steps"] if len(s) < 5 or s[3] >= first]
+
+
 def build_report(runs: list[dict[str, Any]], jobs: list[Job], bench_fit: SimEngineConfig) -> dict[str, Any]:
     """Each run beside the simulator. The replay's step model is fitted to the steps the planner took in
     the *other* repetitions (all runs when there is one), so no run is predicted from its own steps;
@@ -288,12 +297,23 @@ def build_report(runs: list[dict[str, Any]], jobs: list[Job], bench_fit: SimEngi
     reps = sorted({r["rep"] for r in runs})
     fits = {}
     for rep in reps:
-        train = [s for r in runs if r["rep"] != rep or len(reps) == 1 for s in r["steps"]]
+        train = [s for r in runs if r["rep"] != rep or len(reps) == 1 for s in serving_steps(r)]
         fits[rep] = fit_service_steps(train, bench_fit)
+    # A plan a task did not finish (preempted, shed) may be cut short: the replay takes the job's plan from a
+    # run where it ended done (greedy decoding writes the same plan), else the template.
+    done_plans: dict[int, list[str]] = {}
+    for run in runs:
+        pieces = _replay_from_json(run["replay"]).plan_pieces
+        for d in run["records"]:
+            if d["status"] == "done" and d["job_id"] in pieces:
+                done_plans.setdefault(d["job_id"], pieces[d["job_id"]])
     per_run = []
     for run in runs:
         real = [_rec_from_json(d) for d in run["records"]]
         rp = _replay_from_json(run["replay"])
+        own = {r.job_id for r in real if r.status == "done"}
+        rp.plan_pieces = {j: (p if j in own else done_plans[j]) for j, p in rp.plan_pieces.items()
+                          if j in own or j in done_plans}
         replayed = simulate(jobs, run["policy"], run["rep"], fits[run["rep"]], rp)
         bench_replayed = simulate(jobs, run["policy"], run["rep"], bench_fit, rp)
         templated = simulate(jobs, run["policy"], run["rep"], fits[run["rep"]], None)
@@ -336,12 +356,18 @@ def pair_orders(per_run: Sequence[dict[str, Any]], policies: list[str]) -> list[
     for i, a in enumerate(policies):
         for b in policies[i + 1:]:
             common = [r for r in reps if (a, r) in by and (b, r) in by]
+            if not common:
+                continue
             d, ci = mean_ci([by[(a, r)]["real"]["all_u"] - by[(b, r)]["real"]["all_u"] for r in common])
             dr = statistics.fmean(by[(a, r)]["replay"]["all_u"] - by[(b, r)]["replay"]["all_u"] for r in common)
             separated = not math.isnan(ci) and abs(d) > ci
             out.append({"a": a, "b": b, "real_diff": d, "real_diff_ci": ci, "replay_diff": dr,
-                        "separated": separated, "same_order": (d > 0) == (dr > 0)})
+                        "separated": separated, "same_order": _sign(d) == _sign(dr)})
     return out
+
+
+def _sign(x: float) -> int:
+    return (x > 0) - (x < 0)
 
 
 def _abs_errors(per_run: Sequence[dict[str, Any]], key: str) -> list[float]:
@@ -475,7 +501,7 @@ def cmd_real_policies(args: argparse.Namespace) -> int:
         raise SystemExit("--reps must be >= 1 and --first-rep >= 0")
     if not args.load > 0:
         raise SystemExit(f"--load must be > 0, got {args.load}")
-    out = Path(args.out or Path(__file__).resolve().parent / "results" / "real_policies")
+    out = Path(args.out or args.from_runs or Path(__file__).resolve().parent / "results" / "real_policies")
     if args.from_runs:
         src = Path(args.from_runs)
         runs = _load_runs(src)
@@ -488,24 +514,27 @@ def cmd_real_policies(args: argparse.Namespace) -> int:
         runs = _load_runs(out)
         saved = json.loads((out / "jobs.json").read_text())
     jobs = [Job.from_json(d) for d in saved["jobs"]]
-    rep = build_report(runs, jobs, SimEngineConfig.from_yaml(_config_file(args.sim_engine)))
+    rep = build_report(runs, jobs, SimEngineConfig.from_yaml(resolve_config(args.sim_engine)))
     command = "timelyllm-bench " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("bench") else \
         "python -m bench " + " ".join(sys.argv[1:])
     md = markdown(rep, command, saved["tuf_scale"], saved.get("load", 1.0), args.sim_engine)
     (out / "results.md").write_text(md)
-    (out / "results.json").write_text(json.dumps({k: v for k, v in rep.items()}, indent=1,
-                                                  default=lambda x: None))
+    (out / "results.json").write_text(json.dumps(_no_nan(rep), indent=1))
     plot(out / "real_policies.png", rep)
     demo_console().print(md)
     demo_console().print(f"results: {out / 'results.md'}, plot: {out / 'real_policies.png'}")
     return 0
 
 
-def _config_file(name: str) -> Path:
-    from timelyllm_ros.paths import config_dir
-
-    p = Path(name)
-    return p if p.exists() else config_dir() / name
+def _no_nan(x: Any) -> Any:
+    """Strict JSON: NaN (no value, e.g. an interval from one repetition) as null."""
+    if isinstance(x, float):
+        return None if math.isnan(x) else x
+    if isinstance(x, dict):
+        return {k: _no_nan(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_no_nan(v) for v in x]
+    return x
 
 
 def demo_console() -> Any:

@@ -175,7 +175,7 @@ def run_policy(engine: Any, constrained: bool, policy: str, jobs: list[Job], arg
             if recorder is not None:
                 n_msgs = sum(recorder.counts.values())
                 console.print(f"recorded {n_msgs} messages to {recorder.stop()}")
-            decisions = metrics.decision_stats(planner.core.decision_times)
+            decisions = metrics.decision_stats(planner.core.decision_log())
             admission, estimate = planner.core.admission.name, planner.core.estimator.describe()
             planner.shutdown()
     finally:
@@ -185,6 +185,11 @@ def run_policy(engine: Any, constrained: bool, policy: str, jobs: list[Job], arg
         stack.close()
     engine.reset_prefix_cache()  # the next policy starts from the same (cold) cache
     return RunResult(policy, records, metrics.summarize(records), wall, decisions, admission, estimate)
+
+
+def default_tuf_scale(engine: Any) -> float:
+    """1 for the simulated engine or a GPU; CPU_TUF_SCALE for a real engine on a CPU."""
+    return 1.0 if engine.info.needs_plan_text or _has_cuda() else CPU_TUF_SCALE
 
 
 def _has_cuda() -> bool:
@@ -315,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         engine, constrained = planner_engine(args.engine)
     console.print(f"engine {engine.info.name} ({engine.info.model}) loaded in {time.monotonic() - t0:.1f} s")
     if args.tuf_scale is None:
-        args.tuf_scale = 1.0 if engine.info.needs_plan_text or _has_cuda() else CPU_TUF_SCALE
+        args.tuf_scale = default_tuf_scale(engine)
     if args.tuf_scale != 1:
         console.print(f"TUF time axis x{args.tuf_scale:g} (ERT and cut-off; the paper's TUFs assume a GPU engine; "
                       "--tuf-scale 1 for the paper's)")

@@ -4,9 +4,10 @@ It "generates" each task's real plan text, token piece by token piece, so the
 shared segmentation code in :class:`Engine` cuts a simulated generation
 exactly where it would cut the real output. Step time::
 
-    step = decode_s * (1 + batch_slowdown * (b - 1)) + prefill_s_per_token * prefill_tokens
+    step = decode_s * (1 + batch_slowdown * (b - 1)) [+ prefill_step_s + prefill_s_per_token * prefill_tokens]
 
-defaults from the paper's Table 1 (Llama3-8B fp16, RTX 4090): 22 ms/token at
+(the bracket only in a step that prefills), at most ``max_batch`` requests running, the others waiting in
+order. Defaults from the paper's Table 1 (Llama3-8B fp16, RTX 4090): 22 ms/token at
 batch 1, 328 ms prefill for 2884 tokens. A shared prefill is chunked (a per-step token budget) and the
 prefix cache works on full ``block_size``-token blocks, as in vLLM with
 automatic prefix caching: a shared system prompt is prefilled once, and a
@@ -168,23 +169,32 @@ class SimEngine(Engine):
             raise ValueError(f"SimEngine needs a non-empty extra['plan_text'] for {req.gen_id!r}")
         hashes = self._block_hashes(req)
         n_all = len(req.prompt_token_ids) + len(req.output_token_ids)
-        cached_blocks = 0
-        if self.cfg.prefix_caching:
-            for h in hashes:
-                if h in self._pinned or h in self._cache:
-                    cached_blocks += 1
-                else:
-                    break
-        cached = min(cached_blocks * self.cfg.block_size, n_all - 1)  # the last token is always recomputed
-        sr = _SimReq(req, list(pieces), [piece_id(p) for p in pieces], hashes, 0, n_all - cached, cached)
+        sr = _SimReq(req, list(pieces), [piece_id(p) for p in pieces], hashes, 0, n_all, 0)
         if len(hashes) + self._extra_blocks(sr) > self._capacity:
             raise ValueError(f"{req.gen_id}: {n_all} tokens do not fit in the KV cache "
                              f"({self.cfg.kv_capacity_tokens} tokens)")
         # vLLM runs at most max_num_seqs requests; the others wait, first come first served
-        if self._wait or len(self._run) >= self.cfg.max_batch or not self._pin(sr):
-            self._wait.append(sr)
-        else:
-            self._run[req.gen_id] = sr
+        self._wait.append(sr)
+        self._admit()
+
+    def _admit(self) -> None:
+        """Start waiting requests in order while there are batch slots and KV room; each one's prefix-cache
+        hit is what the cache holds when it starts, not when it was added."""
+        while self._wait and len(self._run) < self.cfg.max_batch:
+            sr = self._wait[0]
+            n_all = len(sr.req.prompt_token_ids) + len(sr.req.output_token_ids)
+            cached_blocks = 0
+            if self.cfg.prefix_caching:
+                for h in sr.hashes:
+                    if h in self._pinned or h in self._cache:
+                        cached_blocks += 1
+                    else:
+                        break
+            if not self._pin(sr):
+                return
+            sr.cached = min(cached_blocks * self.cfg.block_size, n_all - 1)  # the last token is always recomputed
+            sr.prefill = n_all - sr.cached
+            self._run[self._wait.pop(0).req.gen_id] = sr
 
     def _extra_blocks(self, sr: _SimReq) -> int:
         return 2 + (len(sr.pieces) + self.cfg.block_size - 1) // self.cfg.block_size  # partial + output
@@ -209,6 +219,7 @@ class SimEngine(Engine):
         sr = self._run.pop(gen_id, None)
         if sr is None:
             self._wait = [w for w in self._wait if w.req.gen_id != gen_id]
+            self._admit()  # the head may have been what blocked the others
             return
         hashes = self._block_hashes(sr.req) if keep_cache else sr.hashes
         self._used -= sr.blocks
@@ -228,9 +239,7 @@ class SimEngine(Engine):
                     self._cache.move_to_end(h)
         while len(self._cache) > max(0, self._capacity - self._used):
             self._cache.popitem(last=False)
-        while self._wait and len(self._run) < self.cfg.max_batch and self._pin(self._wait[0]):
-            w = self._wait.pop(0)
-            self._run[w.req.gen_id] = w
+        self._admit()
 
     def _backend_suspend(self, gen_id: str) -> None:
         self._release(gen_id, keep_cache=True)

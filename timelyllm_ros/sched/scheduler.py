@@ -152,6 +152,11 @@ class _SkillHooks:
         return m
 
 
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    """How many leading token ids two prompts share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
 class PlannerCore:
     """Scheduler + engine + clock. See the module docstring for the threading model."""
 
@@ -452,6 +457,7 @@ class PlannerCore:
                 raise RuntimeError(f"replace_engine with {len(self._tasks)} open tasks")
             self.engine = engine
             self.estimator = self.estimator.for_replaced_engine(engine)  # a pool's estimate is its members'
+            self._warm_prompts.clear()  # the old engine's prefix cache went with it
         self.wake.set()
 
     def warm_up(self, prompts: list[tuple[str, list[int]]], burst: list[tuple[str, list[int]]] | None = None) -> int:
@@ -478,6 +484,11 @@ class PlannerCore:
             self.note_warm_prompt(rt, ids)
         return steps
 
+    def decision_log(self) -> list[float]:
+        """The kept decision times (s), a copy taken under the lock (the engine thread appends)."""
+        with self._lock:
+            return list(self.decision_times)
+
     def note_warm_prompt(self, robot_type: str, prompt_ids: list[int]) -> None:
         """``prompt_ids`` sits in the engine's prefix cache (warm_up, or a simulator's warmed prefix): the first
         task of this robot type is estimated with the prefix it shares with it as cached, not as a cold
@@ -493,8 +504,7 @@ class PlannerCore:
         warm = self._warm_prompts.pop(spec.robot_type)
         if spec.robot_type in self._cache_hit:  # a hit was already measured
             return
-        n = next((i for i, (a, b) in enumerate(zip(warm, ids, strict=False)) if a != b), min(len(warm), len(ids)))
-        n = min(n, len(ids) - 1)  # the last prompt token is always computed
+        n = min(common_prefix_len(warm, ids), len(ids) - 1)  # the last prompt token is always computed
         self._cache_hit[spec.robot_type] = float(n)
         self._cache_hit_max[spec.robot_type] = max(self._cache_hit_max.get(spec.robot_type, 0), n)
 

@@ -22,6 +22,7 @@ RNG. Every network hop costs ``hop_s``.
 
 from __future__ import annotations
 
+import collections
 import copy
 import heapq
 import itertools
@@ -37,7 +38,7 @@ from timelyllm_ros.model.plans import plan_templates
 from timelyllm_ros.model.types import Segment, TaskResult, TaskSpec, TaskStatus
 from timelyllm_ros.sched.admission import Admission, make_admission
 from timelyllm_ros.sched.policies import Policy, make_policy
-from timelyllm_ros.sched.scheduler import CoreConfig, PlannerCore
+from timelyllm_ros.sched.scheduler import CoreConfig, PlannerCore, common_prefix_len
 from timelyllm_ros.sim.records import SegRecord, TaskRecord
 from timelyllm_ros.sim.workloads import Job, Workload
 
@@ -106,6 +107,7 @@ class Replay:
     plan_pieces: dict[int, list[str]] = field(default_factory=dict)  # the plan the real engine wrote, as tokens
     prompt_ids: dict[int, list[int]] = field(default_factory=dict)  # the real prompt's token ids
     seg_exec_s: dict[tuple[int, int], float] = field(default_factory=dict)  # (job, segment index) -> robot time
+    warm_prompts: dict[str, list[int]] = field(default_factory=dict)  # robot type -> the planner's warm-up prompt
 
 
 class Simulator:
@@ -125,6 +127,7 @@ class Simulator:
         core_cfg.comm_s = self.cfg.hop_s
         self.core = PlannerCore(self.engine, self.policy, self.clock, admission=self.admission, config=core_cfg,
                                 on_segment=self._on_segment, on_result=self._on_result)
+        self.core.decision_times = collections.deque()  # a simulation keeps every decision: it ends
         self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self._seq = itertools.count()
         self._runs: dict[str, _Run] = {}
@@ -161,8 +164,8 @@ class Simulator:
         return shared + ctx + self.engine.tokenize(job.task_input)
 
     def _warm_prefixes(self) -> None:
-        """Each robot type's shared prompt in the prefix cache before the first arrival: the generated
-        one, or the longest common prefix of the replayed prompts."""
+        """Each robot type's shared prompt in the prefix cache before the first arrival: the generated one;
+        for a replay, the planner's warm-up prompt it recorded, or else what the replayed prompts share."""
         tpls = plan_templates()
         replayed: dict[str, list[list[int]]] = {}
         for job in self.wl.jobs:
@@ -176,10 +179,12 @@ class Simulator:
                 replayed.setdefault(tpl.robot_type, []).append(ids)
         warm = {rt: shared for rt, shared in self._shared_prompt.items() if rt not in replayed}
         for rt, prompts in replayed.items():
-            n = 0
-            while all(n < len(p) and p[n] == prompts[0][n] for p in prompts):
-                n += 1
-            warm[rt] = prompts[0][:min(n, len(prompts[0]) - 1)]
+            ids = self.replay.warm_prompts.get(rt)
+            if ids is None and len(prompts) > 1:  # no warm-up prompt recorded: what the prompts share
+                n = min(common_prefix_len(prompts[0], p) for p in prompts[1:])
+                ids = prompts[0][:n]
+            if ids:
+                warm[rt] = list(ids)
         for rt, ids in warm.items():
             self.engine.warm_prefix(ids)
             self.core.note_warm_prompt(rt, ids)

@@ -207,3 +207,22 @@ def test_the_decision_log_keeps_the_most_recent_decisions_only(monkeypatch):
         drain(core, clock)
     assert len(results) == 6 and len(core.decision_times) == 5  # more decisions were taken than are kept
     assert core.step_count > 5
+
+
+def test_a_warmed_prompt_counts_for_the_first_task_of_its_robot_type_only():
+    core, _, _ = make_core()
+    warm = list(range(100, 200))
+    core.note_warm_prompt("drone", warm + [1, 2, 3])
+    short = spec(0)
+    short.prompt_token_ids = warm[:50]  # shorter than the warm prompt: all but its last token cached
+    core.submit(short)
+    assert core._cache_hit["drone"] == 49 and core._cache_hit_max["drone"] == 49
+    later = spec(1)
+    later.prompt_token_ids = warm + [9]
+    core.submit(later)  # the warm prompt was taken by the first task: the measured hits rule from here
+    assert core._cache_hit["drone"] == 49
+    other = spec(2)
+    other.robot_type = "arm"
+    other.prompt_token_ids = warm + [9]
+    core.submit(other)
+    assert "arm" not in core._cache_hit  # another robot type's prompt was never warmed

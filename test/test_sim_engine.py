@@ -94,3 +94,19 @@ def test_at_most_max_batch_requests_run_and_the_rest_wait_their_turn():
         started |= {ev.gen_id for ev in rep.events}
         assert eng.stats().running <= 2
     assert "g2" in started  # the third ran once a slot was free
+
+
+def test_waiting_requests_start_in_order_and_an_aborted_one_gives_its_turn_away():
+    eng = SimEngine(SimEngineConfig(max_batch=1, block_size=4))
+    for i in range(3):
+        eng.add(EngineRequest(f"g{i}", [10 + i, 20, 30, 40, 50], make_stop_checker("drone"),
+                              suspend_at_boundary=False, extra={"plan_text": "tc(90);"}))
+    assert eng.stats().running == 1 and eng.stats().waiting == 2
+    eng.abort("g1")  # waiting, never started
+    assert eng.stats().waiting == 1
+    order = []
+    while eng.has_work():
+        for ev in eng.step().events:
+            if ev.final:
+                order.append(ev.gen_id)
+    assert order == ["g0", "g2"]

@@ -9,7 +9,7 @@ Each repetition serves the same tasks (the first ``--events`` arrival events of 
 ``--per-event`` tasks each, TUF time axis x5 on a CPU) through the real stack of the README's demo
 (planner node, vLLM, ROS 2, simulated fleet node), one policy after another. The policy order is rotated
 per repetition, so no policy always runs first, and the fleet's seed is the repetition number. Each run's
-records are saved under ``runs/`` as soon as it ends.
+records and engine steps are saved under ``runs/`` (gzipped JSON) as soon as it ends.
 
 Beside every real run the simulator (step model fitted to this engine, ``--sim-engine``) serves the same
 tasks twice:
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gzip
 import json
 import math
 import statistics
@@ -104,12 +105,13 @@ def replay_of(records: Sequence[TaskRecord], jobs: Sequence[Job], tokenize: Call
 def save_run(out: Path, policy: str, rep: int, admission: str, wall_s: float, steps: Sequence[Sequence[float]],
              records: Sequence[TaskRecord], replay: Replay, latency_estimate: dict[str, Any] | None = None,
              ) -> dict[str, Any]:
-    """One run as ``runs/rep<k>-<policy>.json`` (what ``--from-runs`` reads back)."""
+    """One run as ``runs/rep<k>-<policy>.json.gz`` (what ``--from-runs`` reads back)."""
     run = {"policy": policy, "rep": rep, "admission": admission, "wall_s": wall_s,
            "latency_estimate": latency_estimate or {}, "steps": [list(x) for x in steps],
            "records": [_rec_to_json(r) for r in records], "replay": _replay_to_json(replay)}
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    (out / "runs" / f"rep{rep}-{policy}.json").write_text(json.dumps(run))
+    with gzip.open(out / "runs" / f"rep{rep}-{policy}.json.gz", "wt") as f:  # prompts as token ids: ~10x smaller
+        json.dump(run, f)
     return run
 
 
@@ -217,7 +219,7 @@ def _real_runs(args: argparse.Namespace, out: Path, policies: list[str]) -> list
         engine.close()
         raise SystemExit(f"--first-rep: these tasks differ from those of the runs already in {out}")
     if not args.first_rep:  # a new set: runs of an earlier one must not mix into its report
-        for old in (out / "runs").glob("rep*-*.json"):
+        for old in (out / "runs").glob("rep*-*.json*"):
             old.unlink()
     save_jobs(out, jobs, tuf_scale, engine.info.model, args.load)
     runs = []
@@ -242,10 +244,14 @@ def _real_runs(args: argparse.Namespace, out: Path, policies: list[str]) -> list
 
 
 def _load_runs(folder: Path) -> list[dict[str, Any]]:
-    files = sorted((folder / "runs").glob("rep*-*.json"))
+    files = sorted((folder / "runs").glob("rep*-*.json.gz"))
     if not files:
         raise SystemExit(f"--from-runs: no saved runs under {folder / 'runs'}")
-    return [json.loads(f.read_text()) for f in files]
+    out = []
+    for path in files:
+        with gzip.open(path, "rt") as f:
+            out.append(json.load(f))
+    return out
 
 
 # -- the report ------------------------------------------------------------------------------------

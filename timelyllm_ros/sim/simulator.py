@@ -186,7 +186,8 @@ class Simulator:
             if ids:
                 warm[rt] = list(ids)
         for rt, ids in warm.items():
-            self.engine.warm_prefix(ids)
+            for target in self.engine.warm_up_targets():  # a pool: each member, as the planner's warm-up
+                target.warm_prefix(ids)
             self.core.note_warm_prompt(rt, ids)
 
     def _on_segment(self, task: TaskResult, seg: Segment) -> None:

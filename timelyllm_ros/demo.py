@@ -1,9 +1,9 @@
 """The fleet demo (README's main command): a short LRTrace workload served by
-the real stack — vLLM with the bundled model, the PUD scheduler, ROS 2
+the real stack — vLLM with the bundled model, the PUD scheduler (pud-shed), ROS 2
 nodes — to a simulated drone fleet, with urgent tasks among normal ones.
 
-    python -m timelyllm_ros.demo                     # pud, then the same tasks under vLLM-style fcfs
-    python -m timelyllm_ros.demo --compare ''        # pud only
+    python -m timelyllm_ros.demo                     # pud-shed, then the same tasks under vLLM-style fcfs
+    python -m timelyllm_ros.demo --compare ''        # pud-shed only
     python -m timelyllm_ros.demo --engine engine_sim.yaml   # no weights: the simulated engine
 
 Prints every segment as the robot receives it, a progress bar, and at the end
@@ -270,7 +270,9 @@ def _record_dict(r: TaskRecord) -> dict:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(prog="timelyllm demo", description=__doc__.splitlines()[0])
-    ap.add_argument("--policy", default="pud", help="scheduling policy (default pud)")
+    from timelyllm_ros.sched.policies import DEFAULT_POLICY
+
+    ap.add_argument("--policy", default=DEFAULT_POLICY, help=f"scheduling policy (default {DEFAULT_POLICY})")
     ap.add_argument("--compare", default="fcfs",
                     help="also run these policies on the same workload, comma-separated (default fcfs: vLLM's "
                          "first-come first-served; '' for none; e.g. fcfs,fcfs-stream,edf-seg)")
@@ -278,10 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workload", default="wid2",
                     help="LRTrace workload: wid2 (real drone trace), wid1/wid3 (generated), a trace name under "
                     "data/lrtrace (drone-wid2, robotarm-fltrnn), or a path")
-    ap.add_argument("--events", type=int, default=2, help="how many arrival events of the trace to serve")
-    ap.add_argument("--per-event", type=int, default=6, help="at most this many tasks of each event")
+    ap.add_argument("--events", type=int, default=3, help="how many arrival events of the trace to serve")
+    ap.add_argument("--per-event", type=int, default=10, help="at most this many tasks of each event")
     ap.add_argument("--max-gap", type=float, default=6.0, help="shorten idle gaps between events to this (s)")
-    ap.add_argument("--speed", type=float, default=1.0, help="arrival-time speed-up factor")
+    ap.add_argument("--speed", type=float, default=3.0,
+                    help="arrival-time speed-up factor (default 3: this CPU engine serves the trace's own pace with "
+                         "every policy on time, bench/results/real_policies_nominal)")
     ap.add_argument("--tuf-scale", type=float, default=None,
                     help="stretch every TUF's ERT and cut-off by this factor (the paper's TUFs assume a GPU; "
                          "a CPU engine k times slower faces the same problem with deadlines k times longer). "
@@ -312,6 +316,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or Path("out") / "demo" / time.strftime("%Y%m%d-%H%M%S"))
     out.mkdir(parents=True, exist_ok=True)
     args.out_dir = out
+    taken = [str(out / f"bag_{p}") for p in policies if args.record and (out / f"bag_{p}").exists()]
+    if taken:  # found now, not after the engine has loaded and a policy has run
+        ap.error(f"--out: a bag is already there ({', '.join(taken)}): choose another folder, remove it, "
+                 "or pass --no-record")
 
     from timelyllm_ros.engines.factory import planner_engine
 

@@ -71,7 +71,7 @@ from timelyllm_ros.ros.spin import run_nodes
 from timelyllm_ros.ros.topics import LATCHED, RELIABLE, TELEMETRY, segment_topic  # noqa: F401 - re-exported
 from timelyllm_ros.sched.hygiene import check_text, check_token_count
 from timelyllm_ros.sched.journal import ACTIVE, Journal
-from timelyllm_ros.sched.policies import POLICIES, make_policy
+from timelyllm_ros.sched.policies import DEFAULT_POLICY, POLICIES, make_policy
 from timelyllm_ros.sched.scheduler import CoreConfig, PlannerCore
 from timelyllm_ros.sim.records import result_robot_waiting
 from timelyllm_ros.srv import GetPlanResult, Plan
@@ -137,7 +137,7 @@ class PlannerNode(LifecycleNode):
     open goals is bounded by ``max_active_tasks``, not by the executor's thread count.
     """
 
-    def __init__(self, *, policy: str = "pud", engine: Any = None, constrained: bool = False,
+    def __init__(self, *, policy: str = DEFAULT_POLICY, engine: Any = None, constrained: bool = False,
                  core_config: CoreConfig | None = None, parameter_overrides: list[Parameter] | None = None,
                  node_name: str = "planner", engine_factory: Callable[[], Any] | None = None,
                  scheduler: SchedulerNode | None = None, **node_kw) -> None:
@@ -1077,7 +1077,8 @@ class SchedulerNode(Node):
         super().__init__(node_name, parameter_overrides=parameter_overrides or [], **node_kw)
         self.core: PlannerCore | None = None
         self.policy_name = self.declare_parameter(
-            "policy", "pud", ParameterDescriptor(description=f"one of {sorted(POLICIES)}; settable at run time")).value
+            "policy", DEFAULT_POLICY,
+            ParameterDescriptor(description=f"one of {sorted(POLICIES)}; settable at run time")).value
         if self.policy_name not in POLICIES:
             self.destroy_node()  # not left on the graph (PlannerNode.__init__)
             raise ValueError(f"parameter policy: unknown {self.policy_name!r}; known: {sorted(POLICIES)}")

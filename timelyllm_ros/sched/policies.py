@@ -198,6 +198,10 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "static-priority": StaticPriority,
 }
 
+# What the planner node, its launch configuration and the demo run unless told otherwise: PUD's order plus
+# shedding of first segments that can no longer earn utility (bench/results/README.md: load sweep, real engine).
+DEFAULT_POLICY = "pud-shed"
+
 
 def make_policy(name: str) -> Policy:
     try:

@@ -305,21 +305,13 @@ def build_report(runs: list[dict[str, Any]], jobs: list[Job], bench_fit: SimEngi
     for rep in reps:
         train = [s for r in runs if r["rep"] != rep or len(reps) == 1 for s in serving_steps(r)]
         fits[rep] = fit_service_steps(train, bench_fit)
-    # A plan a task did not finish (preempted, shed) may be cut short: the replay takes the job's plan from a
-    # run where it ended done (greedy decoding writes the same plan), else the template.
-    done_plans: dict[int, list[str]] = {}
-    for run in runs:
-        pieces = _replay_from_json(run["replay"]).plan_pieces
-        for d in run["records"]:
-            if d["status"] == "done" and d["job_id"] in pieces:
-                done_plans.setdefault(d["job_id"], pieces[d["job_id"]])
     per_run = []
     for run in runs:
         real = [_rec_from_json(d) for d in run["records"]]
+        # Each task's own plan, also where the run cut it short (a cancelled task): the same task's plan
+        # differs between runs (greedy decoding in a batch is not bit-stable), and the robot times replayed
+        # are those of this plan's segments.
         rp = _replay_from_json(run["replay"])
-        own = {r.job_id for r in real if r.status == "done"}
-        rp.plan_pieces = {j: (p if j in own else done_plans[j]) for j, p in rp.plan_pieces.items()
-                          if j in own or j in done_plans}
         replayed = simulate(jobs, run["policy"], run["rep"], fits[run["rep"]], rp)
         bench_replayed = simulate(jobs, run["policy"], run["rep"], bench_fit, rp)
         templated = simulate(jobs, run["policy"], run["rep"], fits[run["rep"]], None)

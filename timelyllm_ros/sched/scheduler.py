@@ -492,7 +492,7 @@ class PlannerCore:
     def note_warm_prompt(self, robot_type: str, prompt_ids: list[int]) -> None:
         """``prompt_ids`` sits in the engine's prefix cache (warm_up, or a simulator's warmed prefix): the first
         task of this robot type is estimated with the prefix it shares with it as cached, not as a cold
-        prompt (which made pud-shed shed every urgent task before the first hit was seen)."""
+        prompt (with which pud-shed shed urgent tasks it could serve, before the first hit was seen)."""
         if self.engine.info.supports_prefix_cache and prompt_ids:
             with self._lock:
                 self._warm_prompts[robot_type] = list(prompt_ids)

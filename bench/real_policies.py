@@ -50,6 +50,8 @@ SOURCES = ("real", "replay", "templates")
 
 
 def add_parser(sub: Any) -> None:
+    from timelyllm_ros.demo import add_job_selection
+
     p = sub.add_parser("real-policies", help="policies on the real engine (repeated, mean ± 95 %% CI) beside "
                                              "the simulator: per-task response error and ranking")
     p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma list (default %(default)s)")
@@ -57,9 +59,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--first-rep", type=int, default=0,
                    help="number the repetitions from this one (add repetitions to a folder's saved runs)")
     p.add_argument("--workload", default="wid2", help="LRTrace workload, as for the demo (default the real WID 2)")
-    p.add_argument("--events", type=int, default=10, help="arrival events of the trace (default 10: 66 tasks)")
-    p.add_argument("--per-event", type=int, default=10, help="at most this many tasks per event (default 10)")
-    p.add_argument("--max-gap", type=float, default=6.0, help="shorten idle gaps between events to this (s)")
+    add_job_selection(p, events=10, per_event=10)  # 66 tasks of the WID 2 trace
     p.add_argument("--load", type=float, default=3.0,
                    help="arrival times divided by this (after --max-gap): the same tasks, this much denser "
                         "(default 3: overload on this CPU)")

@@ -47,6 +47,15 @@ class RunResult:
     latency_estimate: dict = field(default_factory=dict)  # the scheduler's step-time estimate at the end
 
 
+def add_job_selection(ap: Any, events: int, per_event: int) -> None:
+    """The options :func:`pick_jobs` takes (``--events``, ``--per-event``, ``--max-gap``), with these defaults."""
+    ap.add_argument("--events", type=int, default=events,
+                    help=f"how many arrival events of the trace to serve (default {events})")
+    ap.add_argument("--per-event", type=int, default=per_event,
+                    help=f"at most this many tasks of each event (default {per_event})")
+    ap.add_argument("--max-gap", type=float, default=6.0, help="shorten idle gaps between events to this (s)")
+
+
 def pick_jobs(workload: Workload, events: int, per_event: int, max_gap_s: float, tuf_scale: float = 1.0
               ) -> list[Job]:
     """The first ``per_event`` jobs of each of the first ``events`` events, with idle gaps
@@ -280,9 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workload", default="wid2",
                     help="LRTrace workload: wid2 (real drone trace), wid1/wid3 (generated), a trace name under "
                     "data/lrtrace (drone-wid2, robotarm-fltrnn), or a path")
-    ap.add_argument("--events", type=int, default=3, help="how many arrival events of the trace to serve")
-    ap.add_argument("--per-event", type=int, default=10, help="at most this many tasks of each event")
-    ap.add_argument("--max-gap", type=float, default=6.0, help="shorten idle gaps between events to this (s)")
+    add_job_selection(ap, events=3, per_event=10)
     ap.add_argument("--speed", type=float, default=3.0,
                     help="arrival-time speed-up factor (default 3: this CPU engine serves the trace's own pace with "
                          "every policy on time, bench/results/real_policies_nominal)")

@@ -155,13 +155,16 @@ class Simulator:
     def _prompt_ids(self, job: Job, robot_type: str) -> list[int]:
         """System prompt (shared by a robot type, so prefix-cacheable) + this task's own
         context (scene, history, examples: never shared) + the instruction."""
+        r = random.Random(f"ctx-{self.cfg.seed}-{job.job_id}")
+        ctx = [r.randrange(1000, 128000) for _ in range(self.cfg.prompt_context_tokens)]
+        return self._shared_prompt_of(robot_type) + ctx + self.engine.tokenize(job.task_input)
+
+    def _shared_prompt_of(self, robot_type: str) -> list[int]:
         shared = self._shared_prompt.get(robot_type)
         if shared is None:
             base = 200000 + 10000 * len(self._shared_prompt)
             shared = self._shared_prompt[robot_type] = list(range(base, base + self.cfg.prompt_shared_tokens))
-        r = random.Random(f"ctx-{self.cfg.seed}-{job.job_id}")
-        ctx = [r.randrange(1000, 128000) for _ in range(self.cfg.prompt_context_tokens)]
-        return shared + ctx + self.engine.tokenize(job.task_input)
+        return shared
 
     def _warm_prefixes(self) -> None:
         """Each robot type's shared prompt in the prefix cache before the first arrival: the generated one;
@@ -174,7 +177,7 @@ class Simulator:
                 continue
             ids = self.replay.prompt_ids.get(job.job_id)
             if ids is None:
-                self._prompt_ids(job, tpl.robot_type)  # makes the robot type's shared prompt
+                self._shared_prompt_of(tpl.robot_type)
             else:
                 replayed.setdefault(tpl.robot_type, []).append(ids)
         warm = {rt: shared for rt, shared in self._shared_prompt.items() if rt not in replayed}

@@ -1,7 +1,10 @@
 """The fleet demo with emulated Tello drones instead of simulated robots (needs root).
 
 Each robot becomes a Tello SDK emulator in a network namespace of its own, driven by a
-drone_executor_node through the real djitellopy. Takes every flag of ``timelyllm_ros.demo``::
+drone_executor_node through the real djitellopy. Takes every flag of ``timelyllm_ros.demo``, and
+``--fleet-log DIR``: per pass, each emulator's command log (``pass_<k>/drone_<i>.jsonl``, i: the
+robot's place in the sorted robot ids) and ``executions.json``, what every
+executor ran, per pass (``[[robot, task, segment, ok, error], ...]`` in the order the robot reported them)::
 
     python -m devtools.tello_demo --engine engine_sim.yaml
 """
@@ -9,24 +12,37 @@ drone_executor_node through the real djitellopy. Takes every flag of ``timelyllm
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from devtools.emulated_fleet import start_emulated_fleet
 from timelyllm_ros import demo
 
 
-@contextmanager
-def _tello_fleet(robots: list[str], scenes: dict[str, str], args: argparse.Namespace) -> Iterator[None]:
-    with start_emulated_fleet(robots, speed=args.fleet_time_scale, scenes=scenes) as fleet:
-        demo.console.print(f"emulated Tello drones: {', '.join(f'{r}@{h}' for r, h in fleet.hosts().items())}")
-        yield
-
-
 def main(argv: list[str] | None = None) -> int:
-    demo.FLEET_HOOK = _tello_fleet
-    return demo.main(argv)
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--fleet-log", default="", help="folder for the emulators' command logs and executions.json")
+    own, rest = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
+    log_dir = Path(own.fleet_log) if own.fleet_log else None
+    passes: list[list[list]] = []  # per pass of the demo: what each executor ran
+
+    @contextmanager
+    def tello_fleet(robots: list[str], scenes: dict[str, str], args: argparse.Namespace) -> Iterator[None]:
+        pass_dir = None if log_dir is None else log_dir / f"pass_{len(passes)}"
+        with start_emulated_fleet(robots, speed=args.fleet_time_scale, scenes=scenes, log_dir=pass_dir) as fleet:
+            demo.console.print(f"emulated Tello drones: {', '.join(f'{r}@{h}' for r, h in fleet.hosts().items())}")
+            try:
+                yield
+            finally:
+                passes.append([[r, *h] for r, n in fleet.nodes.items() for h in n.history])
+                if log_dir is not None:
+                    (log_dir / "executions.json").write_text(json.dumps(passes))
+
+    demo.FLEET_HOOK = tello_fleet
+    return demo.main(rest)
 
 
 if __name__ == "__main__":

@@ -9,9 +9,14 @@ Control commands reply ``ok`` when the motion is over, after the duration of
 the execution-time model (design §7) times ``speed`` (tests use a small
 factor); the model is that of the skill performing the motion, found by
 operation in the skill set (:mod:`timelyllm_ros.robots.tello_sdk`), so the
-emulator names no skill. ``stop`` (hover) and ``emergency`` act at once, also during a motion:
-an interrupted motion is answered ``ok`` after ``stop`` (the drone is hovering,
-the command is over) and ``error Motor stop`` after ``emergency``. Read
+emulator names no skill. ``stop`` and ``emergency`` act at once, also during a command.
+``stop`` follows the SDK 2.0 user guide ("Hovers in the air. Note: works at any time"):
+whatever it cuts, the drone hovers where it is, in the air: a move or turn is cut
+part-way (the distance flown so far counts), a take-off leaves it hovering at the
+height reached, a landing leaves it hovering at the height it had come down to (in
+either, below 1 dm, the SDK's height resolution, it settles on the ground). The
+cut command is answered ``ok`` (the command is over, the drone hovers); after
+``emergency`` the motors stop (on the ground) and it is answered ``error Motor stop``. Read
 commands (``battery?``, ``height?`` ...) answer values; anything else answers
 ``error``. Every received command is written to a JSON-lines log:
 ``{"seq": 4, "t": .., "cmd": "forward 50", "reply": "ok"}``, written when the
@@ -44,6 +49,7 @@ from timelyllm_ros.skills.schema import SkillSet, load_skill_set
 CONTROL_PORT = 8889
 STATE_PORT = 8890
 TAKEOFF_S = 5.0  # a real Tello needs ~5 s to take off and ~3 s to land (not in the paper's model)
+TAKEOFF_HEIGHT_CM = 80
 LAND_S = 3.0
 UNMODELLED_MOTION_S = 2.0  # a motion no skill of the set performs (a custom skill set): some plausible time
 READS = ("battery?", "speed?", "time?", "height?", "temp?", "attitude?", "baro?", "acceleration?", "tof?",
@@ -168,9 +174,25 @@ class TelloEmulator:
             self._record({"seq": seq, "cmd": cmd, "reply": reply})
             self._reply(addr, reply)
 
-    def _sleep(self, seconds: float) -> bool:
-        """Fly for ``seconds`` (scaled); False when interrupted by stop/emergency."""
-        return not self._interrupt.wait(max(0.0, seconds * self.speed))
+    def _fly(self, seconds: float) -> float:
+        """Fly for ``seconds`` (scaled); the share of it done (1.0: all, less when stop/emergency cut it)."""
+        total = max(0.0, seconds * self.speed)
+        t0 = time.monotonic()
+        if not self._interrupt.wait(total):
+            return 1.0
+        return min(1.0, (time.monotonic() - t0) / total) if total > 0 else 1.0
+
+    def _hover_at(self, height_cm: int) -> None:
+        """Where a cut take-off or landing leaves the drone: hovering, unless it is still within the SDK's
+        height resolution (1 dm) of the ground, where it settles on the ground with its motors off."""
+        self.flying = height_cm >= 10
+        self.height_cm = height_cm if self.flying else 0
+
+    def _cut(self) -> str:
+        """A command was cut: after ``emergency`` the motors are off (the drone drops), after ``stop`` it hovers."""
+        if self._interrupt_reply != "ok":
+            self.flying, self.height_cm = False, 0
+        return self._interrupt_reply
 
     def _execute(self, cmd: str, addr: tuple[str, int]) -> str:
         parts = cmd.split()
@@ -190,14 +212,17 @@ class TelloEmulator:
         if word == "takeoff" and not args:
             if self.flying:
                 return "error Already flying"
-            if not self._sleep(TAKEOFF_S):
-                return self._interrupt_reply
-            self.flying, self.height_cm = True, 80
-            return "ok"
+            done = self._fly(TAKEOFF_S)
+            self._hover_at(int(TAKEOFF_HEIGHT_CM * done) if done < 1.0 else TAKEOFF_HEIGHT_CM)
+            return "ok" if done >= 1.0 else self._cut()
         if word == "land" and not args:
-            self._sleep(LAND_S)  # a stop does not cancel a landing: the drone is down either way
-            self.flying, self.height_cm = False, 0
-            return "ok"
+            start = self.height_cm
+            done = self._fly(LAND_S)
+            if done >= 1.0:
+                self.flying, self.height_cm = False, 0
+                return "ok"
+            self._hover_at(int(start * (1.0 - done)))  # stopped on the way down: hovering there
+            return self._cut()
         if word == "speed" and len(args) == 1 and _int(args[0]) is not None and 10 <= _int(args[0]) <= 100:
             return "ok"
         if word in SDK_MOVES and len(args) == 1:
@@ -206,20 +231,19 @@ class TelloEmulator:
                 return "error"
             if not self.flying:
                 return "error Not flying"
-            if not self._sleep(self.motion_s(word, v)):
-                return self._interrupt_reply
-            self._apply_move(word, v)
-            return "ok"
+            done = self._fly(self.motion_s(word, v))
+            self._apply_move(word, v * done)
+            return "ok" if done >= 1.0 else self._cut()
         if word in SDK_TURNS and len(args) == 1:
             v = _int(args[0])
             if v is None or not 1 <= v <= 360:
                 return "error"
             if not self.flying:
                 return "error Not flying"
-            if not self._sleep(self.motion_s(word, v)):
-                return self._interrupt_reply
-            self.yaw = _wrap(self.yaw + (v if SDK_TURNS[word] else -v))
-            return "ok"
+            done = self._fly(self.motion_s(word, v))
+            turned = int(round(v * done))
+            self.yaw = _wrap(self.yaw + (turned if SDK_TURNS[word] else -turned))
+            return "ok" if done >= 1.0 else self._cut()
         return "error"
 
     def motion_s(self, word: str, value: int) -> float:
@@ -227,9 +251,9 @@ class TelloEmulator:
         t = motion_seconds(self.model, word, value)
         return UNMODELLED_MOTION_S if t is None else t
 
-    def _apply_move(self, word: str, v: int) -> None:
+    def _apply_move(self, word: str, v: float) -> None:
         if word in ("up", "down"):
-            self.height_cm = max(0, self.height_cm + (v if word == "up" else -v))
+            self.height_cm = max(0, int(self.height_cm + (v if word == "up" else -v)))
             return
         rel = {"forward": 0, "right": 90, "back": 180, "left": -90}[word]
         a = math.radians(self.yaw + rel)

@@ -121,3 +121,132 @@ def test_a_renamed_skill_set_flies_the_same_and_the_backend_times_it_the_same():
             backend.close()
         assert drone.commands() == ["command", "battery?", "takeoff", "forward 50", "up 30", "up 30", "cw 90",
                                     "ccw 45", "land"]
+
+
+def _in_thread(fn):
+    import threading
+
+    out: dict = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except Exception as e:  # noqa: BLE001 - handed to the test
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+SLOW = 0.4  # take-off 2 s, landing 1.2 s, forward 100 cm ~1.4 s: long enough to cut each half-way
+
+
+def test_the_emulator_hovers_wherever_sdk_stop_cuts_a_take_off_a_move_or_a_landing():
+    """SDK 2.0 user guide, ``stop``: "Hovers in the air. Note: works at any time"."""
+    with emulated_drones(1, speed=SLOW) as (drone,):
+        backend = TelloBackend(drone.host, time_scale=SLOW)
+        tello = backend.tello
+        try:
+            backend.connect()
+            for cmd, timeout in (("takeoff", 20), ("forward 100", 10), ("land", 10)):
+                t, out = _in_thread(lambda cmd=cmd, timeout=timeout: tello.send_control_command(cmd, timeout))
+                time.sleep(0.5)
+                tello.send_command_without_return("stop")
+                t.join(15)
+                assert out.get("value") is True, (cmd, out)  # the cut command is over: 'ok'
+                backend._clear_replies()  # the 'ok' of 'stop' itself
+                dm = int(tello.send_read_command("height?").removesuffix("dm"))
+                assert 0 < dm < 8 or cmd != "takeoff", (cmd, dm)  # part of the way up (80 cm)
+                # hovering in the air: a move is accepted (it is refused on the ground: 'error Not flying')
+                assert tello.send_control_command("up 20", 10) is True, cmd
+                backend._clear_replies()
+            tello.send_control_command("land", 10)
+        finally:
+            backend.close(land=False)
+        log = {e["cmd"]: e["reply"] for e in drone.log()}
+        assert log["takeoff"] == log["forward 100"] == log["land"] == "ok"
+
+
+def test_a_preemption_during_the_take_off_leaves_a_hovering_drone_that_evades_at_once():
+    """The emulated fleet's urgent evasions failed with 'error Not flying': the SDK 'stop' sent by the preemption
+    cut the take-off, and the backend still believed the drone airborne. After a cut take-off the backend asks
+    the drone its height before the next motion."""
+    from timelyllm_ros.robots.base import Interrupted, StopSignal
+
+    with emulated_drones(1, speed=SLOW) as (drone,):
+        backend = TelloBackend(drone.host, time_scale=SLOW)
+        stop = StopSignal()
+        it = MiniSpecInterpreter(load_skill_set("drone"), backend, ScriptedScene(), stop=stop)
+        try:
+            backend.connect()
+            t, out = _in_thread(lambda: it.execute_segment("mf(100);"))  # takes off first
+            time.sleep(1.0)  # half-way up
+            stop.set("preempted by task urgent")
+            backend.halt()
+            t.join(15)
+            assert isinstance(out.get("error"), Interrupted), out
+            stop.clear()
+            backend.resume()
+            it.reset()
+            it.execute_segment("mu(100);")  # the evasion: from the hovering drone, no second take-off
+            # mid-move, a preemption cuts the motion with 'stop'; the drone hovers, flying
+            t, out = _in_thread(lambda: (it.execute_segment("mf(200);"), stop.check()))  # as the runner does
+            time.sleep(0.4)
+            stop.set("preempted by task urgent2")
+            backend.halt()
+            t.join(15)
+            assert isinstance(out.get("error"), Interrupted), out
+            stop.clear()
+            backend.resume()
+            it.execute_segment("tc(90);")
+        finally:
+            backend.close()
+        cmds = drone.commands()
+        assert cmds[:5] == ["command", "battery?", "takeoff", "stop", "height?"], cmds
+        assert "forward 100" not in cmds  # the preempted segment's move was never sent
+        assert cmds[5] == "up 100" and cmds.count("takeoff") == 1
+        assert cmds[cmds.index("forward 200") + 1] == "stop" and "cw 90" in cmds
+        assert all(e["reply"] == "ok" for e in drone.log() if e["cmd"] in ("up 100", "cw 90"))
+
+
+def test_a_take_off_cut_near_the_ground_takes_off_again_before_the_evasion():
+    from timelyllm_ros.robots.base import StopSignal
+
+    with emulated_drones(1, speed=SLOW) as (drone,):
+        backend = TelloBackend(drone.host, time_scale=SLOW)
+        it = MiniSpecInterpreter(load_skill_set("drone"), backend, ScriptedScene(), stop=StopSignal())
+        try:
+            backend.connect()
+            t, _ = _in_thread(backend.takeoff)
+            time.sleep(0.05)  # the motors just started: still on the ground when cut
+            backend.halt()
+            t.join(15)
+            backend.resume()
+            it.execute_segment("mr(50);")
+        finally:
+            backend.close()
+        cmds = drone.commands()
+        assert cmds[2:7] == ["takeoff", "stop", "height?", "takeoff", "right 50"], cmds
+
+
+def test_a_landing_cut_by_a_halt_leaves_a_hovering_drone_that_moves_without_a_take_off():
+    from timelyllm_ros.robots.base import StopSignal
+
+    with emulated_drones(1, speed=SLOW) as (drone,):
+        backend = TelloBackend(drone.host, time_scale=SLOW)
+        it = MiniSpecInterpreter(load_skill_set("drone"), backend, ScriptedScene(), stop=StopSignal())
+        try:
+            backend.connect()
+            backend.takeoff()
+            t, out = _in_thread(backend.land)
+            time.sleep(0.3)  # a quarter of the way down
+            backend.halt()
+            t.join(15)
+            assert "error" not in out and backend.flying
+            backend.resume()
+            it.execute_segment("mr(50);")
+        finally:
+            backend.close()
+        cmds = drone.commands()
+        assert cmds[2:7] == ["takeoff", "land", "stop", "height?", "right 50"], cmds

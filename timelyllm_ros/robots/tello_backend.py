@@ -16,6 +16,14 @@ djitellopy facts this relies on (djitellopy 2.5.0, read from its source):
   without waiting) would be taken as the answer to the next command. We clear
   the drone's reply list before each command for that reason.
 
+Preemption (:meth:`TelloBackend.halt`) sends SDK ``stop``, whatever is in flight. The SDK 2.0 user guide
+documents ``stop`` as "Hovers in the air. Note: works at any time"; it does not say at what height a cut
+take-off or landing leaves the drone, nor whether one cut just after the motors started is airborne at all.
+So after a cut take-off or landing the backend does not guess: before the next motion it asks the drone
+(``height?``, in dm) and takes off again if it is on the ground. An urgent evasion that preempts a take-off
+thus starts at once from a hovering drone (or after a fresh take-off), instead of failing with
+``error Not flying`` (what the preempted fleet did) or waiting for the whole take-off.
+
 Motions go through ``send_control_command`` with the same SDK strings that
 ``move_forward``/``rotate_clockwise`` send, but with a timeout sized to the
 motion (the library's fixed 7 s is too short for a 500 cm move at some speeds
@@ -33,7 +41,7 @@ import time
 
 from djitellopy import Tello, TelloException
 
-from timelyllm_ros.robots.base import ExecutionError, RobotConnectionError, StopSignal
+from timelyllm_ros.robots.base import ExecutionError, Interrupted, RobotConnectionError, StopSignal
 from timelyllm_ros.robots.tello_sdk import SDK_MOVES, motion_seconds
 from timelyllm_ros.skills.exec_model import ExecTimeModel
 from timelyllm_ros.skills.schema import SkillSet, load_skill_set
@@ -68,6 +76,12 @@ class TelloBackend:
         self.model = ExecTimeModel(load_skill_set(skillset) if isinstance(skillset, str) else skillset, learn=False)
         self._flying = False
         self._lock = threading.Lock()  # one SDK command in flight from the executor thread
+        # What is in flight, and whether a halt asked to stop motions, read and set together with halt(): a
+        # motion sent just after a halt must not run to its end unnoticed.
+        self._state_lock = threading.Lock()
+        self._in_flight: str | None = None
+        self._halted = False
+        self._cut = False  # a halt came while the command in flight ran
         self.connected = False
         self._heard: float | None = None  # monotonic time of the latest reply or new state packet
         self._state_seen: object = None  # the state dict last seen by link_state (djitellopy replaces it per packet)
@@ -76,7 +90,25 @@ class TelloBackend:
     # -- DroneBackend -----------------------------------------------------------
     @property
     def flying(self) -> bool:
-        return self._flying
+        """Airborne. Unknown after a take-off or landing that a halt cut (or that failed): the drone is asked."""
+        if self._flying is None:
+            with self._lock:
+                self._clear_replies()
+                try:
+                    reply = self.tello.send_read_command("height?")
+                except (TelloException, OSError) as e:
+                    raise RobotConnectionError(f"tello {self.host}: height? failed: {_reason(e)}") from None
+            dm = _leading_int(reply)
+            if dm is None:
+                raise ExecutionError(f"tello {self.host}: height? answered {reply!r}, not a height")
+            self._set_flying(dm > 0)
+            log.info("tello %s: %s after a cut take-off or landing (height %d dm)", self.host,
+                     "hovering" if dm > 0 else "on the ground", dm)
+        return bool(self._flying)
+
+    def _set_flying(self, flying: bool | None) -> None:
+        self._flying = flying
+        self.tello.is_flying = flying is not False  # djitellopy lands at exit what it thinks may fly
 
     def connect(self) -> int:
         """Enter SDK mode and wait for state packets; returns the battery level (%)."""
@@ -116,14 +148,14 @@ class TelloBackend:
         return self.connected, None if self._heard is None else now - self._heard, battery
 
     def takeoff(self) -> None:
-        self._command("takeoff", self.takeoff_timeout_s)
-        self._flying = True
-        self.tello.is_flying = True
+        self._set_flying(None)  # until the drone says 'ok' to an uncut take-off
+        cut = self._command("takeoff", self.takeoff_timeout_s)
+        self._set_flying(None if cut else True)
 
     def land(self) -> None:
-        self._command("land", self._timeout(3.0))
-        self._flying = False
-        self.tello.is_flying = False
+        self._set_flying(None)
+        cut = self._command("land", self._timeout(3.0))
+        self._set_flying(None if cut else False)
 
     def move(self, direction: str, cm: int) -> None:
         if direction not in SDK_MOVES:
@@ -153,16 +185,28 @@ class TelloBackend:
 
     # -- safety (called from other threads) ----------------------------------------
     def halt(self) -> None:
-        """Hover now: SDK ``stop`` interrupts the motion in progress (sent without waiting)."""
+        """Preemption: hover now. SDK ``stop`` (sent without waiting) cuts whatever is in flight, a take-off or
+        landing too (module doc). Motions sent after this are refused (Interrupted) until :meth:`resume`."""
+        with self._state_lock:
+            self._halted = True
+            self._cut = self._in_flight is not None
         self.tello.send_command_without_return("stop")
 
-    def emergency_land(self) -> None:
-        """Stop the motion at once, then land (waits for the landing). Used by the emergency stop."""
+    def resume(self) -> None:
+        """A new segment starts: motions are allowed again."""
+        with self._state_lock:
+            self._halted = False
+
+    def emergency_land(self) -> bool:
+        """Stop whatever is in flight at once, then land if airborne (waits for the landing). Used by the
+        emergency stop. Returns whether it landed."""
         self.halt()
-        with self._lock:  # the executor thread's motion ends at once after 'stop'
+        with self._lock:  # the executor thread's command ends at once after 'stop'
             pass
-        if self._flying or self.tello.is_flying:
+        if self.flying:
             self.land()
+            return True
+        return False
 
     def close(self, land: bool = True) -> None:
         """Land if flying (best effort, bounded by the SDK timeouts) and forget this drone in djitellopy.
@@ -171,13 +215,12 @@ class TelloBackend:
         that is gone (3 x 7 s of timeouts at interpreter exit)."""
         from djitellopy import tello as tello_mod
 
-        if land and self._flying:
+        if land and self._flying is not False:
             try:
                 self.land()
             except Exception as e:  # noqa: BLE001 - best effort at teardown: never mask the caller's error
                 log.warning("landing %s at close failed: %r", self.host, e)
-        self._flying = False
-        self.tello.is_flying = False
+        self._set_flying(False)
         tello_mod.drones.pop(self.host, None)
 
     # -- helpers --------------------------------------------------------------------
@@ -193,8 +236,13 @@ class TelloBackend:
         except KeyError:
             pass
 
-    def _command(self, cmd: str, timeout: int) -> None:
+    def _command(self, cmd: str, timeout: int) -> bool:
+        """Send and wait for 'ok'; True when a :meth:`halt` came while it was in flight (it was cut)."""
         with self._lock:
+            with self._state_lock:
+                if self._halted and cmd.split(" ")[0] not in ("land", "keepalive"):
+                    raise Interrupted(f"tello {self.host}: halted, {cmd!r} not sent")
+                self._in_flight, self._cut = cmd, False
             self._clear_replies()
             try:
                 self.tello.send_control_command(cmd, timeout=int(timeout))
@@ -207,6 +255,21 @@ class TelloBackend:
                 raise ExecutionError(f"tello {self.host}: command {cmd!r} failed: {reason}") from None
             except OSError as e:  # e.g. network unreachable: the link is gone
                 raise RobotConnectionError(f"tello {self.host}: connection lost sending {cmd!r}: {e}") from None
+            finally:
+                with self._state_lock:
+                    self._in_flight = None
+                    cut = self._cut
+        return cut
+
+
+def _leading_int(text: str) -> int | None:
+    """The number a read command answers with its unit, e.g. ``'8dm'`` -> 8."""
+    digits = ""
+    for c in str(text).strip():
+        if not c.isdigit():
+            break
+        digits += c
+    return int(digits) if digits else None
 
 
 def _reason(e: BaseException) -> str:

@@ -55,6 +55,7 @@ class _DroneRunner:
     def run(self, text: str, *, final: bool = False) -> str:
         """``final``: the plan ends with this segment, so it is refused (nothing runs) if blocks stay open."""
         self.interp.validate(text, final=final)  # refuse before even connecting
+        self.backend.resume()  # a halt (preemption) stopped the previous segment's motions, not this one's
         if not self.backend.connected:
             bat = self.backend.connect()
             self.node.get_logger().info(f"{self.node.robot_id}: connected to Tello {self.backend.host}, "
@@ -75,11 +76,8 @@ class _DroneRunner:
     def emergency(self) -> str:
         if not self.backend.connected:
             return "not connected: nothing to stop"
-        if not self.backend.flying:
-            self.backend.halt()
-            return "stopped (was on the ground)"
-        self.backend.emergency_land()
-        return "motion stopped, landed"
+        # Also on the ground: a take-off may be in flight, which only 'stop' cuts.
+        return "motion stopped, landed" if self.backend.emergency_land() else "stopped (was on the ground)"
 
 
 class DroneExecutorNode(RobotExecutorNode):

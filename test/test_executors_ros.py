@@ -33,11 +33,12 @@ class Planner:
     def __init__(self, robots: list[str], extra_nodes=()) -> None:
         self.ctx = rclpy.Context()
         rclpy.init(context=self.ctx)
-        self.node = rclpy.create_node("fake_planner", context=self.ctx)
+        self.node = rclpy.create_node("planner", context=self.ctx)  # the name executors take segments from
         self.pubs = {r: self.node.create_publisher(PlanSegment, segment_topic(r), RELIABLE) for r in robots}
         self.done: list[SegmentDone] = []
         self._subs = [self.node.create_subscription(SegmentDone, "/segment_done", self.done.append, RELIABLE)]
         self.acks: list[SegmentAck] = []
+        self.heartbeats: list[SegmentAck] = []  # acks re-sent with running=true while a segment runs
         self.probe_acks: set[str] = set()
         self._subs.append(self.node.create_subscription(SegmentAck, SEGMENT_ACKS, self._on_ack, REPORTS))
         self.ex = PooledExecutor(num_threads=2, context=self.ctx)
@@ -71,6 +72,8 @@ class Planner:
     def _on_ack(self, msg: SegmentAck) -> None:
         if msg.task_id.startswith(PROBE):
             self.probe_acks.add(msg.robot_id)
+        elif msg.running:
+            self.heartbeats.append(msg)
         else:
             self.acks.append(msg)
 
@@ -561,3 +564,44 @@ def test_sim_fleet_dedups_reorders_and_acks_and_a_silent_robot_acks_without_repo
     assert acks == sorted([("sim_a", "s-a", i) for i, _, _ in sent] + [("sim_mute", "s-m", 0)] * 2
                           + [("sim_a", "s-z", 1), ("sim_a", "s-end", 0)])
     assert [e[:2] for e in mute.executed] == [["s-m", 0]]  # the duplicate ran once
+
+
+def test_a_running_segment_sends_heartbeats_until_it_ends():
+    """The planner tells a slow skill from a dead robot by these (README "Delivery guarantees")."""
+    with _robot("bot_h") as (node, planner):
+        planner.send("bot_h", "t-slow", 0, "slow", final=True)
+        assert node.runner.in_slow.wait(20)
+        assert wait_until(lambda: len(planner.heartbeats) >= 2, timeout=20)  # default period 1 s
+        assert {(h.task_id, h.segment_index, h.robot_id) for h in planner.heartbeats} == {("t-slow", 0, "bot_h")}
+        node.runner.gate.set()
+        planner.wait_done(1, task="t-slow")
+        time.sleep(0.3)
+        n = len(planner.heartbeats)
+        time.sleep(1.5)
+        assert len(planner.heartbeats) == n  # none once it ended
+
+
+def test_a_segment_from_another_node_than_the_planner_is_neither_run_nor_acknowledged():
+    """Issue 23: a PlanSegment published on /<robot>/plan_segments by any node was executed, preempting the real
+    task. An executor runs only what the planner it serves (parameter planner_node) wrote."""
+    with _robot("bot_r") as (node, planner):
+        rogue = rclpy.create_node("mallory", context=planner.ctx)
+        pub = rogue.create_publisher(PlanSegment, segment_topic("bot_r"), RELIABLE)
+        planner.ex.add_node(rogue)
+        assert wait_until(lambda: pub.get_subscription_count() > 0, timeout=20)
+        planner.send("bot_r", "t-real", 0, "slow", final=True)
+        assert node.runner.in_slow.wait(20)
+        for _ in range(5):  # segment 0 of another task: it would preempt the real one
+            pub.publish(PlanSegment(task_id="evil", robot_id="bot_r", segment_index=0, text="x", is_final=True))
+            time.sleep(0.1)
+        assert wait_until(lambda: node.refused_segments >= 1, timeout=20)
+        node.runner.gate.set()
+        done = planner.wait_done(1, task="t-real")
+        assert [(d.segment_index, d.success) for d in done] == [(0, True)]  # not preempted
+        time.sleep(0.5)
+        assert node.runner.ran == ["slow"]
+        assert not [a for a in planner.acks + planner.heartbeats if a.task_id == "evil"]
+        assert not [d for d in planner.done if d.task_id == "evil"]
+        st = node.diagnostic_status()
+        assert dict(st.values)["segments_from_other_nodes"] == str(node.refused_segments), st.values
+        assert st.level == 1 and "other than the planner" in st.message, st.message

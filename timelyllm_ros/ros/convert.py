@@ -11,7 +11,7 @@ from timelyllm_ros.engines.base import EngineStats
 from timelyllm_ros.engines.pool import MemberStats, PoolStats
 from timelyllm_ros.model.tuf import LEVELS, TimeUtility
 from timelyllm_ros.model.types import STATUS_CODE, STATUS_FROM_CODE, TaskStatus
-from timelyllm_ros.msg import EngineMember, PlanSegment, SegmentDone, SkillCall
+from timelyllm_ros.msg import EngineMember, PlanSegment, SegmentAck, SegmentDone, SkillCall
 from timelyllm_ros.msg import TimeUtility as TimeUtilityMsg
 
 
@@ -42,6 +42,11 @@ def segment_done_msg(task_id: str, robot_id: str, index: int, start: float | Non
     return SegmentDone(task_id=task_id, robot_id=robot_id, segment_index=index,
                        start=time_msg(start) if start is not None else Time(), finish=time_msg(finish),
                        success=ok, error=error)
+
+
+def segment_ack_msg(task_id: str, robot_id: str, index: int, stamp: float, *, running: bool = False) -> SegmentAck:
+    """A robot's acknowledgement of a received segment; ``running``: a heartbeat of the segment it executes now."""
+    return SegmentAck(task_id=task_id, robot_id=robot_id, segment_index=index, stamp=time_msg(stamp), running=running)
 
 
 def started(t: Time) -> bool:

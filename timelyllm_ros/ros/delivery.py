@@ -90,8 +90,9 @@ class SegmentDelivery:
                 for rid in sorted(self._heard, key=self._heard.__getitem__)[:50_000]:
                     del self._heard[rid]
 
-    def ack(self, task_id: str, index: int, now: float | None = None) -> bool:
-        """The robot has it; False if it was not pending (a duplicate ack).
+    def ack(self, task_id: str, index: int, now: float | None = None, robot_id: str | None = None) -> bool:
+        """The robot has it; False if it was not pending (a duplicate ack) or ``robot_id`` (None: not checked)
+        is not the robot it was sent to (another node must not stop the re-sends to the real robot).
 
         A robot's segments travel on one RELIABLE topic, in order, and it acknowledges them in the order they
         arrive. So an ack of a copy sent *after* the latest copy of a segment still unacknowledged means that
@@ -100,6 +101,9 @@ class SegmentDelivery:
         for an earlier segment of the same task (its ack is the robot's, whatever the order)."""
         index = int(index)
         with self._lock:
+            p = self._pending.get((task_id, index))
+            if p is not None and robot_id is not None and p.robot_id != robot_id:
+                return False
             p = self._drop((task_id, index))
             found = p is not None
             if now is not None:
@@ -178,3 +182,34 @@ class SegmentDelivery:
             if task_id is None:
                 return len(self._pending)
             return sum(1 for k in self._pending if k[0] == task_id)
+
+
+class RejectedMessages:
+    """Robot messages (acks, heartbeats, reports) the planner refused: counted per kind for /diagnostics, and
+    logged once per claimed sender and kind (a flood of forgeries must not flood the log). Bounded: at most
+    ``max_senders`` senders are remembered as already logged."""
+
+    def __init__(self, warn: Callable[[str], None], max_senders: int = 1000) -> None:
+        self._warn = warn
+        self._max = max_senders
+        self._logged: dict[tuple[str, str], None] = {}  # insertion-ordered: the oldest are forgotten first
+        self._lock = threading.Lock()
+        self.counts: dict[str, int] = {}
+        self.total = 0
+
+    def note(self, kind: str, sender: str, why: str) -> None:
+        with self._lock:
+            self.counts[kind] = self.counts.get(kind, 0) + 1
+            self.total += 1
+            key = (kind, sender)
+            first = key not in self._logged
+            if first:
+                self._logged[key] = None
+                if len(self._logged) > self._max:
+                    del self._logged[next(iter(self._logged))]
+        if first:
+            self._warn(f"refused {kind} from robot {sender!r}: {why} (further ones from it are only counted)")
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.counts)

@@ -8,7 +8,7 @@ names are ``<node>: <what>`` (the node's fully qualified name without the leadin
 strings. Every threshold is a node parameter with a description and a range, read at each publication, so
 ``ros2 param set`` applies at once.
 
-Planner (:func:`attach_planner_diagnostics`), four statuses:
+Planner (:func:`attach_planner_diagnostics`), five statuses:
 
 ``planner: engine``
     backend, model, batch (running / max_batch), waiting, tokens/s, step time, KV cache usage, restarts.
@@ -27,6 +27,9 @@ Planner (:func:`attach_planner_diagnostics`), four statuses:
     ``diagnostics_miss_rate_warn``, ERROR above ``diagnostics_miss_rate_error``.
 ``planner: journal``
     off (no ``state_dir``), open (file and size) or closed (ERROR while serving).
+``planner: robot messages``
+    acks, heartbeats and reports refused (for another robot's task, a segment never sent, a stamp beyond
+    ``max_clock_skew_s``), per kind. WARN while any were refused within ``diagnostics_window_s``.
 
 Executors (:func:`attach_executor_diagnostics`, called by
 :class:`~timelyllm_ros.ros.executor_base.RobotExecutorNode`): one status per robot, ``hardware_id`` = robot id:
@@ -307,6 +310,7 @@ class PlannerHealth:
     journal_file: str | None  # None: no journal (state_dir not set)
     journal_open: bool
     journal_errors: int  # journal writes that failed so far
+    rejected_messages: dict[str, int] | None = None  # robot messages refused so far, per kind (ack, report, ...)
 
 
 class PlannerDiagnostics:
@@ -349,8 +353,10 @@ class PlannerDiagnostics:
             n.create_subscription(PlanResult, topics.PLAN_RESULTS, self._on_result, volatile,
                                   callback_group=self.diag.group),
         ]
+        self._rejections = _Events()
         for what, fn in (("engine", self.engine_status), ("queue", self.queue_status),
-                         ("deadlines", self.deadline_status), ("journal", self.journal_status)):
+                         ("deadlines", self.deadline_status), ("journal", self.journal_status),
+                         ("robot messages", self.robot_messages_status)):
             self.diag.add(fn, what)
 
     def _status_codes(self) -> None:
@@ -515,6 +521,25 @@ class PlannerDiagnostics:
         st.summary = f"open: {path} ({size} bytes)"
         return st
 
+    def robot_messages_status(self) -> Status:
+        """Acks, heartbeats and reports the planner refused (another robot's task, a segment never sent, a stamp
+        far from its clock): WARN while any arrived within the window, a sign of a misconfigured or rogue node."""
+        h, now = self.planner.health(), time.monotonic()
+        st = Status(self.diag.name("robot messages"), self.host)
+        counts = h.rejected_messages or {}
+        total = sum(counts.values())
+        st.add("refused", total)
+        for kind, n in sorted(counts.items()):
+            st.add(f"refused_{kind}", n)
+        self._rejections.note_count(total, now)
+        window = float(self.diag.value("diagnostics_window_s"))
+        recent = self._rejections.within(window, now)
+        if recent:
+            st.raise_to(WARN, f"{len(recent)} robot messages refused in the last {window:g} s (see the log)")
+        else:
+            st.summary = f"{total} refused so far"
+        return st
+
     def destroy(self) -> None:
         for s in self._subs:
             self.planner.destroy_subscription(s)
@@ -557,6 +582,8 @@ class ExecutorState:
     queued: int  # released segments waiting to run
     held: int  # early segments held for their gap
     last: tuple[str, int, bool, str] | None  # the latest report: (task, segment, ok, error)
+    refused_segments: int = 0  # segments written by another node than the planner it serves, so far
+    refused_recent: int = 0  # ... of which in the last minute
 
 
 def executor_status(node: Any, state: ExecutorState, link: RobotLink | None) -> Status:
@@ -579,6 +606,10 @@ def executor_status(node: Any, state: ExecutorState, link: RobotLink | None) -> 
         st.add("state", "idle")
         doing = "idle"
     st.add("queued_segments", state.queued).add("held_segments", state.held)
+    st.add("segments_from_other_nodes", state.refused_segments)
+    if state.refused_recent:
+        st.raise_to(WARN, f"{state.refused_recent} segments from nodes other than the planner refused in the last "
+                          "minute (a rogue or misnamed node: see the log)")
     if state.last is not None:
         t, i, ok, err = state.last
         st.add("last_segment", f"{t}[{i}] " + ("succeeded" if ok else f"failed: {err}"))

@@ -15,6 +15,15 @@ One node per robot, in the robot's namespace (``/<robot_id>/...``):
   with ``success=False`` and the reason;
 * end of plan: the segment flagged ``is_final`` runs with ``final=True``, so the runner refuses it
   (nothing runs) when the plan would end incomplete;
+* only the planner it serves: a segment counts only if its writer belongs to the node named by the
+  ``planner_node`` parameter (default ``/planner``; '' = any node), checked by the publisher GID of each
+  message against the ROS graph. Anything else (a rogue node publishing on the robot's topic) is neither
+  run nor acknowledged, counted on /diagnostics and logged once per writer. A segment whose writer the graph
+  does not know yet is not acknowledged either: the planner re-sends it (delivery contract). Without DDS
+  security a node can take the planner's name; README "Threat model";
+* heartbeat: while a segment runs, its ack is re-sent with ``running=true`` every ``heartbeat_period_s``
+  (parameter, default 1 s; 0 = off). The planner calls a robot silent only when its heartbeats stop, so a
+  skill slower than the execution-time model predicts (a first scan on a new robot) is not a failure;
 * publishes ``/segment_done`` with the real start and finish wall times; a refused or failed
   segment is reported with ``success=False`` and the reason, and the task's later segments are
   reported failed too (the planner ends the task at the first failure). A segment that never
@@ -45,10 +54,11 @@ from std_srvs.srv import Trigger
 from timelyllm_ros.msg import PlanSegment, SegmentAck, SegmentDone
 from timelyllm_ros.robots.base import ExecutionError, Interrupted, RefusedError, StopSignal
 from timelyllm_ros.robots.inbox import DEFAULT_REORDER_TIMEOUT_S, ReportCache, Segment, SegmentInbox
-from timelyllm_ros.ros.convert import segment_done_msg, time_msg
+from timelyllm_ros.ros.convert import segment_ack_msg, segment_done_msg
 from timelyllm_ros.ros.diagnostics import ExecutorState, RobotLink, Status, attach_executor_diagnostics, executor_status
 from timelyllm_ros.ros.params import declare
 from timelyllm_ros.ros.topics import (
+    DEFAULT_HEARTBEAT_PERIOD_S,
     RELIABLE,
     REPORTS,
     REPORTS_KEPT,
@@ -86,6 +96,17 @@ class RobotExecutorNode(Node):
             self, "reorder_timeout_s", float(DEFAULT_REORDER_TIMEOUT_S),
             "seconds an early segment waits for the missing ones before it, then it is refused "
             "(default: the planner's delivery_timeout_s)", read_only=True, above=0.0))
+        self.heartbeat_period_s = float(declare(
+            self, "heartbeat_period_s", DEFAULT_HEARTBEAT_PERIOD_S, "while a segment runs, its ack is re-sent with "
+            "running=true this often, so the planner tells a slow skill from a dead robot (0 = off; keep it well "
+            "below the planner's robot_timeout_s)", read_only=True, min=0.0))
+        self.planner_node = str(declare(
+            self, "planner_node", "/planner", "fully qualified name of the planner node whose segments this robot "
+            "runs ('' = any node on the domain)", read_only=True))
+        self._senders: dict[bytes, str] = {}  # publisher GID -> its node's name, for writers the graph named
+        self.refused_segments = 0  # segments from other nodes than planner_node (/diagnostics)
+        self._refused_at: deque[float] = deque(maxlen=1000)
+        self._refused_from: set[str] = set()  # nodes already logged (bounded by the writers the graph named)
         self.runner: SegmentRunner | None = None
         self._cv = threading.Condition()
         # dedup, order and hold (bounded); also remembers why tasks ended, so a late or duplicate
@@ -110,20 +131,59 @@ class RobotExecutorNode(Node):
         self.create_subscription(PlanSegment, segment_topic(self.robot_id), self._received, RELIABLE,
                                  callback_group=segments)
         self.create_timer(min(0.1, self.reorder_timeout_s / 4), self._expire, callback_group=segments)
+        if self.heartbeat_period_s > 0:
+            self.create_timer(self.heartbeat_period_s, self._heartbeat, callback_group=MutuallyExclusiveCallbackGroup())
         self.create_service(Trigger, f"/{self.robot_id}/emergency_stop", self._emergency_srv, callback_group=group)
         self.create_service(Trigger, f"/{self.robot_id}/reset_emergency", self._reset_srv, callback_group=group)
         self._worker = threading.Thread(target=self._work, name=f"exec-{self.robot_id}", daemon=True)
         self._worker.start()
 
     # -- incoming segments (callback thread) ---------------------------------------
-    def _received(self, msg: PlanSegment) -> None:
+    def _sender(self, info: dict) -> str | None:
+        """The fully qualified name of the node that wrote a message (by its publisher GID), None if the graph
+        does not know the writer yet. Bounded: one entry per writer of this robot's topic seen."""
+        gid = (info or {}).get("publisher_gid") or {}
+        key = bytes(gid.get("data", b""))
+        name = self._senders.get(key)
+        if name is None:
+            for ep in self.get_publishers_info_by_topic(segment_topic(self.robot_id)):
+                ns = ep.node_namespace.rstrip("/")
+                self._senders[bytes(ep.endpoint_gid)] = f"{ns}/{ep.node_name}"
+            name = self._senders.get(key)
+            if len(self._senders) > 256:  # writers come and go (restarts): keep the latest
+                for old in list(self._senders)[:128]:
+                    del self._senders[old]
+        return name
+
+    def _received(self, msg: PlanSegment, info: dict) -> None:  # two parameters: rclpy passes MessageInfo
         received = time.time()
+        if self.planner_node:
+            sender = self._sender(info)
+            if sender != self.planner_node:
+                self._refuse_sender(msg, sender)
+                return
         try:
             with self._cv:
                 self._receive(msg, received)
                 self._cv.notify_all()
         finally:  # every received copy is acknowledged: duplicates, end markers and refused ones too
             self._ack(msg, received)
+
+    def _refuse_sender(self, msg: PlanSegment, sender: str | None) -> None:
+        """Neither run nor acknowledged: the planner re-sends what is really its own."""
+        if sender is None:
+            self.get_logger().debug(f"{self.robot_id}: {msg.task_id}[{msg.segment_index}] from a writer not yet "
+                                    "in the graph: left for the planner's re-send")
+            return
+        with self._cv:
+            self.refused_segments += 1
+            self._refused_at.append(time.monotonic())
+            first = sender not in self._refused_from
+            self._refused_from.add(sender)
+        if first:
+            self.get_logger().error(f"{self.robot_id}: refused segment {msg.task_id}[{msg.segment_index}] from "
+                                    f"node {sender!r}: only {self.planner_node!r} (parameter planner_node) plans "
+                                    "for this robot; further ones from it are only counted")
 
     def _receive(self, msg: PlanSegment, now: float) -> None:
         task, index = msg.task_id, msg.segment_index
@@ -281,9 +341,16 @@ class RobotExecutorNode(Node):
 
     def _ack(self, msg: PlanSegment, received: float) -> None:
         self.acks.append((msg.task_id, msg.segment_index))
-        ack = SegmentAck(task_id=msg.task_id, robot_id=self.robot_id, segment_index=msg.segment_index,
-                         stamp=time_msg(received))
+        ack = segment_ack_msg(msg.task_id, self.robot_id, msg.segment_index, received)
         publish_or_log(self._ack_pub, ack, self.get_logger(), f"the ack of {msg.task_id}[{msg.segment_index}]")
+
+    def _heartbeat(self) -> None:
+        with self._cv:
+            run = self._running
+        if run is not None:
+            ack = segment_ack_msg(run.task_id, self.robot_id, run.segment_index, time.time(), running=True)
+            publish_or_log(self._ack_pub, ack, self.get_logger(),
+                           f"the heartbeat of {run.task_id}[{run.segment_index}]")
 
     # -- diagnostics --------------------------------------------------------------------
     def diagnostic_status(self) -> Status:
@@ -291,9 +358,12 @@ class RobotExecutorNode(Node):
         battery of :meth:`robot_link`. A backend may extend it: ``st = super().diagnostic_status(); st.add(..)``."""
         with self._cv:
             run, last = self._running, self.history[-1] if self.history else None
+            minute_ago = time.monotonic() - 60.0
             state = ExecutorState(estopped=self._estopped, task=self._task if self._task_open else None,
                                   running=(run.task_id, run.segment_index) if run is not None else None,
-                                  queued=len(self._queue), held=self.inbox.held_count(), last=last)
+                                  queued=len(self._queue), held=self.inbox.held_count(), last=last,
+                                  refused_segments=self.refused_segments,
+                                  refused_recent=sum(1 for t in self._refused_at if t >= minute_ago))
         return executor_status(self, state, self.robot_link())
 
     def robot_link(self) -> RobotLink | None:

@@ -35,10 +35,11 @@ from rclpy.node import Node
 
 from timelyllm_ros.msg import PlanSegment, SegmentAck, SegmentDone
 from timelyllm_ros.robots.inbox import DEFAULT_REORDER_TIMEOUT_S, ReportCache, SegmentInbox
-from timelyllm_ros.ros.convert import segment_done_msg, time_msg
+from timelyllm_ros.ros.convert import segment_ack_msg, segment_done_msg
 from timelyllm_ros.ros.params import all_of, declare, distinct, non_empty, on_change
 from timelyllm_ros.ros.spin import run_nodes
 from timelyllm_ros.ros.topics import (
+    DEFAULT_HEARTBEAT_PERIOD_S,
     RELIABLE,
     REPORTS,
     REPORTS_KEPT,
@@ -101,6 +102,9 @@ class SimFleetNode(Node):
             self, "reorder_timeout_s", float(DEFAULT_REORDER_TIMEOUT_S), "seconds an early segment waits for the "
             "missing ones before it, then it is refused (default: the planner's delivery_timeout_s)",
             read_only=True, above=0.0))
+        self.heartbeat_period_s = float(declare(
+            self, "heartbeat_period_s", DEFAULT_HEARTBEAT_PERIOD_S, "while a robot runs a segment, its ack is "
+            "re-sent with running=true this often, as the real executors do (0 = off)", read_only=True, min=0.0))
         self.skillset = load_skill_set(robot_type)
         self.model = ExecTimeModel(self.skillset, learn=False)
         self.rng = random.Random(seed)
@@ -115,6 +119,8 @@ class SimFleetNode(Node):
             self.create_subscription(PlanSegment, segment_topic(r), lambda m, r=r: self._received(r, m), RELIABLE,
                                      event_callbacks=SubscriptionEventCallbacks(use_default_callbacks=False))
         self.create_timer(min(0.1, self.reorder_timeout_s / 4), self._expire)  # held segments past the timeout
+        if self.heartbeat_period_s > 0:
+            self.create_timer(self.heartbeat_period_s, self._heartbeat)
         self._events: list[tuple[float, str]] = []  # (finish wall time, robot id)
         self._stop = False
         self._worker = threading.Thread(target=self._run, name="sim-fleet", daemon=True)
@@ -166,10 +172,20 @@ class SimFleetNode(Node):
                 self._lock.notify()
         finally:  # every received copy, duplicates and end markers included (silent robots too)
             rob.acks.append((msg.task_id, msg.segment_index))
-            ack = SegmentAck(task_id=msg.task_id, robot_id=robot_id, segment_index=msg.segment_index,
-                             stamp=time_msg(now))
+            ack = segment_ack_msg(msg.task_id, robot_id, msg.segment_index, now)
             publish_or_log(self._ack_pub, ack, self.get_logger(),
                            f"{robot_id}'s ack of {msg.task_id}[{msg.segment_index}]")
+
+    def _heartbeat(self) -> None:
+        """Every robot that is running a segment says so (silent robots too: they are alive, they only never
+        report)."""
+        now = time.time()
+        with self._lock:
+            running = [(r.robot_id, r.executed[-1][0], r.executed[-1][1]) for r in self.robots.values()
+                       if r.busy_until is not None]
+        for robot_id, task_id, index in running:
+            publish_or_log(self._ack_pub, segment_ack_msg(task_id, robot_id, index, now, running=True),
+                           self.get_logger(), f"{robot_id}'s heartbeat of {task_id}[{index}]")
 
     def _expire(self) -> None:
         now = time.time()

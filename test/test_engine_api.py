@@ -16,6 +16,7 @@ from timelyllm_ros.engines.base import (
     EngineInfo,
     EngineRequest,
     EngineStats,
+    FinishReason,
     RawTokens,
     SubmissionLog,
 )
@@ -33,6 +34,7 @@ from timelyllm_ros.engines.sim_realtime import RealtimeSimEngine, sim_plan_for
 from timelyllm_ros.model.clock import SimClock
 from timelyllm_ros.sched.policies import make_policy
 from timelyllm_ros.sched.scheduler import PlannerCore
+from timelyllm_ros.skills.segmenter import StopChecker, make_stop_checker
 
 CAT = "Scene: [] Task: [A] Could you find the cat? If so, go to it."
 
@@ -136,6 +138,18 @@ def test_factory_finds_configs_by_name_or_path_and_says_what_is_missing():
         assert load_engine_config(name)["constrained"] is False
 
 
+def test_a_malformed_engine_config_names_the_file_line_and_column(tmp_path):
+    bad = tmp_path / "engine_bad.yaml"
+    bad.write_text("backend: remote\nurl: http://h:1: x\n")
+    with pytest.raises(EngineConfigError, match=rf"{bad}: not valid YAML at line 2, column 16: mapping values "
+                                                rf"are not allowed here \(the line reads 'url: http://h:1: x'\)"):
+        make_engine(bad)
+    fitted = tmp_path / "fitted.yaml"
+    fitted.write_text("decode_s: [0.02\n")
+    with pytest.raises(EngineConfigError, match=rf"step_model: {fitted}: not valid YAML at line 2, column 1"):
+        load_step_model({"_path": str(tmp_path / "e.yaml"), "step_model": "fitted.yaml"})
+
+
 def test_remote_config_errors_name_the_key_before_any_connection():
     """A misspelt or out-of-range setting of the remote backend is refused by name; nothing is contacted
     (the url points nowhere)."""
@@ -145,7 +159,7 @@ def test_remote_config_errors_name_the_key_before_any_connection():
     with pytest.raises(EngineConfigError, match=r"unknown key\(s\) \['read_timeout'\]"):
         make_engine({**base, "read_timeout": 5})
     for key, bad in (("read_timeout_s", 0), ("first_token_timeout_s", -1.0), ("max_batch", "8"),
-                     ("connect_timeout_s", True)):
+                     ("connect_timeout_s", True), ("token_timeout_s", 0.0), ("token_timeout_s", "30")):
         with pytest.raises(EngineConfigError, match=f"{key} must be a number > 0, got {bad!r}"):
             make_engine({**base, key: bad})
     assert load_engine_config("engine_remote.yaml")["backend"] == "remote"  # the shipped file's keys are known
@@ -254,3 +268,37 @@ def test_no_engine_attribute_is_probed_outside_the_engines():
                    for obj in ("engine", "eng,", "self.engine", "self._engine")):
                 offenders.append(f"{py.relative_to(root)}:{i}: {line.strip()}")
     assert not offenders, offenders
+
+
+class _ExplodingChecker(StopChecker):
+    """A stop checker with a bug: it raises on the text ``)``."""
+
+    def __init__(self) -> None:
+        self.inner = make_stop_checker("drone")
+
+    def feed(self, piece: str) -> bool:
+        if piece == ")":
+            raise RuntimeError("checker bug")
+        return self.inner.feed(piece)
+
+    def cut(self) -> str:
+        return self.inner.cut()
+
+    @property
+    def pending_text(self) -> str:
+        raise RuntimeError("checker bug")
+
+
+def test_a_stop_checker_that_raises_ends_its_generation_alone():
+    """One generation's checker failing is that generation's ERROR, not a step that raises (which would fail
+    every generation of the engine: the planner rebuilds it, a pool takes the member down)."""
+    eng = _ScriptedEngine()
+    eng.add(EngineRequest("bad", [1], _ExplodingChecker(), suspend_at_boundary=False))
+    eng.add(EngineRequest("good", [1], make_stop_checker("drone"), suspend_at_boundary=False))
+    events = [ev for _ in range(5) for ev in eng.step().events]
+    (bad,) = [e for e in events if e.gen_id == "bad"]
+    assert bad.reason is FinishReason.ERROR and not bad.engine_failed
+    assert bad.error == ("the stop checker (_ExplodingChecker) failed on segment text 'mf(50)': "
+                         "RuntimeError: checker bug"), bad.error
+    assert [(e.text, e.reason) for e in events if e.gen_id == "good"] == [("mf(50)", FinishReason.SEGMENT)]
+    assert eng.running_ids() == {"good"}

@@ -160,6 +160,9 @@ def test_cancel_aborts_the_generation(stack):
     (dict(tuf=TimeUtility(level="panic")), "tuf.level"),
     (dict(task="find the cat " * 400), "max_task_chars"),
     (dict(robot_id=""), "robot_id"),
+    # not a ROS topic name: refused at acceptance, not failed when the segment publisher is made
+    (dict(robot_id="drone-0"), "robot_id: 'drone-0' has '-' at position 5"),
+    (dict(robot_id="1abc"), "robot_id: '1abc': '1abc' starts with a digit"),
 ])
 def test_bad_goals_are_rejected_with_a_clear_message(stack, goal, field):
     args = dict(robot="drone_3", task=CAT, tuf=NORMAL)

@@ -10,10 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from timelyllm_ros.paths import config_dir
 from timelyllm_ros.ros import NODE_EXECUTABLES
+from timelyllm_ros.yamlfile import load_yaml_file
 
 # ROS node name in the parameters file -> executable that hosts it.
 # The scheduler node lives in the planner's process (decision path in-process).
@@ -45,7 +44,7 @@ def resolve_config(config: str | Path) -> Path:
 def node_specs(config: str | Path, only: list[str] | None = None) -> list[NodeSpec]:
     """One spec per process for the nodes configured in ``config``."""
     path = resolve_config(config)
-    data = yaml.safe_load(path.read_text()) or {}
+    data = load_yaml_file(path) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of node names to ros__parameters")
     unknown = set(data) - set(NODE_HOSTS)

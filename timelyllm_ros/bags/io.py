@@ -23,6 +23,8 @@ import yaml
 from rosbags.rosbag2 import Reader, ReaderError, StoragePlugin, Writer, WriterError
 from rosbags.serde import SerdeError
 
+from timelyllm_ros.yamlfile import yaml_error_message
+
 from .typestore import DEFAULT_TOPICS, TopicSpec, topic_spec, typestore
 
 MCAP_MAGIC = b"\x89MCAP0\r\n"
@@ -256,7 +258,7 @@ def _custom_data(path: Path) -> dict[str, str]:
     try:
         info = (yaml.safe_load(meta.read_text()) or {}).get("rosbag2_bagfile_information") or {}
     except yaml.YAMLError as e:
-        raise BagError(f"{meta}: corrupt metadata: {e}") from None
+        raise BagError(f"corrupt metadata: {yaml_error_message(meta, e)}") from None
     return {str(k): str(v) for k, v in (info.get("custom_data") or {}).items()}
 
 

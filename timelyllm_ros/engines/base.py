@@ -13,7 +13,10 @@ generation and a real one are cut into segments by the very same code:
   plan and are never sent anywhere) and the backend is told to release the
   request's batch slot (its KV blocks stay in the prefix cache);
 * a resumed generation is re-submitted with ``prompt_token_ids +
-  output_token_ids`` — token ids, never re-tokenized text.
+  output_token_ids`` — token ids, never re-tokenized text;
+* a stop checker that raises on a generation's text ends that generation
+  alone with :attr:`FinishReason.ERROR` (the batch goes on): a step raises
+  only for a failure of the engine itself.
 """
 
 from __future__ import annotations
@@ -324,9 +327,15 @@ class Engine(abc.ABC):
             req.output_token_ids.append(tok)
             live.seg_token_ids.append(tok)
             live.seg_text += piece
-            complete = req.stop_checker.feed(piece)
+            try:
+                complete = req.stop_checker.feed(piece)
+                text = req.stop_checker.cut() if complete else ""
+            except Exception as e:  # noqa: BLE001 - this generation's output, not the engine, is at fault
+                self._finish(live, FinishReason.ERROR, events,
+                             f"the stop checker ({type(req.stop_checker).__name__}) failed on segment text "
+                             f"{live.seg_text[-80:]!r}: {type(e).__name__}: {e}")
+                return kept
             if complete:
-                text = req.stop_checker.cut()
                 last = len(req.output_token_ids) >= req.max_new_tokens
                 ev = SegmentEvent(
                     req.gen_id, text, live.seg_token_ids, FinishReason.SEGMENT,
@@ -357,7 +366,10 @@ class Engine(abc.ABC):
     def _finish(self, live: _Live, reason: FinishReason, events: list[SegmentEvent], error: str = "",
                 engine_failed: bool = False) -> None:
         req = live.req
-        text = req.stop_checker.pending_text
+        try:
+            text = req.stop_checker.pending_text
+        except Exception:  # noqa: BLE001 - a broken checker: the raw text (the core validates it before sending)
+            text = live.seg_text
         events.append(SegmentEvent(req.gen_id, text, live.seg_token_ids, reason, suspended=False,
                                    cached_prompt_tokens=live.cached_prompt_tokens, error=error,
                                    engine_failed=engine_failed and reason is FinishReason.ERROR))

@@ -2,8 +2,8 @@
 
     backend: vllm          # engine_args: vLLM EngineArgs; env: vLLM environment
     backend: remote        # a vLLM server: url, model (served name), tokenizer (local folder), max_batch,
-                           # connect_timeout_s, first_token_timeout_s, read_timeout_s, step_wait_s,
-                           # metrics_interval_s
+                           # connect_timeout_s, first_token_timeout_s, read_timeout_s, token_timeout_s,
+                           # step_wait_s, metrics_interval_s
     backend: transformers  # model, dtype, threads, max_batch, max_suspended
     backend: sim           # sim_engine: SimEngineConfig fields (or a top-level mapping);
                            # time_scale: wall-clock pacing (realtime engines only)
@@ -29,15 +29,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from timelyllm_ros import paths
 from timelyllm_ros.engines.base import Engine, StepModel
+from timelyllm_ros.yamlfile import YamlFileError, load_yaml_file
 
 BACKENDS = ("vllm", "remote", "transformers", "sim", "pool")
 _POOL_KEYS = frozenset({"backend", "_path", "constrained", "members", "step_wait_s", "probe_backoff_s",
                         "probe_max_backoff_s", "max_failovers"})
-_REMOTE_LIMITS = ("connect_timeout_s", "read_timeout_s", "first_token_timeout_s", "max_batch", "step_wait_s")
+_REMOTE_LIMITS = ("connect_timeout_s", "read_timeout_s", "first_token_timeout_s", "token_timeout_s", "max_batch",
+                  "step_wait_s")
 _REMOTE_KEYS = frozenset({"backend", "_path", "constrained", "url", "model", "tokenizer", "metrics_interval_s",
                           "step_model", *_REMOTE_LIMITS})
 _STEP_MODEL_KEYS = ("decode_s", "batch_slowdown", "prefill_s_per_token")
@@ -66,7 +66,10 @@ def load_engine_config(config: dict | str | Path) -> dict:
     p = find_engine_config(config)
     if not p.is_file():
         raise EngineConfigError(f"engine config {config} not found (a path, or a file name in {paths.config_dir()})")
-    raw = yaml.safe_load(p.read_text()) or {}
+    try:
+        raw = load_yaml_file(p) or {}
+    except YamlFileError as e:  # names the file, line and column
+        raise EngineConfigError(str(e)) from None
     if not isinstance(raw, dict):
         raise EngineConfigError(f"{p}: expected a mapping")
     raw.setdefault("_path", str(p))
@@ -107,7 +110,10 @@ def load_step_model(cfg: dict) -> StepModel | None:
         if not path.is_file():
             raise EngineConfigError(f"{where}: file {spec} not found (beside the engine config or in "
                                     f"{paths.config_dir()})")
-        data = yaml.safe_load(path.read_text()) or {}
+        try:
+            data = load_yaml_file(path) or {}
+        except YamlFileError as e:
+            raise EngineConfigError(f"{where}: {e}") from None
         data = data.get("sim_engine", data) if isinstance(data, dict) else data
         source, fields = f"fitted: {path.name}", {k: v for k, v in data.items() if k in _STEP_MODEL_KEYS} \
             if isinstance(data, dict) else None
@@ -175,7 +181,7 @@ def _real_engine(cfg: dict, backend: str) -> Engine:
         apply_default_env({k: str(v) for k, v in (cfg.get("env") or {}).items()})
         return VllmEngine(args)
     if backend == "remote":
-        from timelyllm_ros.engines.remote_engine import RemoteEngine
+        from timelyllm_ros.engines.remote_engine import TOKEN_TIMEOUT_S, RemoteEngine
 
         missing = [k for k in ("url", "model") if not cfg.get(k)]
         if missing:
@@ -192,7 +198,8 @@ def _real_engine(cfg: dict, backend: str) -> Engine:
             str(cfg["url"]), str(cfg["model"]), resolve_model_path(str(tok)) if tok else None,
             connect_timeout_s=float(cfg.get("connect_timeout_s", 3.0)),
             read_timeout_s=float(cfg.get("read_timeout_s", 10.0)),
-            first_token_timeout_s=float(cfg.get("first_token_timeout_s", 60.0)), max_batch=int(cfg.get("max_batch", 8)),
+            first_token_timeout_s=float(cfg.get("first_token_timeout_s", 60.0)),
+            token_timeout_s=float(cfg.get("token_timeout_s", TOKEN_TIMEOUT_S)), max_batch=int(cfg.get("max_batch", 8)),
             step_wait_s=float(cfg.get("step_wait_s", 0.05)),
             metrics_interval_s=float(cfg.get("metrics_interval_s", 1.0)))
     if backend == "transformers":

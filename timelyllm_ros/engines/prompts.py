@@ -24,12 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from timelyllm_ros import paths
 from timelyllm_ros.engines.base import Engine
 from timelyllm_ros.skills import grammar
 from timelyllm_ros.skills.schema import SkillSet, load_skill_set
+from timelyllm_ros.yamlfile import YamlFileError, load_yaml_file
 
 _SCENE_TASK = re.compile(r"^\s*Scene:\s*(?P<scene>\[.*?\])\s*,?\s*Task:\s*(?P<task>.*)$", re.S)
 
@@ -64,7 +63,10 @@ class PromptConfig:
         if not p.is_file():
             avail = sorted(x.stem for x in prompts_dir().glob("*.yaml"))
             raise PromptConfigError(f"no prompt config {p} (available: {avail})")
-        raw = yaml.safe_load(p.read_text()) or {}
+        try:
+            raw = load_yaml_file(p) or {}
+        except YamlFileError as e:
+            raise PromptConfigError(str(e)) from None
         if not isinstance(raw, dict):
             raise PromptConfigError(f"{p}: expected a mapping")
         missing = [k for k in ("robot_type", "skill_set", "system") if k not in raw]

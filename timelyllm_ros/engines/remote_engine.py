@@ -19,6 +19,12 @@ Same :class:`Engine` semantics as the in-process vLLM backend, over HTTP:
   ``first_token_timeout_s``, or nothing for ``read_timeout_s`` between tokens) ends the generation with
   :attr:`FinishReason.ERROR` and a text that says which. Two limits because a cold prefill of a long
   prompt on a busy server legitimately takes seconds, a pause between two decode steps does not.
+  Both count tokens, not lines: the first token is due ``first_token_timeout_s`` after the submission and
+  each next one ``token_timeout_s`` after the one before, whatever else the server sends meanwhile
+  (keep-alive comments, empty chunks, chunks without tokens keep a connection busy, not a generation);
+* what the server streams is checked before it reaches the detokenizer: a token id that is no integer of
+  the tokenizer's vocabulary ends that generation only (``engine_failed`` off: the others go on), naming
+  the server, the request and the id.
 
 Usage: vLLM reports a request's cached prompt tokens only in the final usage chunk of a stream
 (``stream_options.include_usage`` and a server started with ``--enable-prompt-tokens-details``;
@@ -58,6 +64,7 @@ from timelyllm_ros.engines.vllm_engine import finish_reason_from_vllm
 
 log = logging.getLogger(__name__)
 
+TOKEN_TIMEOUT_S = 30.0  # default longest wait for the next token of a started generation (token_timeout_s)
 USAGE_LOG_LEN = 1024  # per-request usage records kept for stats() (a long-running node must not grow)
 # Tokenized by the local tokenizer and by the server's: the two must agree (plain text, MiniSpec, unicode).
 TOKENIZER_PROBE = "Scene: [cat x:0.5] Task: find the cat. Plan: ?s('cat')==True{g('cat');tc(90);} Grüße 東京"
@@ -134,8 +141,8 @@ class RemoteEngine(Engine):
     """
 
     def __init__(self, url: str, model: str, tokenizer: str | None = None, *, connect_timeout_s: float = 3.0,
-                 read_timeout_s: float = 10.0, first_token_timeout_s: float = 60.0, max_batch: int = 8,
-                 step_wait_s: float = 0.05,
+                 read_timeout_s: float = 10.0, first_token_timeout_s: float = 60.0,
+                 token_timeout_s: float = TOKEN_TIMEOUT_S, max_batch: int = 8, step_wait_s: float = 0.05,
                  metrics_interval_s: float = 1.0, default_regex: str | None = None,
                  usage_log_len: int = USAGE_LOG_LEN) -> None:
         super().__init__()
@@ -144,6 +151,13 @@ class RemoteEngine(Engine):
         self.connect_timeout_s = float(connect_timeout_s)
         self.read_timeout_s = float(read_timeout_s)
         self.first_token_timeout_s = float(first_token_timeout_s)
+        self.token_timeout_s = float(token_timeout_s)
+        bad = [f"{k}={v!r}" for k, v in (("connect_timeout_s", self.connect_timeout_s),
+                                         ("read_timeout_s", self.read_timeout_s),
+                                         ("first_token_timeout_s", self.first_token_timeout_s),
+                                         ("token_timeout_s", self.token_timeout_s)) if not v > 0]
+        if bad:
+            raise ValueError(f"remote engine {url}: {', '.join(bad)}: timeouts must be > 0")
         self.max_batch = int(max_batch)
         self.step_wait_s = float(step_wait_s)
         self.metrics_interval_s = float(metrics_interval_s)
@@ -208,12 +222,25 @@ class RemoteEngine(Engine):
                 f"start it (vllm serve ... --host/--port) or correct `url` in the engine config") from None
         return resp
 
+    def _json(self, resp: Any, path: str) -> dict:
+        """The JSON object of a start-up answer; anything else names the URL and what came back."""
+        try:
+            obj = resp.json()
+        except ValueError:
+            obj = None
+        if not isinstance(obj, dict):
+            kind = resp.headers.get("content-type") or "no content-type"
+            raise RemoteServerError(f"{self.url}{path} answered HTTP {resp.status_code} with no JSON object "
+                                    f"({kind}): {resp.text[:200]!r}; is this a vLLM OpenAI-compatible server?")
+        return obj
+
     def _start_up(self, tokenizer: str | None) -> None:
         resp = self._request("GET", "/v1/models")
         if resp.status_code != 200:
             raise RemoteServerError(f"{self.url}/v1/models answered HTTP {resp.status_code}: {resp.text[:300]}; "
                                     f"is this a vLLM OpenAI-compatible server?")
-        served = {m.get("id"): m for m in resp.json().get("data", [])}
+        data = self._json(resp, "/v1/models").get("data")
+        served = {m.get("id"): m for m in data if isinstance(m, dict)} if isinstance(data, list) else {}
         entry = served.get(self.model)
         if entry is None:
             raise RemoteServerError(f"the server at {self.url} serves {sorted(served)}, not the configured model "
@@ -229,6 +256,7 @@ class RemoteEngine(Engine):
         self.block_size = int((cache_config_info(text) or {}).get("block_size") or 0)
 
         self.tokenizer, self.tokenizer_path = self._load_tokenizer(tokenizer, root)
+        self.vocab_size = len(self.tokenizer)  # ids the server may send (vLLM refuses others as a prompt, too)
         self.eos_token_ids = _eos_token_ids(self.tokenizer, self.tokenizer_path)
         self._check_tokenizer(root)
 
@@ -259,7 +287,7 @@ class RemoteEngine(Engine):
                              {"model": self.model, "prompt": TOKENIZER_PROBE, "add_special_tokens": False})
         if resp.status_code != 200:
             raise RemoteServerError(f"{self.url}/tokenize answered HTTP {resp.status_code}: {resp.text[:300]}")
-        remote = resp.json().get("tokens")
+        remote = self._json(resp, "/tokenize").get("tokens")
         if remote != local:
             raise RemoteServerError(
                 f"the local tokenizer {self.tokenizer_path} disagrees with the server's (model {root!r}) on "
@@ -274,7 +302,7 @@ class RemoteEngine(Engine):
         if resp.status_code != 200:
             raise RemoteServerError(f"{self.url}/v1/completions refused a token-id prompt: HTTP "
                                     f"{resp.status_code}: {resp.text[:300]}")
-        body = resp.json()
+        body = self._json(resp, "/v1/completions")
         if not body.get("choices") or body["choices"][0].get("token_ids") is None:
             raise RemoteServerError(f"the server at {self.url} returns no token ids (return_token_ids): "
                                     f"it is not a vLLM server of a version this backend speaks")
@@ -313,6 +341,8 @@ class RemoteEngine(Engine):
         # No read timeout of httpx's here: the silence allowed depends on whether a token came yet (below).
         timeout = httpx.Timeout(connect=self.connect_timeout_s, read=None, write=self.read_timeout_s,
                                 pool=self.connect_timeout_s)
+        last_token = s.submitted  # the latest token's arrival (perf_counter); the submission before the first
+        idle = 0  # lines since then that brought no token (keep-alive comments, empty chunks, chunks without ids)
         try:
             async with contextlib.AsyncExitStack() as stack:
                 async with asyncio.timeout(self.first_token_timeout_s):  # the response's headers
@@ -325,13 +355,19 @@ class RemoteEngine(Engine):
                     return
                 lines = resp.aiter_lines()
                 while True:
-                    async with asyncio.timeout(self.read_timeout_s if s.n_out else self.first_token_timeout_s):
-                        line = await anext(lines, None)
+                    wait, what = self._next_token_wait(s, last_token)
+                    try:
+                        async with asyncio.timeout(max(0.0, wait)):
+                            line = await anext(lines, None)
+                    except TimeoutError:
+                        self._end(s, error=self._no_token_error(s, what, idle))
+                        return
                     if line is None:
                         break
-                    if not line.startswith("data:"):
+                    data = line[5:].strip() if line.startswith("data:") else ""
+                    if not data:  # an SSE comment (": ping"), a blank separator or an empty chunk: no token
+                        idle += bool(line.strip())
                         continue
-                    data = line[5:].strip()
                     if data == "[DONE]":
                         break
                     obj = json.loads(data)
@@ -347,7 +383,18 @@ class RemoteEngine(Engine):
                             self._end(s, error=f"the server at {self.url} changed the prompt: sent "
                                                f"{len(s.prompt_ids)} token ids, it ran {len(echoed)}")
                             return
-                        self._push(s, ch.get("token_ids") or [], ch.get("finish_reason"), ch.get("stop_reason"))
+                        toks = ch.get("token_ids")
+                        toks = [] if toks is None else toks
+                        bad = self._bad_token(toks)
+                        if bad is not None:  # this request's output is garbage; the server may serve others well
+                            self._end(s, error=f"the server at {self.url} sent {bad} for request {s.ext_id} "
+                                               f"after {s.n_out} tokens", server_failed=False)
+                            return
+                        self._push(s, toks, ch.get("finish_reason"), ch.get("stop_reason"))
+                        if toks:
+                            last_token, idle = time.perf_counter(), 0
+                        else:
+                            idle += 1
             self._end(s, usage=usage)
         except asyncio.CancelledError:
             raise  # suspended or aborted by the engine: closing the stream makes the server abort it
@@ -366,6 +413,37 @@ class RemoteEngine(Engine):
                                f"({type(e).__name__}: {e or 'no detail'}): the server died or dropped the request")
         except Exception as e:  # noqa: BLE001 - a malformed stream must end the generation, not the loop
             self._end(s, error=f"unreadable stream from the server at {self.url}: {type(e).__name__}: {e}")
+
+    def _next_token_wait(self, s: _Stream, last_token: float) -> tuple[float, str]:
+        """How long the next line may take, and the limit that sets it: the first token is due
+        ``first_token_timeout_s`` after the submission, a later one ``token_timeout_s`` after the one before
+        (lines without tokens do not move either deadline); between lines at most ``read_timeout_s``."""
+        now = time.perf_counter()
+        if not s.n_out:
+            return s.submitted + self.first_token_timeout_s - now, "first_token_timeout_s"
+        left = last_token + self.token_timeout_s - now
+        return (left, "token_timeout_s") if left <= self.read_timeout_s else (self.read_timeout_s, "read_timeout_s")
+
+    def _no_token_error(self, s: _Stream, what: str, idle: int) -> str:
+        limit = getattr(self, what)
+        if idle:  # the connection is busy, the generation is not
+            return (f"the server at {self.url} sent no {'new ' if s.n_out else ''}token for {limit:g} s ({what}) "
+                    f"for request {s.ext_id} after {s.n_out} tokens, only {idle} line(s) without tokens "
+                    f"(keep-alives, empty chunks)")
+        return (f"the server at {self.url} stopped answering: nothing for {limit:g} s ({what}) after {s.n_out} "
+                f"tokens (TimeoutError)")
+
+    def _bad_token(self, toks: Any) -> str | None:
+        """What is wrong with a chunk's ``token_ids`` (e.g. "token id -1 (not in the vocabulary 0..49151)"),
+        None if they are token ids of the tokenizer. Checked before the detokenizer, which raises on them."""
+        if not isinstance(toks, list):
+            return f"token_ids {str(toks)[:40]!r} (not a list of token ids)"
+        for t in toks:
+            if not isinstance(t, int) or isinstance(t, bool):
+                return f"token id {str(t)[:40]!r} (not an integer)"
+            if not 0 <= t < self.vocab_size:
+                return f"token id {t} (not in the vocabulary 0..{self.vocab_size - 1})"
+        return None
 
     def _push(self, s: _Stream, toks: list[int], finish: str | None, stop_reason: Any) -> None:
         with self._cond:
@@ -455,8 +533,14 @@ class RemoteEngine(Engine):
                     log.warning("%s: %s", s.gen_id, error)
                 if cached is not None:
                     prefill += len(s.prompt_ids) - cached
-            raw.append(RawTokens(s.gen_id, toks, s.detok.push_many(toks), finished, cached or 0, error,
-                                 engine_failed=failed))
+            try:
+                pieces = s.detok.push_many(toks)
+            except Exception as e:  # noqa: BLE001 - ids the tokenizer cannot decode end this generation only
+                error = (f"the server at {self.url} sent token ids {toks[:8]} for request {s.ext_id} that the "
+                         f"tokenizer {self.tokenizer_path} cannot decode ({type(e).__name__}: {e})")
+                log.warning("%s: %s", s.gen_id, error)
+                toks, pieces, finished, failed = [], [], FinishReason.ERROR, False  # the base aborts the stream
+            raw.append(RawTokens(s.gen_id, toks, pieces, finished, cached or 0, error, engine_failed=failed))
         return raw, None, prefill
 
     def _take_usage(self, s: _Stream) -> int | None:

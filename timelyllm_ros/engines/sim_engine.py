@@ -24,8 +24,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-import yaml
-
 from timelyllm_ros.engines.base import (
     Engine,
     EngineInfo,
@@ -35,6 +33,7 @@ from timelyllm_ros.engines.base import (
     RawTokens,
     StepModel,
 )
+from timelyllm_ros.yamlfile import load_yaml_file
 
 # BPE-like pre-tokenisation: quote-paren pairs, comparison operators and
 # statement closers are single tokens in Llama-3's vocabulary; numbers split in
@@ -82,7 +81,7 @@ class SimEngineConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> SimEngineConfig:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        data = load_yaml_file(path) or {}
         data = data.get("sim_engine", data)
         known = {f.name for f in fields(cls)}
         bad = set(data) - known

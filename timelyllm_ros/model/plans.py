@@ -15,10 +15,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import yaml
-
 from timelyllm_ros import paths
 from timelyllm_ros.model.tuf import LEVELS, TimeUtility
+from timelyllm_ros.yamlfile import load_yaml_file
 
 
 class TaskKey(NamedTuple):
@@ -66,7 +65,7 @@ _OPTIONAL = ("quality",)
 def plan_templates(path: str | None = None) -> dict[TaskKey, PlanTemplate]:
     """Task types by LRTrace key, from data/plans.yaml (every field but ``quality`` required, no others)."""
     p = Path(path) if path else paths.data_dir() / "plans.yaml"
-    raw = yaml.safe_load(p.read_text())
+    raw = load_yaml_file(p)
     out: dict[TaskKey, PlanTemplate] = {}
     for i, t in enumerate(raw.get("tasks") or []):
         if not isinstance(t, dict):

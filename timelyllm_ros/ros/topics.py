@@ -11,6 +11,7 @@ restarted executor must not be handed old plans from a history cache.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
@@ -46,6 +47,8 @@ SEGMENT_DONE = "/segment_done"
 SEGMENT_ACKS = "/segment_acks"
 PLAN_REQUESTS = "/plan_requests"
 PLAN_RESULTS = "/plan_results"
+# Executors re-send the ack of the segment they run this often (SegmentAck.running): the planner's liveness signal.
+DEFAULT_HEARTBEAT_PERIOD_S = 1.0
 
 
 def publish_or_log(pub: Any, msg: Any, logger: Any, what: str) -> bool:
@@ -65,6 +68,35 @@ def publish_or_log(pub: Any, msg: Any, logger: Any, what: str) -> bool:
 def segment_topic(robot_id: str) -> str:
     """Per-robot segment topic: /<robot_id>/plan_segments."""
     return f"/{robot_id}/plan_segments"
+
+
+# rmw's RMW_TOPIC_MAX_NAME_LENGTH (255 - 8, room for the DDS prefix): the longest full topic name rcl accepts.
+TOPIC_MAX_LEN = 247
+_TOPIC_CHARS = re.compile(r"[^A-Za-z0-9_/]")
+
+
+def robot_id_problem(robot_id: str) -> str | None:
+    """Why ``robot_id`` cannot name its segment topic (:func:`segment_topic`) under rcl's topic-name rules,
+    or None if it can. Checked when a goal is accepted: rcl would otherwise refuse the topic only when the
+    planner creates its publisher, and the goal would fail as a planner error instead of being refused.
+    Namespaced ids (``fleet_a/drone_0``) are fine; pure (no ROS needed), agreeing with
+    ``rclpy.validate_full_topic_name`` on ``segment_topic(robot_id)``."""
+    if not robot_id:
+        return "must not be empty"
+    bad = _TOPIC_CHARS.search(robot_id)
+    if bad:
+        return (f"{robot_id!r} has {bad.group()!r} at position {bad.start()}: a ROS topic name takes only ASCII "
+                f"letters, digits, '_' and '/' between names")
+    for name in robot_id.split("/"):
+        if not name:
+            return f"{robot_id!r} must not start or end with '/' nor hold '//' (an empty name in a ROS topic)"
+        if name[0].isdigit():
+            return f"{robot_id!r}: {name!r} starts with a digit; a name in a ROS topic starts with a letter or '_'"
+    topic = segment_topic(robot_id)
+    if len(topic) > TOPIC_MAX_LEN:
+        return (f"{len(robot_id)} characters: its topic {topic[:40]}... would be {len(topic)} characters, more "
+                f"than ROS allows ({TOPIC_MAX_LEN})")
+    return None
 
 
 def is_end_marker(text: str, is_final: bool) -> bool:

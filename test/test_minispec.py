@@ -31,7 +31,7 @@ from timelyllm_ros.skills.minispec import (
     parse_program,
     tokenize,
 )
-from timelyllm_ros.skills.schema import load_skill_set
+from timelyllm_ros.skills.schema import SkillSet, load_skill_set
 from timelyllm_ros.skills.segmenter import split_segments
 
 DRONE = load_skill_set("drone")
@@ -283,12 +283,19 @@ def _run_streamed(segments: list[str]) -> tuple[RecordingDrone, MiniSpecInterpre
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), text=valid_programs)
 def test_valid_programs_are_accepted_and_run_alike_whole_and_streamed(data: st.DataObject, text: str) -> None:
-    assert DRONE.validate_plan(text) is None, DRONE.validate_plan(text)
-    whole = _interpreter()
-    whole[1].execute_segment(text, final=True)  # raises on a refusal
     pieces = data.draw(st.one_of(st.just(bpe_like(text)), st.just(list(text)), split_randomly(text)))
     segments = split_segments(DRONE, pieces)
     assert "".join(segments) == text
+    err = DRONE.validate_plan(text)
+    if err is not None:  # a syntactically valid program over a plan bound (issue 23): refused alike, streamed too
+        assert "max_plan_" in err, err
+        with pytest.raises(RefusedError, match="max_plan_"):
+            _interpreter()[1].execute_segment(text, final=True)
+        with pytest.raises(RefusedError, match="max_plan_"):
+            _run_streamed(segments)
+        return
+    whole = _interpreter()
+    whole[1].execute_segment(text, final=True)  # raises on a refusal
     assert _state(*_run_streamed(segments)) == _state(*whole)
 
 
@@ -315,17 +322,25 @@ def test_invalid_programs_are_refused_by_both_before_the_robot_moves(data: st.Da
 
 
 # -- the constrained-decoding grammar is a subset of the language ----------------------------
+# Up to the plan bounds (issue 23): a regex cannot add up execution times, so a long grammar string may be
+# refused, for a bound only.
+def _valid_or_over_a_bound(ss: SkillSet, text: str) -> bool:
+    err = ss.validate_plan(text)
+    assert err is None or "max_plan_" in err, (text, err)
+    return err is None
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(text=st.from_regex(plan_regex(DRONE), fullmatch=True))
 def test_drone_grammar_strings_validate_and_run(text: str) -> None:
-    assert DRONE.validate_plan(text) is None, (text, DRONE.validate_plan(text))
-    _interpreter()[1].execute_segment(text, final=True)
+    if _valid_or_over_a_bound(DRONE, text):
+        _interpreter()[1].execute_segment(text, final=True)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
 @given(text=st.from_regex(plan_regex(ARM), fullmatch=True))
 def test_arm_grammar_strings_validate(text: str) -> None:
-    assert ARM.validate_plan(text) is None, (text, ARM.validate_plan(text))
+    assume(_valid_or_over_a_bound(ARM, text))
     arm = ArmExecutor(ARM, ScriptedScene(), lambda plan, stop: None)
     assert len(arm.validate(text)) == text.count(";")
 
@@ -338,4 +353,4 @@ def test_continuation_grammar_completes_a_cut_plan(data: st.DataObject, text: st
     assume(len(segments) > 1)
     done = "".join(segments[:data.draw(st.integers(1, len(segments) - 1))])
     rest = data.draw(st.from_regex(continuation_regex(DRONE, done), fullmatch=True))
-    assert DRONE.validate_plan(done + rest) is None, (done, rest)
+    _valid_or_over_a_bound(DRONE, done + rest)

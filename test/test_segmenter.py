@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 from collections.abc import Sequence
 
@@ -152,6 +154,9 @@ def _block(stmts: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
 
 _stmt = st.recursive(_simple, _block, max_leaves=6)
 programs = st.lists(st.tuples(_stmt, st.sampled_from([";", ";", ";\n", "\n", ""])), min_size=1, max_size=6).map(_join)
+# These programs nest loops of up to 8 passes, so many exceed the drone's plan bounds (issue 23), which the stop
+# checker neither knows nor needs: their segments are checked against the same language without the bounds.
+UNBOUNDED = dataclasses.replace(DRONE, max_plan_exec_s=math.inf, max_plan_iterations=2**62)
 
 
 @st.composite
@@ -176,20 +181,20 @@ def _check_segments(text: str, pieces: Sequence[str]) -> list[str]:
             seg = checker.cut()
             segments.append(seg)
             assert seg.rstrip()[-1] in ";})" or seg.rstrip()[-1] == "{", seg
-            assert DRONE.parse(seg), f"segment without a complete skill: {seg!r}"
+            assert UNBOUNDED.parse(seg), f"segment without a complete skill: {seg!r}"
     remainder = checker.pending_text
     assert "".join(segments) + remainder == text
-    DRONE.parse(remainder)  # the rest of a complete program is valid too
+    UNBOUNDED.parse(remainder)  # the rest of a complete program is valid too
     # Segments are cut at statement boundaries only: no call is split or lost.
-    whole = [c.raw for c in DRONE.parse(text, complete=True)]
-    assert [c.raw for s in [*segments, remainder] for c in DRONE.parse(s)] == whole
+    whole = [c.raw for c in UNBOUNDED.parse(text, complete=True)]
+    assert [c.raw for s in [*segments, remainder] for c in UNBOUNDED.parse(s)] == whole
     return segments
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), text=programs)
 def test_generated_programs_random_pieces(data: st.DataObject, text: str) -> None:
-    DRONE.parse(text, complete=True)  # the generator makes valid programs
+    UNBOUNDED.parse(text, complete=True)  # the generator makes valid programs
     pieces = data.draw(split_randomly(text))
     _check_segments(text, pieces)
 
@@ -200,7 +205,7 @@ def test_generated_programs_bpe_and_chars(text: str) -> None:
     segs = _check_segments(text, bpe_like(text))
     # An unterminated last statement (`_1=iv('cat')`) may still go on (`==True`): only a terminated
     # program is known to hold a complete statement.
-    if DRONE.parse(text) and text.rstrip().endswith((";", "}")):
+    if UNBOUNDED.parse(text) and text.rstrip().endswith((";", "}")):
         assert segs, "a program with a skill yields at least one segment"
     _check_segments(text, list(text))
 

@@ -254,6 +254,9 @@ def test_yaml_syntax_error_names_file(tmp_path: Path) -> None:
     p.write_text("id: [unclosed\n")
     with pytest.raises(SkillSetError, match="broken.yaml: not valid YAML"):
         load_skill_set_file(p)
+    p.write_text("id: x\nrobot_type: drone: 1\n")  # and where in it: one line, no "<unicode string>"
+    with pytest.raises(SkillSetError, match="broken.yaml: not valid YAML at line 2, column 18: mapping values"):
+        load_skill_set_file(p)
 
 
 def test_shipped_skill_sets_are_valid() -> None:

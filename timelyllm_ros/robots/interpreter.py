@@ -17,6 +17,13 @@ open and variables assigned so far), and the interpreter executes the
 checked again with real variable values (:meth:`SkillSpec.check_args`) right
 before it reaches the robot, so nothing out of bounds is ever sent.
 
+Plans are bounded (the skill set's ``max_plan_exec_s`` and
+``max_plan_iterations``): a segment that takes the plan so far over a bound,
+loops unrolled and every call at its model's longest, is refused like the
+planner refuses it; and while the plan runs, the skill executions, loop passes
+and modelled time (with the real argument values) are counted, and the call or
+pass that would exceed a bound is refused before it starts.
+
 Skills are data: each skill of the skill set names the drone operation that
 runs it (``op`` and fixed ``op_args`` in skills/*.yaml, the skill's own
 arguments filling the operation's other parameters in order), checked against
@@ -27,6 +34,7 @@ arguments filling the operation's other parameters in order), checked against
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,10 +42,12 @@ from typing import Any, Protocol
 
 from timelyllm_ros.robots.base import ExecutionError, Interrupted, RefusedError, StopSignal
 from timelyllm_ros.robots.perception import Perception, bearing_error
+from timelyllm_ros.skills.exec_model import call_estimate
 from timelyllm_ros.skills.minispec import (
     Assign,
     BinOp,
     CallStatement,
+    CostCounter,
     EndBlock,
     If,
     Loop,
@@ -48,6 +58,8 @@ from timelyllm_ros.skills.minispec import (
     SkillParseError,
     Statement,
     Var,
+    bound_error,
+    model_cost,
     parse_program,
 )
 from timelyllm_ros.skills.schema import SkillSet, SkillSpec
@@ -200,22 +212,37 @@ class MiniSpecInterpreter:
         self.finished = False
         self.return_value: Any = None
         self.messages: list[str] = []
+        self.cost = CostCounter(model_cost(self.skillset))  # the plan so far, as the planner bounds it
+        self.ran_s = 0.0  # modelled seconds of the calls run (their longest, with the real argument values)
+        self.ran_iterations = 0  # skill executions and loop passes run
 
     # -- segments ------------------------------------------------------------
     def validate(self, text: str, *, final: bool = False) -> Program:
         """Refuse (RefusedError) a segment that is not valid MiniSpec of this skill set, closes a block that
         is not open, or uses a variable no earlier statement assigns; ``final``: the plan ends with it, so
-        every block must be closed. Nothing has run, and no state changed, when this raises."""
+        every block must be closed, or takes the plan over a bound of the skill set. Nothing has run, and no
+        state changed, when this raises."""
+        return self._check(text, final)[0]
+
+    def _check(self, text: str, final: bool) -> tuple[Program, CostCounter]:
         try:
-            return parse_program(self.skillset, text, complete=final, open_blocks=len(self.frames) - 1,
+            prog = parse_program(self.skillset, text, complete=final, open_blocks=len(self.frames) - 1,
                                  declared=self.declared)
         except SkillParseError as e:
             raise RefusedError(f"invalid segment: {e}") from None
+        cost = self.cost.copy()
+        for s in prog.statements:
+            cost.feed(s)
+            err = bound_error(self.skillset, cost.total)
+            if err is not None:
+                raise RefusedError(f"invalid segment: {err} at {s.position}")
+        return prog, cost
 
     def execute_segment(self, text: str, *, final: bool = False) -> SegmentResult:
-        """Validate, then run the complete statements of one segment. Raises RefusedError (nothing ran),
-        Interrupted (stopped) or ExecutionError (robot or perception failure)."""
-        prog = self.validate(text, final=final)
+        """Validate, then run the complete statements of one segment. Raises RefusedError (nothing ran; or, with
+        a plan bound named, the call or loop pass that would have exceeded it), Interrupted (stopped) or
+        ExecutionError (robot or perception failure)."""
+        prog, self.cost = self._check(text, final)
         self.declared |= prog.assigned
         res = SegmentResult()
         for s in prog.statements:
@@ -239,6 +266,8 @@ class MiniSpecInterpreter:
                     active = bool(self._eval(s.condition, res))
                 except _Return as r:  # rp() in a condition ends the program there
                     self.finished, self.return_value, active = True, r.value, False
+            if active and isinstance(s, Loop):
+                self._count_pass()
             frame = _Frame(s, active)
             if top.opener is not None:  # record for loop replays, whether or not it runs now
                 top.body.append(frame)
@@ -258,6 +287,7 @@ class MiniSpecInterpreter:
         assert isinstance(loop.opener, Loop)
         try:
             for _ in range(loop.opener.count - 1):
+                self._count_pass()
                 self._block(loop.body, res)
         except _Return as r:
             self.finished, self.return_value = True, r.value
@@ -271,6 +301,7 @@ class MiniSpecInterpreter:
                         self._block(s.body, res)
                 elif isinstance(s.opener, Loop):
                     for _ in range(s.opener.count):
+                        self._count_pass()
                         self._block(s.body, res)
             else:
                 self._run(s, res)
@@ -315,9 +346,27 @@ class MiniSpecInterpreter:
             self.on_log(f"refused {c.raw}: {e}")
             raise RefusedError(f"refused {c.raw} with values {values}: {e}") from None
         self.stop.check()
+        self._count(call_estimate(spec, dataclasses.replace(c, args=args)).max_s, c.raw)
         out = self._dispatch(spec, args)
         res.executed.append(f"{spec.name}({', '.join(_show(a) for a in args)})")
         return out
+
+    def _count_pass(self) -> None:
+        self._count(0.0, "a loop pass")
+
+    def _count(self, seconds: float, what: str) -> None:
+        """Count one skill execution or loop pass of the running plan; refuse it if it would exceed a bound (the
+        validator's worst case holds this for every plan it accepts: a safety net, e.g. for a variable argument
+        a polynomial model makes longer than at its bounds)."""
+        ss = self.skillset
+        if self.ran_iterations + 1 > ss.max_plan_iterations:
+            raise RefusedError(f"refused {what}: the plan would exceed max_plan_iterations = "
+                               f"{ss.max_plan_iterations} (skill executions and loop passes)")
+        if self.ran_s + seconds > ss.max_plan_exec_s:
+            raise RefusedError(f"refused {what}: the plan would exceed max_plan_exec_s = {ss.max_plan_exec_s:g} s "
+                               f"({self.ran_s:.1f} s run, {seconds:.1f} s more)")
+        self.ran_iterations += 1
+        self.ran_s += seconds
 
     # -- operations ------------------------------------------------------------------
     def _dispatch(self, spec: SkillSpec, args: tuple) -> Any:

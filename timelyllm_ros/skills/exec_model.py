@@ -5,6 +5,12 @@ segment it gives a range: the scheduler uses ``min_s`` (the earliest the robot
 can finish, so the next segment is ready in time even then), simulated robots
 draw from :meth:`ExecTimeModel.sample`.
 
+A segment that closes a loop (``}``) makes the robot replay the loop's body
+count-1 more times: :meth:`ExecTimeModel.segment_range` predicts a segment in
+the context of the plan before it, replays included. :func:`call_estimate` is
+the YAML model of one call, also what plan bounds are checked with
+(:mod:`.minispec`).
+
 Online learning: executors report how long segments really took;
 :meth:`ExecTimeModel.observe` adapts a per-skill multiplicative factor with a
 normalised LMS step (for a one-skill segment that is an EWMA of
@@ -19,6 +25,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from timelyllm_ros.skills.minispec import stream_cost
 from timelyllm_ros.skills.schema import ExecTimeSpec, SkillArg, SkillCall, SkillSet, SkillSpec, Var, load_skill_set
 
 _TEXT = "_text"  # learning key of the chatbot reading-time model
@@ -97,25 +104,27 @@ class ExecTimeModel:
 
     def base_estimate(self, call: SkillCall) -> ExecEstimate:
         """The YAML model of one call, without learning."""
-        spec = self._spec(call)
-        et = spec.exec_time
-        p = et.params
-        if et.model == "constant":
-            lo = typ = hi = p["value"]
-        elif et.model in ("linear", "polynomial"):
-            lo, typ, hi = self._formula_range(spec, call)
-        elif et.model == "repeated":
-            base = p.get("base", 0.0)
-            lo = base + p["unit"] * p["min_count"]
-            hi = base + p["unit"] * p["max_count"]
-            typ = base + p["unit"] * _expected_count(p)
-        elif et.model == "uniform":
-            lo, hi = p["low"], p["high"]
-            typ = (lo + hi) / 2
-        else:  # validated at load time
-            raise ValueError(f"unknown exec_time model {et.model!r}")
-        n = et.noise
-        return ExecEstimate(max(0.0, lo * (1 - n)), max(0.0, typ), max(0.0, hi * (1 + n)))
+        return call_estimate(self._spec(call), call)
+
+    def segment_range(self, before: str, text: str) -> tuple[float, float]:
+        """(min, max) seconds of a plan segment ``text`` sent after the plan so far ``before``, learned factors
+        applied: its calls once, plus at each loop's ``}`` the count-1 replays of the loop's whole body (the
+        robot replays it then; nested loops multiply). SkillParseError if the text is invalid after ``before``,
+        or the plan so far exceeds a bound of the skill set (see :func:`~.minispec.stream_cost`). Prose: its
+        reading time."""
+        if self.skillset.grammar == "text":
+            e = self.estimate_text(text)
+            return e.min_s, e.max_s
+        with self._lock:
+            factors = dict(self._factors)
+
+        def cost(c: SkillCall) -> tuple[float, float]:
+            e = self.base_estimate(c)
+            f = factors.get(c.name, 1.0)
+            return e.min_s * f, e.max_s * f
+
+        seg, _ = stream_cost(self.skillset, before, text, cost)
+        return seg.min_s, seg.max_s
 
     # -- simulation -------------------------------------------------------------
     def sample(self, calls: Segment, rng: random.Random) -> float:
@@ -204,24 +213,47 @@ class ExecTimeModel:
                              f"this model is for {self.skillset.id!r}")
         return self.skillset[call.name]
 
-    def _formula_range(self, spec: SkillSpec, call: SkillCall) -> tuple[float, float, float]:
-        et = spec.exec_time
-        v = call.arg(et.arg or "")
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            t = _formula(et, float(v))
-            return t, t, t
-        # Variable argument: the range over the argument's bounds.
-        arg = _arg_spec(spec, call, et)
-        pts = [x for x in (arg.min, arg.max) if x is not None]
-        typical = arg.typical if arg.typical is not None else (sum(pts) / len(pts) if pts else 0.0)
-        vals = [_formula(et, float(x)) for x in (*pts, typical)]
-        return min(vals), _formula(et, float(typical)), max(vals)
-
     def _text_estimate(self, text: str) -> ExecEstimate:
         m = self.skillset.text_exec_time
         words = len(text.split())
         return ExecEstimate(words * m.get("min_per_word", 0.0), words * m.get("typical_per_word", 0.0),
                             words * m.get("max_per_word", 0.0))
+
+
+def call_estimate(spec: SkillSpec, call: SkillCall) -> ExecEstimate:
+    """The YAML model of one call of ``spec``, without learning (pure: also what plan bounds are checked with)."""
+    et = spec.exec_time
+    p = et.params
+    if et.model == "constant":
+        lo = typ = hi = p["value"]
+    elif et.model in ("linear", "polynomial"):
+        lo, typ, hi = _formula_range(spec, call)
+    elif et.model == "repeated":
+        base = p.get("base", 0.0)
+        lo = base + p["unit"] * p["min_count"]
+        hi = base + p["unit"] * p["max_count"]
+        typ = base + p["unit"] * _expected_count(p)
+    elif et.model == "uniform":
+        lo, hi = p["low"], p["high"]
+        typ = (lo + hi) / 2
+    else:  # validated at load time
+        raise ValueError(f"unknown exec_time model {et.model!r}")
+    n = et.noise
+    return ExecEstimate(max(0.0, lo * (1 - n)), max(0.0, typ), max(0.0, hi * (1 + n)))
+
+
+def _formula_range(spec: SkillSpec, call: SkillCall) -> tuple[float, float, float]:
+    et = spec.exec_time
+    v = call.arg(et.arg or "")
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        t = _formula(et, float(v))
+        return t, t, t
+    # Variable argument: the range over the argument's bounds.
+    arg = _arg_spec(spec, call, et)
+    pts = [x for x in (arg.min, arg.max) if x is not None]
+    typical = arg.typical if arg.typical is not None else (sum(pts) / len(pts) if pts else 0.0)
+    vals = [_formula(et, float(x)) for x in (*pts, typical)]
+    return min(vals), _formula(et, float(typical)), max(vals)
 
 
 def _formula(et: ExecTimeSpec, v: float) -> float:

@@ -2,9 +2,11 @@
 
 Built from the skill set (skills/*.yaml), so every constrained plan uses only
 known skills with arguments of the right type inside their bounds. The
-regexes are a subset of what the language front end accepts (every string
-they match is a valid plan, :meth:`SkillSet.validate_plan`; checked by
-hypothesis in test/test_minispec.py):
+regexes are a subset of what the language front end accepts up to the plan
+bounds (every string they match is a valid plan, :meth:`SkillSet.validate_plan`,
+unless it runs longer than ``max_plan_exec_s`` or ``max_plan_iterations``: a
+regex cannot add up execution times; checked by hypothesis in
+test/test_minispec.py):
 
 * ``calls`` (arm): ``(CALL;)+``
 * ``minispec`` (drone): statements ``CALL;`` and one level of conditionals

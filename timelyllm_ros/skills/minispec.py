@@ -21,9 +21,17 @@ Grammars (``grammar:`` in the skill-set YAML):
 Lexical rules (:class:`Lexer`): identifiers ``[A-Za-z_][A-Za-z0-9_]*``;
 numbers ``(\\d+\\.\\d*|\\.\\d+|\\d+)([eE][-+]?\\d+)?`` (ASCII digits; a
 leading ``-`` is an operator the parser folds into the literal); strings in
-``'`` or ``"`` where a backslash takes the next character literally (any
-character, newline included); the operators of :data:`OPERATORS`; whitespace
-between tokens. Variables are ``_<digits>``; ``True``/``False`` are literals.
+``'`` or ``"`` where a backslash takes the next character literally; the
+operators of :data:`OPERATORS`; whitespace between tokens. Variables are
+``_<digits>``; ``True``/``False`` are literals.
+
+Hostile text is refused (SkillParseError), never crashes the validator (it
+runs on the planner's engine thread): a number has at most
+:data:`MAX_NUMBER_CHARS` characters, a string value at most
+:data:`MAX_STRING_CHARS` and no control character (:func:`is_control`:
+newline, ESC, ... would reach the operator's console through ``l()``),
+``(`` and ``!`` nest at most :data:`MAX_NESTING` deep (so does an
+expression's operator tree) and blocks :data:`MAX_BLOCK_DEPTH` deep.
 
 Text is parsed as a whole plan (``complete=True``: blocks must balance) or as
 one segment of a plan streamed in pieces: a ``}`` may close a block an earlier
@@ -35,13 +43,21 @@ nothing and a variable used before any assignment to it.
 Argument values are checked against the skill's signature (type, bounds,
 pattern) as parsed; a variable argument is kept as :class:`Var` and checked by
 the robot once its value is known (:meth:`SkillSpec.check_args`).
+
+Plans are bounded (:class:`CostCounter`): loops unrolled, every branch taken
+and every call at the execution-time model's maximum, a plan may take at most
+the skill set's ``max_plan_exec_s`` and run at most ``max_plan_iterations``
+skill executions and loop passes. Text whose own statements already exceed a
+bound is refused here; :func:`stream_cost` checks a segment in the context of
+the plan before it (what the planner and the robot do).
 """
 
 from __future__ import annotations
 
 import re
 import string
-from collections.abc import Iterable
+import unicodedata
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -66,9 +82,22 @@ BOOL_LITERALS = {"True": True, "False": False}
 VAR_RE = re.compile(r"_[0-9]+")
 SKILL_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]*")  # a skill name; `_1` is a variable
 
+# Limits on hostile text. The parser recurses per '(' and '!' (and the interpreter per operator-tree level), so
+# nesting is bounded well below Python's recursion limit; int() refuses more than 4300 digits. Real plans
+# stay far below all of them.
+MAX_NESTING = 32  # '(' and '!' nested in one expression; depth of an expression's operator tree
+MAX_BLOCK_DEPTH = 16  # blocks open at once
+MAX_NUMBER_CHARS = 32  # characters of a number literal
+MAX_STRING_CHARS = 1000  # characters of a string literal (skill arguments have their own, smaller max_length)
+
 
 def is_space(c: str) -> bool:
     return c.isspace()
+
+
+def is_control(c: str) -> bool:
+    """Unicode category C (control, format, private use, unassigned, surrogate): refused in strings."""
+    return unicodedata.category(c).startswith("C")
 
 
 class SkillParseError(ValueError):
@@ -223,7 +252,10 @@ class Lexer:
             rest = buf[1:]
         else:  # the longest number; what followed it (`1e` of `1ex`) is read again
             num, rest = buf[:self._accept], buf[self._accept:]
-            out.append(Token("num", num, start, int(num) if num.isdigit() else float(num)))
+            if len(num) > MAX_NUMBER_CHARS:
+                out.append(Token("bad", num, start, f"number of {len(num)} characters (at most {MAX_NUMBER_CHARS})"))
+            else:
+                out.append(Token("num", num, start, int(num) if num.isdigit() else float(num)))
         if rest:
             resume, self._pos = self._pos, start + len(buf) - len(rest)
             for ch in rest:
@@ -354,6 +386,163 @@ class Program:
     closed: int  # '}' that closed blocks opened before this text
 
 
+def statement_calls(s: Statement) -> list[SkillCall]:
+    """The skill calls one statement makes each time it runs (an If: those of its condition)."""
+    if isinstance(s, CallStatement):
+        return [s.call]
+    root = s.value if isinstance(s, (Assign, Return)) else s.condition if isinstance(s, If) else None
+    out: list[SkillCall] = []
+    stack: list[Any] = [root]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, SkillCall):
+            out.append(e)
+        elif isinstance(e, Not):
+            stack.append(e.operand)
+        elif isinstance(e, BinOp):
+            stack += (e.right, e.left)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Cost: plans are bounded
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Cost:
+    """What running statements costs, loops unrolled: execution time by the model and iterations (skill
+    executions plus loop passes: an empty loop body still costs its passes)."""
+
+    min_s: float = 0.0
+    max_s: float = 0.0
+    iterations: int = 0
+
+    def __add__(self, o: Cost) -> Cost:
+        return Cost(self.min_s + o.min_s, self.max_s + o.max_s, self.iterations + o.iterations)
+
+    def times(self, k: int) -> Cost:
+        return Cost(self.min_s * k, self.max_s * k, self.iterations * k)
+
+
+CallCost = Callable[[SkillCall], tuple[float, float]]  # one call's (min, max) seconds
+_PASS = Cost(iterations=1)
+
+
+class CostCounter:
+    """Cost of a plan fed statement by statement (blocks may span segments), by the interpreter's rules:
+    a loop runs its body once as it arrives and count-1 more times at its ``}``; every call runs once per pass
+    (worst case: every branch taken, no early return).
+
+    :meth:`feed` returns what a statement costs when the robot runs it (a loop's ``}``: the replays);
+    :attr:`total` is the plan so far with its open blocks closed, which never shrinks as text is added: a plan
+    prefix over a bound can only end over it.
+    """
+
+    def __init__(self, call_cost: CallCost) -> None:
+        self.call_cost = call_cost
+        self._done = Cost()  # statements outside open blocks
+        self._frames: list[tuple[int, Cost]] = []  # open blocks: (loop count, 0 for a conditional; body so far)
+
+    def copy(self) -> CostCounter:
+        c = CostCounter(self.call_cost)
+        c._done, c._frames = self._done, list(self._frames)
+        return c
+
+    def calls(self, s: Statement) -> Cost:
+        lo = hi = 0.0
+        calls = statement_calls(s)
+        for c in calls:
+            a, b = self.call_cost(c)
+            lo, hi = lo + a, hi + b
+        return Cost(lo, hi, len(calls))
+
+    def feed(self, s: Statement) -> Cost:
+        if isinstance(s, EndBlock):
+            if not self._frames:  # closes a block opened before this counter's first statement: kind unknown
+                return Cost()
+            count, body = self._frames.pop()
+            self._add(_closed(count, body))
+            return (body + _PASS).times(count - 1) if count else Cost()
+        now = self.calls(s)
+        if isinstance(s, Loop):
+            self._frames.append((s.count, now))
+            return now + _PASS
+        if isinstance(s, If):
+            self._frames.append((0, now))  # its condition is evaluated again on every pass of an outer loop
+            return now
+        self._add(now)
+        return now
+
+    def _add(self, c: Cost) -> None:
+        if self._frames:
+            count, body = self._frames[-1]
+            self._frames[-1] = (count, body + c)
+        else:
+            self._done = self._done + c
+
+    @property
+    def total(self) -> Cost:
+        acc = Cost()
+        for count, body in reversed(self._frames):
+            acc = _closed(count, body + acc)
+        return self._done + acc
+
+
+def _closed(count: int, body: Cost) -> Cost:
+    return (body + _PASS).times(count) if count else body
+
+
+def bound_error(ss: SkillSet, cost: Cost) -> str | None:
+    """Why a plan of this worst-case cost is refused (naming the bound and the value), or None."""
+    if cost.max_s > ss.max_plan_exec_s:
+        return (f"plan exceeds max_plan_exec_s = {ss.max_plan_exec_s:g} s: it may run {cost.max_s:.1f} s "
+                "(loops unrolled, every call at its longest)")
+    if cost.iterations > ss.max_plan_iterations:
+        return (f"plan exceeds max_plan_iterations = {ss.max_plan_iterations}: it may run {cost.iterations} "
+                "skill executions and loop passes (loops unrolled)")
+    return None
+
+
+def model_cost(ss: SkillSet) -> CallCost:
+    """The skill set's execution-time model (YAML, nothing learned) as a call cost: what bounds are checked with."""
+    from timelyllm_ros.skills.exec_model import call_estimate  # exec_model imports this module
+
+    def cost(call: SkillCall) -> tuple[float, float]:
+        e = call_estimate(ss[call.name], call)
+        return e.min_s, e.max_s
+
+    return cost
+
+
+def stream_cost(ss: SkillSet, before: str, text: str, call_cost: CallCost | None = None) -> tuple[Cost, Cost]:
+    """Parse a plan's next segment ``text`` after the plan so far, ``before``, with full context (blocks open,
+    variables assigned); returns (what running the segment costs: its calls once, plus at each loop's ``}`` the
+    count-1 replays of the loop's body, nested loops multiplied; the plan so far with the segment, open blocks
+    closed). SkillParseError if either text is invalid there, or if the plan so far exceeds a bound of ``ss``
+    (checked with the model's maxima, whatever ``call_cost`` is: default, the model too).
+    """
+    first = parse_program(ss, before, open_blocks=0, declared=())
+    prog = parse_program(ss, text, open_blocks=first.opened, declared=first.assigned)
+    bound = CostCounter(model_cost(ss))
+    for s in first.statements:
+        bound.feed(s)
+    seg_bound = Cost()
+    for s in prog.statements:
+        seg_bound = seg_bound + bound.feed(s)
+        err = bound_error(ss, bound.total)
+        if err is not None:
+            raise SkillParseError(err, s.position)
+    if call_cost is None:
+        return seg_bound, bound.total
+    counter = CostCounter(call_cost)
+    for s in first.statements:
+        counter.feed(s)
+    seg = Cost()
+    for s in prog.statements:
+        seg = seg + counter.feed(s)
+    return seg, counter.total
+
+
 # ---------------------------------------------------------------------------
 # Parser and validator
 # ---------------------------------------------------------------------------
@@ -384,6 +573,8 @@ class _Parser:
         self.i = 0
         self.calls: list[SkillCall] = []
         self.assigned: set[str] = set()
+        self.nesting = 0  # '(' and '!' being parsed
+        self.cost = CostCounter(model_cost(ss))
 
     # -- token helpers -------------------------------------------------------
     @property
@@ -436,11 +627,19 @@ class _Parser:
                     raise SkillParseError("unmatched '}' (it closes no open block)", t.pos)
                 self.take()
                 stmts.append(EndBlock(t.pos))
+                self.cost.feed(stmts[-1])
             else:
                 s, brace = self.statement()
                 stmts.append(s)
                 if brace is not None:
                     opened.append(brace)
+                    depth = len(opened) + (0 if self.outer is None else self.outer - closed)
+                    if depth > MAX_BLOCK_DEPTH:
+                        raise SkillParseError(f"blocks nested {depth} deep (at most {MAX_BLOCK_DEPTH})", brace)
+                self.cost.feed(s)
+                err = bound_error(self.ss, self.cost.total)  # what this text alone costs: a plan's least
+                if err is not None:
+                    raise SkillParseError(err, s.position)
         if self.complete:
             if opened:
                 raise SkillParseError("unclosed '{'", opened[-1])
@@ -484,32 +683,36 @@ class _Parser:
     def expr(self, role: str) -> Expr:
         left = self.conj(role)
         while self.at_op("|"):
-            self.take()
-            left = BinOp("|", left, self.conj(role))
+            t = self.take()
+            left = _shallow(BinOp("|", left, self.conj(role)), t.pos)
         return left
 
     def conj(self, role: str) -> Expr:
         left = self.comparison(role)
         while self.at_op("&"):
-            self.take()
-            left = BinOp("&", left, self.comparison(role))
+            t = self.take()
+            left = _shallow(BinOp("&", left, self.comparison(role)), t.pos)
         return left
 
     def comparison(self, role: str) -> Expr:
         left = self.unary(role)
         if self.at_op(*COMPARISONS):
-            op = self.take().value
-            return BinOp(op, left, self.unary(role))
+            t = self.take()
+            return _shallow(BinOp(t.value, left, self.unary(role)), t.pos)
         return left
 
     def unary(self, role: str) -> Expr:
-        if self.at_op("!"):
-            self.take()
-            return Not(self.unary(role))
-        if self.at_op("("):
-            self.take()
-            e = self.expr(role)
-            self.expect(")", "to close '('")
+        if self.at_op("!", "("):
+            t = self.take()
+            self.nesting += 1
+            if self.nesting > MAX_NESTING:
+                raise SkillParseError(f"'(' and '!' nested more than {MAX_NESTING} deep", t.pos)
+            if t.value == "!":
+                e: Expr = _shallow(Not(self.unary(role)), t.pos)
+            else:
+                e = self.expr(role)
+                self.expect(")", "to close '('")
+            self.nesting -= 1
             return e
         if self.tok.kind == "ident" and self.peek_op("("):
             return self.call(role)
@@ -519,7 +722,16 @@ class _Parser:
         t = self.take()
         if t.kind == "op" and t.value == "-" and self.tok.kind == "num":
             return -self.take().value
-        if t.kind in ("num", "str"):
+        if t.kind == "str":
+            # A string reaches the robot, and through l() the operator's console: no terminal escapes, no
+            # line breaks, whatever the quoting.
+            bad = next((i for i, c in enumerate(t.text) if is_control(c)), None)
+            if bad is not None:
+                raise SkillParseError(f"control character U+{ord(t.text[bad]):04X} in a string", t.pos + bad)
+            if len(t.value) > MAX_STRING_CHARS:
+                raise SkillParseError(f"string of {len(t.value)} characters (at most {MAX_STRING_CHARS})", t.pos)
+            return t.value
+        if t.kind == "num":
             return t.value
         if t.kind == "ident":
             if t.text in BOOL_LITERALS:
@@ -577,9 +789,27 @@ class _Parser:
         return self.literal(f"as argument of {spec.name}")
 
 
+def _depth(e: Expr) -> int:
+    """Levels of an expression's operator tree (recursive: only called on trees :func:`_shallow` admitted)."""
+    if isinstance(e, Not):
+        return 1 + _depth(e.operand)
+    if isinstance(e, BinOp):
+        return 1 + max(_depth(e.left), _depth(e.right))
+    return 0
+
+
+def _shallow(e: Expr, pos: int) -> Expr:
+    # The interpreter evaluates expressions recursively: `a&b&c&...` builds a tree as deep as it is long.
+    if _depth(e) > MAX_NESTING:
+        raise SkillParseError(f"expression nested more than {MAX_NESTING} operators deep", pos)
+    return e
+
+
 __all__ = [
-    "BOOL_LITERALS", "COMPARISONS", "DIGITS", "ESCAPE", "IDENT_CHARS", "IDENT_START", "OPERATORS", "QUOTES",
-    "SKILL_NAME_RE", "VAR_RE", "ArgValue", "Assign", "BinOp", "CallStatement", "EndBlock", "Expr", "If", "Lexer",
-    "Loop", "Not", "Program", "Return", "SkillCall", "SkillParseError", "Statement", "Token", "Var", "is_space",
-    "parse_program", "tokenize",
+    "BOOL_LITERALS", "COMPARISONS", "DIGITS", "ESCAPE", "IDENT_CHARS", "IDENT_START", "MAX_BLOCK_DEPTH",
+    "MAX_NESTING", "MAX_NUMBER_CHARS", "MAX_STRING_CHARS", "OPERATORS", "QUOTES", "SKILL_NAME_RE", "VAR_RE",
+    "ArgValue", "Assign", "BinOp", "CallCost", "CallStatement", "Cost", "CostCounter", "EndBlock", "Expr", "If",
+    "Lexer", "Loop", "Not", "Program", "Return", "SkillCall", "SkillParseError", "Statement", "Token", "Var",
+    "bound_error", "is_control", "is_space", "model_cost", "parse_program", "statement_calls", "stream_cost",
+    "tokenize",
 ]

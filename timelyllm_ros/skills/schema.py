@@ -35,6 +35,7 @@ from timelyllm_ros.skills.minispec import (  # the language's types, also import
     Var,
     parse_program,
 )
+from timelyllm_ros.yamlfile import YamlFileError, load_yaml_file
 
 ARG_TYPES = ("int", "float", "str", "bool")
 GRAMMARS = ("minispec", "calls", "text")
@@ -196,6 +197,10 @@ class SkillSet:
     skills: tuple[SkillSpec, ...]
     path: Path | None = None
     max_loop_count: int = 20
+    # Per plan, loops unrolled and every call at its model's longest (see minispec.CostCounter): the skill
+    # sets declare their own; these defaults only serve a skill set that does not.
+    max_plan_exec_s: float = 600.0
+    max_plan_iterations: int = 1000  # skill executions plus loop passes
     min_segment_tokens: int = 10  # sentence segmenter
     text_exec_time: Mapping[str, float] = field(default_factory=dict)
     _by_name: dict[str, SkillSpec] = field(default_factory=dict, repr=False)
@@ -393,9 +398,9 @@ def load_skill_set_file(path: str | Path) -> SkillSet:
     """Load and validate one YAML file (uncached)."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise SkillSetError(f"{path}: not valid YAML: {e}") from None
+        raw = load_yaml_file(path)
+    except YamlFileError as e:  # names the file, line and column
+        raise SkillSetError(str(e)) from None
     return skill_set_from_dict(raw, source=str(path), path=path)
 
 
@@ -422,12 +427,20 @@ def skill_set_from_dict(raw: Any, source: str = "<dict>", path: Path | None = No
         if k in text_exec:
             v.number(text_exec, k, f"text_exec_time.{k}", lo=0)
     known = {"id", "robot_type", "description", "segmenter", "grammar", "lmax", "skills",
-             "max_loop_count", "min_segment_tokens", "text_exec_time"}
+             "max_loop_count", "max_plan_exec_s", "max_plan_iterations", "min_segment_tokens", "text_exec_time"}
     v.no_extra(raw, known, "")
+    for k in ("max_plan_exec_s", "max_plan_iterations"):
+        if grammar == "text" and k in raw:
+            v.fail(k, f"only for skill languages: grammar 'text' runs no skills (remove {k})")
+    max_exec = v.number(raw, "max_plan_exec_s", "max_plan_exec_s", default=SkillSet.max_plan_exec_s)
+    if not max_exec > 0:
+        v.fail("max_plan_exec_s", f"must be > 0 s, got {max_exec:g}")
     return SkillSet(
         id=ss_id, robot_type=robot_type, description=str(raw.get("description", "")).strip(),
         segmenter=segmenter, grammar=grammar, lmax=lmax, skills=skills, path=path,
         max_loop_count=v.integer(raw, "max_loop_count", lo=1, default=20),
+        max_plan_exec_s=max_exec,
+        max_plan_iterations=v.integer(raw, "max_plan_iterations", lo=1, default=SkillSet.max_plan_iterations),
         min_segment_tokens=v.integer(raw, "min_segment_tokens", lo=0, default=10),
         text_exec_time={k: float(x) for k, x in text_exec.items()},
     )

@@ -7,6 +7,11 @@ of the process. On restart :meth:`Journal.unfinished` gives the tasks to resume 
 :meth:`Journal.unacked` the segments to send again, and :meth:`Journal.result` answers clients asking about
 tasks finished before the restart. :meth:`Journal.prune` keeps the file bounded for a planner running for weeks.
 
+Durability and integrity (see :class:`Journal`): every commit is fsynced (WAL, ``synchronous=FULL``), a commit
+counter is kept in the database and mirrored in a small sidecar file, and a journal that is damaged, or has lost
+commits it is known to have made (a deleted, truncated or corrupted ``-wal``, a truncated or replaced main file), is
+refused at open with :class:`JournalDamagedError` naming the file and the problem, never opened with tasks missing.
+
 Pure Python (standard library ``sqlite3``); never imports rclpy.
 
 Schema (``PRAGMA user_version`` = :data:`SCHEMA_VERSION`):
@@ -19,15 +24,24 @@ Schema (``PRAGMA user_version`` = :data:`SCHEMA_VERSION`):
     primary key ``(task_id, idx)``; ``text``, ``token_ids`` (JSON list), ``is_final``, ``marker`` (1 for an
     end-of-plan marker: text ``''``, is_final 1), ``dispatch_wall``, ``est_exec_s``, ``acked``, ``reported``,
     ``success`` (NULL until reported), ``start_wall``, ``finish_wall``, ``error``.
+``journal_meta``
+    one row: ``journal_id`` (random, also in the sidecar), ``commit_seq`` (+1 in every write transaction that
+    changed a row), ``clean`` (1 only while closed cleanly: checkpointed, the ``-wal`` empty). Journals written
+    before it existed get it on their first open (with a warning: what they lost before cannot be known).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sqlite3
 import threading
+import time
+import urllib.parse
+import uuid
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -35,15 +49,19 @@ from typing import Any
 
 __all__ = [
     "DB_NAME",
+    "SEQ_NAME",
     "SCHEMA_VERSION",
     "ACTIVE",
     "Journal",
+    "JournalDamagedError",
+    "JournalError",
     "JournalVersionError",
     "JournaledSegment",
     "JournaledTask",
 ]
 
 DB_NAME = "journal.sqlite3"
+SEQ_NAME = DB_NAME + "-seq"  # sidecar: the last commit_seq known committed (see Journal)
 SCHEMA_VERSION = 1
 ACTIVE = "active"  # status of a task accepted and not finished; reserved, never a terminal status
 
@@ -78,7 +96,18 @@ CREATE TABLE IF NOT EXISTS segments (
     PRIMARY KEY (task_id, idx)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS segments_unacked ON segments (task_id, idx) WHERE acked = 0;
+CREATE TABLE IF NOT EXISTS journal_meta (
+    id            INTEGER PRIMARY KEY CHECK (id = 1),
+    journal_id    TEXT    NOT NULL,
+    commit_seq    INTEGER NOT NULL,
+    clean         INTEGER NOT NULL
+);
 """
+
+_log = logging.getLogger(__name__)
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_SEQ_MAGIC = "timelyllm-journal-seq/1"
+_SEQ_SIZE = 128  # fixed size, overwritten in place: no allocation on a full disk, one sector (no torn record)
 
 _SEG_COLS = (
     "s.idx, s.text, s.token_ids, s.is_final, s.marker, s.dispatch_wall, s.est_exec_s, "
@@ -86,8 +115,46 @@ _SEG_COLS = (
 )
 
 
-class JournalVersionError(RuntimeError):
+class JournalError(RuntimeError):
+    """The journal cannot be opened or written; the message names the file or folder and the problem."""
+
+
+class JournalDamagedError(JournalError, sqlite3.DatabaseError):
+    """The journal is damaged or has lost commits it is known to have made; refused rather than opened with tasks
+    missing. ``Journal(..., reset_damaged=True)`` moves its files aside (never deletes them) and starts empty."""
+
+
+class JournalVersionError(JournalError):
     """The journal file was written by a newer (or unknown) schema; refusing it rather than misreading it."""
+
+
+def _expected_columns() -> dict[str, list[str]]:
+    """Column names of each table, from ``_SCHEMA`` itself (one source of truth for the schema check)."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        conn.executescript(_SCHEMA)
+        return {name: [c[1] for c in conn.execute(f"PRAGMA table_info({name})")]
+                for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    finally:
+        conn.close()
+
+
+_COLUMNS = _expected_columns()
+
+
+def _seq_record(journal_id: str, seq: int) -> bytes:
+    body = f"{_SEQ_MAGIC} {journal_id} {seq}"
+    line = f"{body} {zlib.crc32(body.encode()):08x}\n".encode()
+    return line.ljust(_SEQ_SIZE, b" ")
+
+
+def _is_damage(e: sqlite3.Error) -> bool:
+    """SQLite's verdict on the file's content (corrupt, not a database) rather than on the storage under it
+    (full, read-only, locked, I/O error): only the former is damage that a reset may move aside."""
+    name = getattr(e, "sqlite_errorname", "") or ""
+    if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")):
+        return True
+    return type(e) is sqlite3.DatabaseError
 
 
 @dataclass
@@ -146,53 +213,272 @@ def _dumps(obj: Any) -> str:
 
 
 class Journal:
-    """SQLite journal in ``<path>/journal.sqlite3``, safe to share between threads.
+    """SQLite journal in ``<path>/journal.sqlite3``, safe to share between threads (one process per journal).
 
-    Durability: WAL mode with ``synchronous=NORMAL``. A commit is appended to the WAL file (in the OS page cache)
-    before the call returns, so a killed process (SIGKILL, crash, OOM kill) loses nothing that returned; only an
-    OS crash or power loss may roll back the last few commits, which is acceptable for a planner (pass
-    ``synchronous="FULL"`` to fsync every commit when that matters more than the ~10x write cost).
+    Durability: WAL with ``synchronous=FULL``. Every commit is fsynced before the call returns, so what returned
+    (a goal's acceptance above all) survives a killed process and an OS crash or power loss alike; the price is
+    one fsync per write (``python -m bench.journal_bench`` measures it). The WAL is checkpointed into the main file
+    every 1000 pages (SQLite's ``wal_autocheckpoint``), after every :meth:`prune` (the planner prunes every 30 s),
+    and at open and close (TRUNCATE: a cleanly closed journal is the main file alone), so the ``-wal`` stays small
+    and the main file is about one prune period behind at most. ``synchronous="NORMAL"`` skips the per-commit
+    fsync: a killed process still loses nothing, a power loss may roll back the commits since the last checkpoint.
+
+    Loss detection: ``journal_meta.commit_seq`` counts write transactions, and after each commit (under NORMAL:
+    after each complete checkpoint, when the commits up to it are on disk) that count is overwritten in place in
+    the sidecar ``journal.sqlite3-seq`` (no fsync per commit: the page cache survives a killed process). The
+    sidecar is never ahead of what the database holds durably, so a database with fewer commits than the sidecar
+    records has lost some: a ``-wal`` deleted, truncated or with garbage in it (SQLite silently stops reading at
+    the first bad frame), a main file truncated or replaced by an older copy. Open also refuses a main file that is
+    not a database, is empty beside a ``-wal``, fails ``PRAGMA integrity_check`` or holds other columns than this
+    schema; a sidecar unreadable or of another journal; and a missing sidecar unless the journal was closed
+    cleanly. All with :class:`JournalDamagedError` naming the file and the problem; ``reset_damaged=True`` instead
+    moves the damaged files aside (renamed ``journal.sqlite3.damaged-<time>[-wal|-shm|-seq]``, never deleted),
+    starts an empty journal and says so in :attr:`reset_report`. The checks read through a read-only connection:
+    a read-write one would checkpoint and delete the evidence (the ``-wal``) when it closes.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "NORMAL") -> None:
-        if synchronous.upper() not in ("NORMAL", "FULL"):
+    def __init__(
+        self, path: str | os.PathLike[str], *, synchronous: str = "FULL", reset_damaged: bool = False
+    ) -> None:
+        sync = synchronous.upper()
+        if sync not in ("NORMAL", "FULL"):
             raise ValueError(f"synchronous must be NORMAL or FULL, not {synchronous!r}")
-        os.makedirs(path, exist_ok=True)
-        self.file = os.path.join(os.fspath(path), DB_NAME)
+        self.dir = os.fspath(path)
+        self.file = os.path.join(self.dir, DB_NAME)
+        self.seq_file = os.path.join(self.dir, SEQ_NAME)
+        self.warnings: list[str] = []  # opened, with something the caller should log
+        self.reset_report: str | None = None  # what reset_damaged moved aside, and why
+        self.seq_errors = 0  # sidecar writes that failed (logged); loss detection is weaker until the next one works
+        self._seq_each_commit = sync == "FULL"
         self._lock = threading.RLock()
-        # isolation_level=None: autocommit; multi-statement writes open their own BEGIN IMMEDIATE transaction.
-        self._conn: sqlite3.Connection | None = sqlite3.connect(
-            self.file, check_same_thread=False, isolation_level=None, timeout=10.0
-        )
+        self._conn: sqlite3.Connection | None = None
+        self._seq_fd: int | None = None
+        self._journal_id = ""
+        self._seq = 0
         try:
-            self._open(synchronous.upper())
+            self._prepare_dir()
+            try:
+                journal_id = self._check()
+            except JournalDamagedError as e:
+                if not reset_damaged:
+                    raise
+                moved = self._move_aside()
+                self.reset_report = (f"{e} -- reset_damaged: moved {', '.join(moved)} aside (kept, not deleted) and "
+                                     "started an empty journal; the tasks in those files are not resumed")
+                journal_id = None
+            self._open(sync, journal_id)
         except BaseException:
-            self._conn.close()
-            self._conn = None
+            self._abort()
             raise
 
-    def _open(self, synchronous: str) -> None:
-        conn = self._db()
+    # -- opening and checking -------------------------------------------------------------------------------------
+
+    def _damaged(self, problem: str) -> JournalDamagedError:
+        return JournalDamagedError(
+            f"journal {problem}. Refusing to open it: tasks would be missing. Inspect or restore the files, or start "
+            "over with reset_damaged=True (planner parameter journal_reset_damaged:=true), which moves them aside"
+        )
+
+    def _sqlite_error(self, e: sqlite3.Error, doing: str) -> JournalError:
+        if _is_damage(e):
+            return self._damaged(f"{self.file}: {e}")
+        hint = f" (the disk holding {self.dir} is full)" if "full" in str(e).lower() else ""
+        return JournalError(f"journal {self.file}: cannot {doing}: {e}{hint}")
+
+    def _prepare_dir(self) -> None:
+        if os.path.lexists(self.dir) and not os.path.isdir(self.dir):
+            raise JournalError(f"journal folder {self.dir} is not a folder (a file of that name exists)")
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+        except OSError as e:
+            raise JournalError(f"cannot create the journal folder {self.dir}: {e.strerror or e}") from e
+        try:  # also the first write into the folder: a read-only one is named here, not deep in SQLite
+            self._seq_fd = os.open(self.seq_file, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise JournalError(f"journal folder {self.dir} is not writable: {self.seq_file}: {e.strerror or e}") from e
+
+    def _read_seq(self) -> tuple[str, int] | None:
+        """The sidecar's ``(journal_id, commit_seq)``; None when it is empty (new, or never written)."""
+        assert self._seq_fd is not None
+        data = os.pread(self._seq_fd, 4096, 0)
+        if not data.strip(b" \n\x00"):
+            return None
+        parts = data.decode("ascii", "replace").split()
+        body = " ".join(parts[:3])
+        if len(parts) != 4 or parts[0] != _SEQ_MAGIC or not parts[2].isdigit() or \
+                parts[3] != f"{zlib.crc32(body.encode()):08x}":
+            raise self._damaged(f"sequence file {self.seq_file} is unreadable (it holds {data[:60]!r})")
+        return parts[1], int(parts[2])
+
+    def _check(self) -> str | None:
+        """Refuse a damaged or incomplete journal (see the class docstring); sets ``_seq`` to the commits it holds
+        and returns its journal_id, or None for a journal to create (new, or one from before journal_meta)."""
+        side = self._read_seq()
+        wal = self.file + "-wal"
+        try:
+            db_size = os.path.getsize(self.file) if os.path.exists(self.file) else None
+            wal_size = os.path.getsize(wal) if os.path.exists(wal) else None
+            head = b""
+            if db_size:
+                with open(self.file, "rb") as f:
+                    head = f.read(100)
+        except OSError as e:
+            raise JournalError(f"journal {self.file}: cannot read it: {e.strerror or e}") from e
+        if not db_size:
+            # Checked before SQLite sees it: on an empty main file SQLite deletes the -wal beside it.
+            what = "is missing" if db_size is None else "is empty (0 bytes)"
+            if wal_size:
+                raise self._damaged(f"{self.file} {what} but {wal} holds {wal_size} bytes of it: the main file was "
+                                    "deleted or truncated")
+            if side is not None and side[1] > 0:
+                raise self._damaged(f"{self.file} {what} but {self.seq_file} records {side[1]} commits to it")
+            return None
+        if len(head) < 100 or not head.startswith(_SQLITE_MAGIC):
+            raise self._damaged(f"{self.file} is not an SQLite database ({db_size} bytes, starting {head[:16]!r})")
+        try:
+            conn = sqlite3.connect(f"file:{urllib.parse.quote(self.file)}?mode=ro", uri=True, timeout=10.0)
+        except sqlite3.Error as e:
+            raise self._sqlite_error(e, "open it") from e
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
-        except sqlite3.DatabaseError as e:
-            raise sqlite3.DatabaseError(f"{self.file}: not a usable journal database ({e})") from e
-        if version != 0 and version != SCHEMA_VERSION:
-            raise JournalVersionError(
-                f"{self.file}: journal schema version {version} is not the supported version {SCHEMA_VERSION} "
-                "(written by a newer planner?); refusing to open it. Move the file aside or point state_dir "
-                "elsewhere."
-            )
-        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-        if str(mode).lower() != "wal":
-            raise sqlite3.OperationalError(f"{self.file}: could not switch to WAL mode (got {mode!r})")
-        conn.execute(f"PRAGMA synchronous={synchronous}")
-        with self._tx() as c:
-            # not executescript: it would COMMIT this transaction before running the script
-            for stmt in _SCHEMA.split(";"):
-                if stmt.strip():
-                    c.execute(stmt)
-            c.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            if version != 0 and version != SCHEMA_VERSION:
+                raise JournalVersionError(
+                    f"{self.file}: journal schema version {version} is not the supported version {SCHEMA_VERSION} "
+                    "(written by a newer planner?); refusing to open it. Move the file aside or point state_dir "
+                    "elsewhere."
+                )
+            verdict = [str(r[0]) for r in conn.execute("PRAGMA integrity_check(10)")]
+            tables = {
+                name: [c[1] for c in conn.execute(f'PRAGMA table_info("{name}")')]
+                for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+            }
+            meta = (conn.execute("SELECT journal_id, commit_seq, clean FROM journal_meta WHERE id = 1").fetchone()
+                    if tables.get("journal_meta") == _COLUMNS["journal_meta"] else None)
+        except sqlite3.Error as e:
+            raise self._sqlite_error(e, "read it") from e
+        finally:
+            conn.close()  # read-only: never checkpoints, so the -wal stays as found
+        if verdict != ["ok"]:
+            raise self._damaged(f"{self.file} fails SQLite's integrity check: {'; '.join(verdict[:5])}")
+        if not tables:
+            if version != 0 or (side is not None and side[1] > 0):
+                raise self._damaged(f"{self.file} has no tables, but its schema version is {version} and "
+                                    f"{self.seq_file} records {side[1] if side else 0} commits")
+            return None
+        if version == 0:
+            raise self._damaged(f"{self.file} is not a task journal (tables {sorted(tables)}, schema version 0)")
+        for name, cols in _COLUMNS.items():
+            if tables.get(name) != cols and not (name == "journal_meta" and name not in tables):
+                raise self._damaged(f"{self.file}: schema mismatch: table {name} has columns {tables.get(name)}, "
+                                    f"expected {cols}")
+        if meta is None:  # a journal written before the commit counter existed
+            if side is not None and side[1] > 0:
+                raise self._damaged(f"{self.file} has no commit counter but {self.seq_file} records {side[1]} "
+                                    "commits: the main file was replaced by an older copy, or its -wal lost")
+            self.warnings.append(f"{self.file} predates loss detection: what it may have lost before now cannot be "
+                                 "known; commits are counted from now on")
+            return None
+        journal_id, seq, clean = meta
+        wal_state = (f"the -wal {wal} is missing or empty (deleted?)" if not wal_size else
+                     f"the -wal ({wal_size} bytes) was truncated or corrupted, or the main file replaced by an older "
+                     "copy")
+        if side is None:
+            if not clean:
+                raise self._damaged(f"sequence file {self.seq_file} is missing or empty, and {self.file} was not "
+                                    "closed cleanly: whether commits were lost with its -wal cannot be told")
+            self.warnings.append(f"sequence file {self.seq_file} was missing; {self.file} had been closed cleanly "
+                                 "(nothing can have been lost), so it is written again")
+        elif side[0] != journal_id:
+            raise self._damaged(f"sequence file {self.seq_file} belongs to another journal ({side[0]}, not "
+                                f"{journal_id}): files of two journals mixed")
+        elif seq < side[1]:
+            raise self._damaged(f"{self.file} holds {seq} commits but {self.seq_file} records {side[1]}: the last "
+                                f"{side[1] - seq} were lost ({wal_state})")
+        self._seq = int(seq)
+        return str(journal_id)
+
+    def _move_aside(self) -> list[str]:
+        """Rename the journal's files (db, -wal, -shm, -seq) to ``journal.sqlite3.damaged-<time>...``, so they
+        stay together (SQLite finds the -wal of the renamed db) and nothing is deleted."""
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        suffixes = ("", "-wal", "-shm", "-seq")
+        base, n = f"{self.file}.damaged-{stamp}", 1
+        while any(os.path.lexists(base + s) for s in suffixes):
+            base, n = f"{self.file}.damaged-{stamp}.{n}", n + 1
+        if self._seq_fd is not None:
+            os.close(self._seq_fd)
+            self._seq_fd = None
+        moved = []
+        for s in suffixes:
+            if os.path.lexists(self.file + s):
+                try:
+                    os.rename(self.file + s, base + s)
+                except OSError as e:
+                    raise JournalError(f"cannot move {self.file + s} aside to {base + s}: {e.strerror or e}") from e
+                moved.append(base + s)
+        self._prepare_dir()
+        return moved
+
+    def _open(self, synchronous: str, journal_id: str | None) -> None:
+        try:
+            # isolation_level=None: autocommit; writes open their own BEGIN IMMEDIATE transaction (_tx).
+            conn = self._conn = sqlite3.connect(self.file, check_same_thread=False, isolation_level=None,
+                                                timeout=10.0)
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise JournalError(f"journal {self.file}: could not switch to WAL mode (got {mode!r})")
+            conn.execute(f"PRAGMA synchronous={synchronous}")
+            self._journal_id = journal_id or uuid.uuid4().hex
+            # The sidecar first (never ahead of the db), then clean=0 into the main file (TRUNCATE checkpoint): a
+            # -wal lost from now on is caught by the count, or, should the sidecar go too, by clean=0.
+            self._write_seq(durable=True)
+            with self._tx(bump=False) as c:
+                # not executescript: it would COMMIT this transaction before running the script
+                for stmt in _SCHEMA.split(";"):
+                    if stmt.strip():
+                        c.execute(stmt)
+                c.execute(
+                    "INSERT INTO journal_meta (id, journal_id, commit_seq, clean) VALUES (1, ?, ?, 0) "
+                    "ON CONFLICT (id) DO UPDATE SET clean = 0",
+                    (self._journal_id, self._seq),
+                )
+                c.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            dfd = os.open(self.dir, os.O_RDONLY)  # the sidecar's and the db's names durable too
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except JournalError:
+            raise
+        except sqlite3.Error as e:
+            raise self._sqlite_error(e, "open it for writing") from e
+        except OSError as e:
+            raise JournalError(f"journal {self.dir}: cannot open it for writing: {e.strerror or e}") from e
+
+    def _write_seq(self, durable: bool = False) -> None:
+        assert self._seq_fd is not None
+        os.pwrite(self._seq_fd, _seq_record(self._journal_id, self._seq), 0)
+        if durable:
+            os.fsync(self._seq_fd)
+
+    def _note_seq(self, durable: bool = False) -> None:
+        """Sidecar update after a commit: its failure is logged, never raised (the commit itself has happened)."""
+        try:
+            self._write_seq(durable)
+        except OSError as e:
+            self.seq_errors += 1
+            _log.error("journal %s: could not update %s (%s): a -wal lost now would go unnoticed",
+                       self.file, self.seq_file, e)
+
+    def _abort(self) -> None:
+        """Release everything after a failed open, touching no file (unlike close)."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if self._seq_fd is not None:
+            os.close(self._seq_fd)
+            self._seq_fd = None
 
     @property
     def is_open(self) -> bool:
@@ -204,17 +490,53 @@ class Journal:
         return self._conn
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction under the lock: committed when the block ends, rolled back if it raises."""
+    def _tx(self, bump: bool = True) -> Iterator[sqlite3.Connection]:
+        """One write transaction under the lock: committed when the block ends, rolled back if it raises. One
+        that changed a row counts in ``commit_seq`` (and the sidecar). A failure of the storage (disk full, I/O
+        error, read-only) is raised as :class:`JournalError` naming the file."""
         with self._lock:
             conn = self._db()
-            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as e:
+                raise self._sqlite_error(e, "write") from e
+            changes = conn.total_changes
+            seq = None
             try:
                 yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
+                if bump and conn.total_changes != changes:
+                    conn.execute("UPDATE journal_meta SET commit_seq = commit_seq + 1 WHERE id = 1")
+                    seq = conn.execute("SELECT commit_seq FROM journal_meta WHERE id = 1").fetchone()[0]
+                conn.execute("COMMIT")
+            except BaseException as e:
+                if conn.in_transaction:
+                    try:
+                        conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass  # SQLite rolled back itself (e.g. a failed COMMIT on a full disk)
+                if isinstance(e, sqlite3.Error) and not isinstance(e, (sqlite3.ProgrammingError,
+                                                                      sqlite3.IntegrityError, JournalError)):
+                    raise self._sqlite_error(e, "write") from e
                 raise
-            conn.execute("COMMIT")
+            if seq is not None:
+                self._seq = seq
+                if self._seq_each_commit:
+                    self._note_seq()
+
+    def checkpoint(self, mode: str = "PASSIVE") -> bool:
+        """Copy the ``-wal`` into the main file (``mode``: PASSIVE, FULL, RESTART or TRUNCATE); True when all of it
+        was copied (a reader of an older snapshot can hold some back)."""
+        if mode.upper() not in ("PASSIVE", "FULL", "RESTART", "TRUNCATE"):
+            raise ValueError(f"unknown checkpoint mode {mode!r}")
+        with self._lock:
+            try:
+                busy, frames, done = self._db().execute(f"PRAGMA wal_checkpoint({mode.upper()})").fetchone()
+            except sqlite3.Error as e:
+                raise self._sqlite_error(e, "checkpoint") from e
+            complete = busy == 0 and frames == done
+            if complete:  # under NORMAL the commits so far are on disk now: the sidecar may say so
+                self._note_seq(durable=True)
+            return complete
 
     # -- writes ---------------------------------------------------------------------------------------------------
 
@@ -301,10 +623,8 @@ class Journal:
 
         Returns False when no such segment is journaled (e.g. a late ack for a pruned task); idempotent.
         """
-        with self._lock:
-            cur = self._db().execute(
-                "UPDATE segments SET acked = 1 WHERE task_id = ? AND idx = ?", (task_id, int(index))
-            )
+        with self._tx() as c:
+            cur = c.execute("UPDATE segments SET acked = 1 WHERE task_id = ? AND idx = ?", (task_id, int(index)))
             return cur.rowcount == 1
 
     end_marker_acked = segment_acked
@@ -322,8 +642,8 @@ class Journal:
 
         A later report overwrites an earlier one. Returns False when no such segment is journaled.
         """
-        with self._lock:
-            cur = self._db().execute(
+        with self._tx() as c:
+            cur = c.execute(
                 "UPDATE segments SET acked = 1, reported = 1, success = ?, start_wall = ?, finish_wall = ?, "
                 "error = ? WHERE task_id = ? AND idx = ?",
                 (int(bool(success)), start_wall, finish_wall, error or "", task_id, int(index)),
@@ -341,8 +661,8 @@ class Journal:
         if not isinstance(result, dict):
             raise TypeError(f"result must be a dict, not {type(result).__name__}")
         result_json = _dumps(result)
-        with self._lock:
-            cur = self._db().execute(
+        with self._tx() as c:
+            cur = c.execute(
                 "UPDATE tasks SET status = ?, result = ?, finished_wall = ? WHERE task_id = ?",
                 (status, result_json, float(finished_wall), task_id),
             )
@@ -376,6 +696,7 @@ class Journal:
             ]
             c.executemany("DELETE FROM segments WHERE task_id = ?", [(i,) for i in ids])
             c.executemany("DELETE FROM tasks WHERE task_id = ?", [(i,) for i in ids])
+        self.checkpoint()  # periodic (the planner prunes every 30 s): the main file catches up with the -wal
         return len(ids)
 
     # -- reads ----------------------------------------------------------------------------------------------------
@@ -451,11 +772,26 @@ class Journal:
         return "\n".join(str(r[0]) for r in rows)
 
     def close(self) -> None:
-        """Close the database (idempotent); later calls raise ``sqlite3.ProgrammingError``."""
+        """Close the database (idempotent); later calls raise ``sqlite3.ProgrammingError``.
+
+        A clean close checkpoints everything into the main file, empties the ``-wal`` and marks the journal clean
+        (the only state in which a missing sidecar is accepted at the next open). Failing that (disk full, a
+        reader holding the -wal) it just closes: the next open checks the files as they are.
+        """
         with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                try:
+                    if conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0:
+                        conn.execute("UPDATE journal_meta SET clean = 1 WHERE id = 1")
+                        if conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0:
+                            self._write_seq(durable=True)
+                except (sqlite3.Error, OSError) as e:
+                    _log.warning("journal %s: no clean close (%s); the next open checks it as it is", self.file, e)
+                conn.close()
+            if self._seq_fd is not None:
+                os.close(self._seq_fd)
+                self._seq_fd = None
 
     def __enter__(self) -> Journal:
         return self

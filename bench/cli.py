@@ -9,6 +9,7 @@
     timelyllm-bench pool               # one vLLM server vs a pool of two vs in-process; 1-8 GPU servers projected
     timelyllm-bench fleet-load         # planner + 50 simulated robots (processes), 1200 goals: nothing lost
     timelyllm-bench plan-quality --label after   # real engine: valid / acceptable plans per task template
+    timelyllm-bench robot-memory       # planner memory vs 10,000 distinct robot ids, with / without idle release
 """
 
 from __future__ import annotations
@@ -319,6 +320,10 @@ def build_parser() -> argparse.ArgumentParser:
     from bench.real_policies import add_parser as add_real_policies
 
     add_real_policies(sub)  # real-policies: the policies on the real engine, repeated, beside the simulator
+
+    from bench.robot_memory import add_parser as add_robot_memory
+
+    add_robot_memory(sub)  # robot-memory: planner memory vs distinct robot ids, with and without idle release
 
     p = sub.add_parser("overhead", help="scheduler decision time vs queue length")
     p.add_argument("--sizes", default="1,8,64,1000,10000")

@@ -375,3 +375,111 @@ def test_a_robot_inside_the_longest_time_the_model_allows_is_not_silent():
     clock.set(first.pred_start + first.max_exec_s + 5.0 + 1.0)  # past the longest + timeout: silent
     assert core.expire_silent(clock.now()) == ["t0"]
     assert "longest execution by the model (12.22 s)" in core.result("t0").reason
+
+
+def test_a_robot_that_sends_heartbeats_is_silent_only_once_they_stop():
+    """The emulated Tello scanned for 16.5 s where the model allows 12.2 s, and was failed as silent while still
+    scanning. A robot that says it runs the segment is alive, however long the skill takes."""
+    clock = SimClock()
+    core, _, results = make_core(clock=clock, robot_timeout_s=5.0)
+    core.submit(spec(0, plan="?s('cat')==True{g('cat');}"))
+    drain(core, clock)
+    start = clock.now()  # the plan was written; the robot is scanning
+    assert core.robot_alive("t0", 0, "r0") is None  # the ack
+    for k in range(40):  # 40 s of heartbeats: far past the model's longest 12.2 s + the 5 s timeout
+        clock.set(start + k)
+        assert core.robot_alive("t0", 0, "r0") is None
+        assert core.expire_silent(clock.now()) == []
+    last = clock.now()
+    clock.set(last + 4.9)
+    assert core.expire_silent(clock.now()) == []
+    clock.set(last + 5.1)  # the heartbeats stopped: silent, whatever the model predicted
+    assert core.expire_silent(clock.now()) == ["t0"]
+    assert core.result("t0").status is TaskStatus.ROBOT_FAILED and "no heartbeat" in core.result("t0").reason
+
+
+def test_a_slow_robot_that_sends_heartbeats_finishes_and_teaches_the_model_its_real_time():
+    clock = SimClock()
+    core, _, results = make_core(clock=clock, robot_timeout_s=5.0)
+    core.submit(spec(0, plan="?s('cat')==True{g('cat');}"))
+    drain(core, clock)
+    first = results[0].segments[0]
+    start = clock.now()
+    for k in range(17):
+        clock.set(start + k)
+        core.robot_alive("t0", 0, "r0")
+        assert core.expire_silent(clock.now()) == []
+    model = core.hooks.exec_model("drone")
+    before = model.estimate(first.calls).typical_s
+    assert core.report_segment_done("t0", 0, start + 16.5, True, "", start, robot_id="r0") is None
+    assert model.estimate(first.calls).typical_s > before  # learned from the slow scan, not failed by it
+    assert core.result("t0").status is TaskStatus.DONE
+
+
+def test_robot_messages_count_only_from_the_tasks_robot_for_a_segment_sent_to_it():
+    """Any node on the domain can publish reports and acks: a forged failure from 'mallory' ended r0's task, a
+    forged success freed a busy robot. Only the task's robot, about a segment sent to it, counts."""
+    clock = SimClock()
+    core, _, results = make_core(clock=clock, robot_timeout_s=5.0)
+    core.submit(spec(0, plan="tc(30);mf(50);"))
+    drain(core, clock)
+    n = len(results[0].segments)
+    why = core.report_segment_done("t0", 0, clock.now(), False, "forged", robot_id="mallory")
+    assert "mallory" in why and "r0" in why
+    assert core.robot_alive("t0", 0, "mallory") is not None
+    assert "never sent" in core.report_segment_done("t0", n + 3, clock.now(), False, "forged", robot_id="r0")
+    assert "unknown task" in core.report_segment_done("t9", 0, clock.now(), False, "forged", robot_id="r9")
+    assert core.result("t0").status is TaskStatus.DONE and len(results) == 1  # unaffected
+    # ... and a robot heard only through forged messages is still silent on time
+    clock.advance(60.0)
+    assert core.expire_silent(clock.now()) == ["t0"]
+    # the end-of-plan marker (index n) is a message of the task's robot too, not a forgery
+    assert core.robot_alive("t0", n, "r0") is None
+
+
+def test_a_validator_that_raises_fails_its_task_alone():
+    """A bug met by one plan's text (in the validator, or anywhere handling its segment) fails that task with
+    the reason; the engine loop does not raise (which fails every open task and rebuilds the engine)."""
+    clock = SimClock()
+    core, _, results = make_core(clock=clock)
+    real = core.hooks.skillset("drone")
+
+    class _Buggy:  # the real skill set, with a validator that raises on one plan's text
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def validate(self, text):
+            if "mf(13)" in text:
+                raise TypeError("validator bug")
+            return real.validate(text)
+
+    core.hooks._sets["drone"] = _Buggy()
+    core.submit(spec(0, plan="tc(30);mf(13);"))
+    core.submit(spec(1))
+    drain(core, clock)
+    by_id = {r.task_id: r for r in results}
+    assert by_id["t0"].status is TaskStatus.FAILED
+    assert by_id["t0"].reason == ("invalid plan output in segment 1 ('mf(13);'): the drone validator raised "
+                                  "TypeError: validator bug"), by_id["t0"].reason
+    assert by_id["t1"].status is TaskStatus.DONE
+
+
+def test_an_event_the_core_cannot_handle_fails_its_task_alone(monkeypatch):
+    clock = SimClock()
+    core, _, results = make_core(clock=clock)
+    validate = core.hooks.validate
+
+    def buggy(robot_type, text):
+        if "mf(13)" in text:
+            raise KeyError("oops")
+        return validate(robot_type, text)
+
+    monkeypatch.setattr(core.hooks, "validate", buggy)
+    core.submit(spec(0, plan="tc(30);mf(13);tc(10);"))
+    core.submit(spec(1))
+    drain(core, clock)
+    by_id = {r.task_id: r for r in results}
+    assert by_id["t0"].status is TaskStatus.FAILED
+    assert by_id["t0"].reason == "planner error on segment 1 ('mf(13);'): KeyError: 'oops'", by_id["t0"].reason
+    assert by_id["t1"].status is TaskStatus.DONE
+    assert not core.engine.running_ids() and core.pending() == 0

@@ -172,6 +172,11 @@ class SegmentDelivery:
                 self._drop(k)
         return len(keys)
 
+    def pending_for(self, robot_id: str) -> int:
+        """Segments sent to ``robot_id`` and not acknowledged yet."""
+        with self._lock:
+            return len(self._by_robot.get(robot_id, ()))
+
     def unacked(self, task_id: str, index: int) -> bool:
         """Segment ``index`` of ``task_id`` was sent and the robot has not acknowledged it yet."""
         with self._lock:

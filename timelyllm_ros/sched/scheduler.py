@@ -68,6 +68,7 @@ from timelyllm_ros.model.clock import Clock
 from timelyllm_ros.model.types import Generation, Segment, TaskResult, TaskSpec, TaskStatus
 from timelyllm_ros.sched.admission import Admission, AdmissionView, LatencyEstimator, LatencyGuided, make_admission
 from timelyllm_ros.sched.policies import Policy, RankContext
+from timelyllm_ros.skills.minispec import SkillParseError
 from timelyllm_ros.skills.segmenter import StopChecker
 
 log = logging.getLogger(__name__)
@@ -128,11 +129,17 @@ class _SkillHooks:
 
     def validate(self, robot_type: str, text: str) -> str | None:
         """None if ``text`` is a valid segment of the robot's skill set, else the reason."""
-        return self.skillset(robot_type).validate(text)
+        try:
+            return self.skillset(robot_type).validate(text)
+        except Exception as e:  # noqa: BLE001 - a validator that raises fails this plan, not the engine loop
+            return f"the {robot_type} validator raised {type(e).__name__}: {e}"
 
     def validate_plan(self, robot_type: str, text: str) -> str | None:
         """None if ``text`` is a valid complete plan of the robot's skill set, else the reason."""
-        return self.skillset(robot_type).validate_plan(text)
+        try:
+            return self.skillset(robot_type).validate_plan(text)
+        except Exception as e:  # noqa: BLE001
+            return f"the {robot_type} plan validator raised {type(e).__name__}: {e}"
 
     def parse(self, robot_type: str, text: str) -> list[Any]:
         if not text.strip():
@@ -187,7 +194,7 @@ class PlannerCore:
         self._preempted: dict[str, str] = {}  # DONE task, preempted while in _watch -> why (bounded by _watch)
         self._report_lag = 0.0  # how far behind the caller reads robot reports (s): not the robot's silence
         self._report_lag_at = 0.0
-        self._robot_heard: dict[str, float] = {}  # robot -> when its latest report was read (clock time)
+        self._robot_heard: dict[str, float] = {}  # robot -> when its latest report or ack was read (clock time)
         self._owner: dict[str, tuple[str, float]] = {}  # robot -> (task that owns it, its beta)
         self._turns: dict[str, deque[str]] = {}  # robot -> tasks waiting for it, in arrival order
         self.lag_window_s = 10.0
@@ -239,22 +246,59 @@ class PlannerCore:
         self._flush()
         return True
 
-    def report_segment_done(self, task_id: str, seg_index: int, finish_time: float | None = None,
-                            success: bool = True, error: str = "", start_time: float | None = None) -> None:
-        """A robot finished executing a segment (closed loop: real times replace predictions)."""
+    def _sent_segment(self, task_id: str, seg_index: int, robot_id: str | None
+                      ) -> tuple[Generation | TaskResult, Segment | None] | str:
+        """(task, segment) a robot message may speak of, or why it may not: the task must be known, the segment
+        sent to the robot, and ``robot_id`` (None: not checked) the task's robot. Any node on the domain can
+        publish reports and acks; one naming another robot's task must not end or free it. The segment is None
+        for the end-of-plan marker of a finished plan (index = its number of segments)."""
+        owner = self._tasks.get(task_id) or self._done.get(task_id)
+        if owner is None:
+            return f"unknown task {task_id!r}"
+        if robot_id is not None and robot_id != owner.robot_id:
+            return f"robot {robot_id!r} spoke for task {task_id!r} of robot {owner.robot_id!r}"
+        segs = owner.segments
+        if seg_index == len(segs) and segs and task_id not in self._tasks:
+            return owner, None
+        if not 0 <= seg_index < len(segs) or segs[seg_index].dispatch is None:
+            return f"segment {seg_index} of task {task_id!r} was never sent"
+        return owner, segs[seg_index]
+
+    def _heard(self, robot_id: str) -> None:
+        self._robot_heard[robot_id] = self.clock.now()
+        if len(self._robot_heard) > 50_000:  # bounded: forget the robots heard from longest ago
+            for rid in sorted(self._robot_heard, key=self._robot_heard.__getitem__)[:25_000]:
+                del self._robot_heard[rid]
+
+    def robot_alive(self, task_id: str, seg_index: int, robot_id: str) -> str | None:
+        """The robot acknowledged a segment, or sent a heartbeat (it is executing it now). Returns why the
+        message does not count (see :meth:`_sent_segment`), or None. A robot that keeps sending heartbeats is
+        never called silent (:meth:`expire_silent`), however much slower than predicted its skill is."""
         with self._lock:
+            found = self._sent_segment(task_id, seg_index, robot_id)
+            if isinstance(found, str):
+                return found
+            self._heard(robot_id)
+            return None
+
+    def report_segment_done(self, task_id: str, seg_index: int, finish_time: float | None = None,
+                            success: bool = True, error: str = "", start_time: float | None = None,
+                            robot_id: str | None = None) -> str | None:
+        """A robot finished executing a segment (closed loop: real times replace predictions). Returns why the
+        report was ignored (unknown or unsent segment, or ``robot_id`` not the task's robot), or None."""
+        with self._lock:
+            found = self._sent_segment(task_id, seg_index, robot_id)
+            if isinstance(found, str):
+                log.warning("report ignored: %s", found)
+                return found
+            owner, seg = found
+            if seg is None:  # the executor refused to end the plan there: the task's result already stands
+                log.info("robot %s on the end of plan %s: %s", owner.robot_id, task_id, error or "ok")
+                return None
             g = self._tasks.get(task_id)
             res = self._done.get(task_id)
-            segs = g.segments if g is not None else (res.segments if res is not None else None)
-            if segs is None or not 0 <= seg_index < len(segs):
-                log.warning("report for unknown task/segment %s[%s]", task_id, seg_index)
-                return
             t = self.clock.now() if finish_time is None else float(finish_time)
-            seg = segs[seg_index]
-            self._robot_heard[(g or res).robot_id] = self.clock.now()
-            if len(self._robot_heard) > 50_000:  # bounded: forget the robots heard from longest ago
-                for rid in sorted(self._robot_heard, key=self._robot_heard.__getitem__)[:25_000]:
-                    del self._robot_heard[rid]
+            self._heard(owner.robot_id)
             seg.real_end, seg.success, seg.error = t, success, error
             self._reported(task_id, seg)
             robot_type = g.robot_type if g is not None else res.robot_type
@@ -272,6 +316,7 @@ class PlannerCore:
                 self._repredict(g, seg_index)
         self.wake.set()
         self._flush()
+        return None
 
     def robot_failed(self, task_id: str, reason: str) -> None:
         """The transport or a watchdog says the robot failed this task (see :meth:`_robot_failed`)."""
@@ -354,6 +399,18 @@ class PlannerCore:
         if not turns:
             del self._turns[robot_id]
 
+    def robots_in_use(self) -> set[str]:
+        """Robots with an open task, a task waiting for them, or segments they have not reported yet: what a
+        caller must keep per robot (a publisher, say); anything kept for other robots may be released."""
+        with self._lock:
+            busy = set(self._owner) | set(self._turns)
+            busy.update(g.robot_id for g in self._tasks.values())
+            for tid in self._watch:
+                owner = self._tasks.get(tid) or self._done.get(tid)
+                if owner is not None:
+                    busy.add(owner.robot_id)
+            return busy
+
     def waiting_for_robot(self) -> int:
         """Tasks accepted but waiting for their robot to finish another task (telemetry)."""
         with self._lock:
@@ -383,8 +440,14 @@ class PlannerCore:
 
     def expire_silent(self, now: float | None = None,
                       unacked: Callable[[str, int], bool] | None = None) -> list[str]:
-        """End every task whose robot has not reported a dispatched segment by its predicted end +
-        ``robot_timeout_s`` (ROBOT_FAILED, naming the segment). Returns the task ids it ended.
+        """End every task whose robot is silent about a dispatched segment (ROBOT_FAILED, naming the segment).
+        Returns the task ids it ended.
+
+        Silent: nothing heard from the robot (no heartbeat, ack or report: :meth:`robot_alive`) for
+        ``robot_timeout_s``, *and* the segment unreported past the model's longest execution +
+        ``robot_timeout_s``. An executor that sends heartbeats while it runs a segment is never silent while it
+        does, however long the skill takes (a drone's first scan took 16.5 s where the model allowed 12.2 s);
+        one that sends none is judged by the model, as before heartbeats existed.
 
         ``unacked(task_id, index)``: the robot has not acknowledged that segment yet. It cannot report what
         it never received, so such a segment is not its silence: delivery re-sends it and, past its own
@@ -395,19 +458,21 @@ class PlannerCore:
         ended = []
         with self._lock:
             now = self.clock.now() if now is None else now
-            heard_since = now - self.cfg.robot_timeout_s
+            limit = self.cfg.robot_timeout_s + self._report_lag
             for tid, pending in list(self._watch.items()):
                 owner = self._tasks.get(tid) or self._done.get(tid)
-                if owner is not None and self._robot_heard.get(owner.robot_id, -math.inf) > heard_since:
-                    continue  # it keeps reporting (other segments): busy or behind, not silent
-                limit = self.cfg.robot_timeout_s + self._report_lag
+                heard = self._robot_heard.get(owner.robot_id, -math.inf) if owner is not None else -math.inf
+                if now <= heard + limit:
+                    continue  # it keeps talking (heartbeats, acks, other reports): busy or behind, not silent
                 late = [s for s in pending if s.pred_end is not None and now > s.silence_base() + limit
                         and not (unacked is not None and unacked(tid, s.index))]
                 if late:
                     s = late[0]
+                    quiet = "never heard" if heard == -math.inf else f"nothing heard for {now - heard:.1f} s"
                     self._watch.pop(tid, None)
-                    self._robot_failed(tid, f"robot silent: no report for segment {s.index} within its longest "
-                                            f"execution by the model ({max(s.est_exec_s, s.max_exec_s):.2f} s) + "
+                    self._robot_failed(tid, f"robot silent: no heartbeat, ack or report ({quiet}), and no report "
+                                            f"for segment {s.index} within its longest execution by the model "
+                                            f"({max(s.est_exec_s, s.max_exec_s):.2f} s) + "
                                             f"{self.cfg.robot_timeout_s:g} s")
                     ended.append(tid)
         self._flush()
@@ -684,8 +749,20 @@ class PlannerCore:
                 g = self._tasks.get(ev.gen_id)
                 if g is None or g.pending_abort:
                     continue
-                self._on_event(g, ev, now)
+                try:
+                    self._on_event(g, ev, now)
+                except Exception as e:  # noqa: BLE001 - one task's event must not crash the loop (it fails all)
+                    log.exception("%s: handling its %s event failed", ev.gen_id, ev.reason.value)
+                    self._fail_generation(g, f"planner error on segment {len(g.segments)} "
+                                             f"({ev.text.strip()[:60]!r}): {type(e).__name__}: {e}")
         self._flush()
+
+    def _fail_generation(self, g: Generation, reason: str) -> None:
+        """End one generation FAILED wherever it stands (the engine may still run it)."""
+        self._running.pop(g.task_id, None)
+        if g.task_id in self.engine.running_ids():
+            self.engine.abort(g.task_id)
+        self._finish(g, TaskStatus.FAILED, reason)
 
     # -- decisions ------------------------------------------------------------
     def _promote(self, now: float) -> None:
@@ -804,9 +881,14 @@ class PlannerCore:
         g.gen_start = now
         if g.req is None:
             spec = g.spec
-            ids = spec.prompt_token_ids if spec.prompt_token_ids is not None else self.engine.tokenize(spec.prompt)
-            g.prefill_est_s = self._prefill_estimate(spec, len(ids))
-            g.checker = self.hooks.stop_checker(g.robot_type)
+            try:
+                ids = spec.prompt_token_ids if spec.prompt_token_ids is not None else self.engine.tokenize(spec.prompt)
+                g.prefill_est_s = self._prefill_estimate(spec, len(ids))
+                g.checker = self.hooks.stop_checker(g.robot_type)
+            except Exception as e:  # noqa: BLE001 - e.g. a skill set that does not load: this task's failure
+                self._running.pop(g.task_id, None)
+                self._finish(g, TaskStatus.FAILED, f"planner error preparing the generation: {type(e).__name__}: {e}")
+                return
             g.req = EngineRequest(
                 gen_id=g.task_id, prompt_token_ids=list(ids), stop_checker=g.checker,
                 max_new_tokens=spec.max_new_tokens, max_segment_tokens=spec.max_segment_tokens,
@@ -828,15 +910,26 @@ class PlannerCore:
         if not deliverable:
             text = ""  # a cut-off fragment (length cap, runaway segment, abort) is never sent
         err = self.hooks.validate(g.robot_type, text) if text.strip() else None
+        adds = err is None and (text or ev.reason is FinishReason.SEGMENT)
+        calls: list[Any] = []
+        times = (0.0, 0.0)
+        if adds:
+            calls = self.hooks.parse(g.robot_type, text)
+            try:
+                times = self.exec_range(g.robot_type, calls, text=text, before="".join(s.text for s in g.segments))
+            except SkillParseError as e:  # valid alone, not after the plan so far: over a plan bound of its skill set
+                err = str(e)
         if err is not None:
             self._running.pop(g.task_id, None)
             if g.task_id in self.engine.running_ids():
                 self.engine.abort(g.task_id)
+            elif ev.suspended:
+                self._aborts.append(g.task_id)  # the engine may still hold it (a parked request)
             self._finish(g, TaskStatus.FAILED, f"invalid plan output in segment {len(g.segments)} "
                                                f"({text.strip()[:60]!r}): {err}")
             return
-        if text or ev.reason is FinishReason.SEGMENT:
-            self._add_segment(g, ev, now)
+        if adds:
+            self._add_segment(g, ev, now, calls, times)
         if ev.reason is FinishReason.SEGMENT:
             if ev.suspended:
                 self._running.pop(g.task_id, None)
@@ -863,7 +956,9 @@ class PlannerCore:
                     FinishReason.ABORTED: "generation aborted by the engine"}.get(ev.reason, ev.reason.value)
             self._finish(g, TaskStatus.FAILED, ev.error or what)
 
-    def _add_segment(self, g: Generation, ev: SegmentEvent, now: float) -> None:
+    def _add_segment(self, g: Generation, ev: SegmentEvent, now: float, calls: list[Any],
+                     times: tuple[float, float]) -> None:
+        """A validated segment: ``calls`` parsed from it, ``times`` its (min, max) execution by the model."""
         if not g.segments:  # first segment: learn how much of a new prompt the prefix cache covers
             rt, hit = g.robot_type, float(ev.cached_prompt_tokens)
             old = self._cache_hit.get(rt)
@@ -872,8 +967,7 @@ class PlannerCore:
             for q in self._cands.values():
                 if q.k == 0 and q.robot_type == rt:
                     q.prefill_est_s = self._prefill_estimate(q.spec)
-        calls = self.hooks.parse(g.robot_type, ev.text)
-        est, longest = self.exec_range(g.robot_type, calls)
+        est, longest = times
         seg = Segment(index=len(g.segments), text=ev.text, token_ids=list(ev.token_ids), calls=calls,
                       gen_start=g.gen_start, ready=now, est_exec_s=est, max_exec_s=longest)
         g.segments.append(seg)
@@ -888,8 +982,19 @@ class PlannerCore:
         else:
             g.held.append(seg)
 
-    def exec_range(self, robot_type: str, calls: list[Any]) -> tuple[float, float]:
-        """The execution-time model's (minimum, maximum) for these skill calls; (0, 0) for none."""
+    def exec_range(self, robot_type: str, calls: list[Any], *, text: str | None = None,
+                   before: str = "") -> tuple[float, float]:
+        """The execution-time model's (minimum, maximum) for these skill calls; (0, 0) for none. Given the
+        segment's ``text`` and the plan's text ``before`` it, loops count: at a loop's ``}`` the robot replays its
+        body count-1 more times, so a robot still in a long loop is not taken for silent. Then SkillParseError
+        if the segment is invalid after ``before``, e.g. the plan would exceed a bound of its skill set."""
+        if text is not None and text.strip() and self.hooks.skillset(robot_type).grammar != "text":
+            try:
+                return self.hooks.exec_model(robot_type).segment_range(before, text)
+            except SkillParseError:
+                raise
+            except Exception as e:  # a model fault must not end the task: the calls alone, as before
+                log.warning("exec-time estimate failed for %r after %r: %s", text, before, e)
         if not calls:
             return 0.0, 0.0
         try:

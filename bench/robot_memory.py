@@ -14,6 +14,7 @@ import json
 import os
 import random
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,7 +44,9 @@ def run_one(release_s: float, robots: int, step: int, rate: float, settle_s: flo
            "-p", "engine_config:=engine_sim.yaml", "-p", f"robot_idle_release_s:={release_s}",
            "-p", "delivery_timeout_s:=0.5", "-p", "keep_results_max:=1000", "-p", "action_result_timeout_s:=5",
            "--log-level", "error"]
-    planner = Child(f"planner_release_{release_s:g}", cmd, env, out / f"planner_release_{release_s:g}.log")
+    # The log (one line per unreachable robot) goes to a temporary folder, not beside the results.
+    log = Path(tempfile.mkdtemp(prefix="robot_memory_")) / f"planner_release_{release_s:g}.log"
+    planner = Child(f"planner_release_{release_s:g}", cmd, env, log)
     ctx = rclpy.Context()
     rclpy.init(context=ctx)
     node = rclpy.create_node("robot_memory_client", context=ctx)

@@ -6,8 +6,6 @@ drones still scanning failed as silent."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections import defaultdict
 
 import pytest
@@ -22,11 +20,19 @@ pytestmark = [pytest.mark.ros, pytest.mark.netns,
 
 
 def test_the_tello_demo_workload_runs_every_segment_once_in_order_and_every_preempting_evasion_flies(tmp_path):
+    # In this process, not a child: djitellopy binds UDP 8889 once per process and keeps it, so after the other
+    # emulated-Tello tests of the suite a child process could not bind it.
+    from devtools import tello_demo
+    from timelyllm_ros import demo
+
     out = tmp_path / "demo"
-    cmd = [sys.executable, "-m", "devtools.tello_demo", "--engine", "engine_sim.yaml", "--compare", "",
-           "--no-record", "--out", str(out), "--fleet-log", str(out / "fleet")]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    hook = demo.FLEET_HOOK
+    try:
+        rc = tello_demo.main(["--engine", "engine_sim.yaml", "--compare", "", "--no-record", "--out", str(out),
+                              "--fleet-log", str(out / "fleet")])
+    finally:
+        demo.FLEET_HOOK = hook
+    assert rc == 0
     (records,) = json.loads((out / "records.json").read_text()).values()
     (ran,) = json.loads((out / "fleet" / "executions.json").read_text())
     by_task = {f"job{r['job_id']}": r for r in records}

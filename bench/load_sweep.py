@@ -10,10 +10,15 @@ the workload is wid2) arrive f times as densely, each robot's too. The burst swe
 generates WID 2-like workloads (Table 3 arrivals at 0.25 events/s) with a different maximum number of
 tasks per event. Every figure counts all tasks: U/beta all is TUF_0 / beta of a task that ended done
 and 0 for one that did not (shed OVERDUE, failed, ...), see :mod:`timelyllm_ros.sim.metrics`. Repeats:
-``--seeds`` simulator seeds per point (a generated workload is generated anew per seed; the trace is
-the same, only robot sampling and prompt contexts change, unless ``--jitter-ms`` moves each of its events
-a little per seed), reported as mean +- 95 % CI (Student t),
-and the default policy's edge as the paired difference per seed.
+``--seeds`` per point, each varying (:data:`SEEDS_VARY`) the arrival of every event of every robot group by
+U(0, ``--jitter-ms``) (20 ms by default: copies of a fleet are not synchronised to the millisecond, and
+without it a fixed trace gave every seed the same run at whole load factors), which robots make up a
+fractional fleet, a generated workload itself, and the simulator's samples. Reported as mean +- 95 % CI
+(Student t), the default policy's edge as the paired difference per seed; a point whose runs came out
+identical is reported as the one run it is, not as an interval.
+
+``timelyllm-bench shed-audit`` runs pud-shed and pud on the same workloads and lists every task pud-shed shed
+with what pud made of it (issue 28: a shed task should be one that could not have earned anything).
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import argparse
 import dataclasses
 import json
 import math
+import random
+import re
 import statistics
 import sys
 from collections.abc import Callable, Sequence
@@ -34,8 +41,12 @@ from timelyllm_ros.sim.workloads import SETTINGS, Workload, generate, load_workl
 
 DEFAULT_LOADS = "0.5,0.75,1,1.5,2,2.5,3"
 DEFAULT_BURSTS = "4,8,16,24,32,48"
-DEFAULT_POLICIES = "pud-shed,pud,edf-seg,fcfs"
-COMPARED = ("pud", "edf-seg")  # the policies the first one must never be worse than
+DEFAULT_POLICIES = "pud-shed,pud,edf-seg,fcfs-stream,fcfs"
+COMPARED = ("pud", "edf-seg", "fcfs-stream")  # the policies the first one must never be worse than (issue 28)
+DEFAULT_JITTER_MS = 20.0
+SEEDS_VARY = ("each event's arrival, per robot group (a copy of the fleet), moved by {moved}; which robots of the "
+              "trace make up a fractional fleet; a generated workload is generated anew; the simulator's samples of "
+              "skill times the trace lacks")
 LEVELS = ("urgent", "normal", "all")
 Y_FLOOR = -1.5  # plots clip utility below this
 # Student t, two-sided 95 %, by degrees of freedom (more than 30: normal).
@@ -85,8 +96,6 @@ def scale_fleet(wl: Workload, factor: float, seed: int = 0) -> Workload:
     their own plans (and preempting their own tasks), not the planner under load."""
     if not factor > 0:
         raise ValueError(f"load factor must be > 0, got {factor}")
-    import random
-
     agents = sorted({j.agent_id for j in wl.jobs})
     stride = max(agents) + 1
     copies, frac = int(factor), factor - int(factor)
@@ -98,7 +107,8 @@ def scale_fleet(wl: Workload, factor: float, seed: int = 0) -> Workload:
     jobs = [dataclasses.replace(j, agent_id=a + c * stride) for c, a in fleet for j in by_agent[a]]
     jobs.sort(key=lambda j: (j.trigger_time, j.agent_id, j.job_id))
     jobs = [dataclasses.replace(j, job_id=i) for i, j in enumerate(jobs)]
-    return Workload(f"{wl.name}-fleet{factor:g}", jobs, {**wl.config, "load_factor": factor, "load_scaling": "fleet"})
+    return Workload(f"{wl.name}-fleet{factor:g}", jobs,
+                    {**wl.config, "load_factor": factor, "load_scaling": "fleet", "fleet_stride": stride})
 
 
 SCALINGS = {"fleet": scale_fleet, "rate": lambda wl, factor, seed=0: scale_load(wl, factor)}
@@ -117,18 +127,20 @@ def add_scale_argument(p: argparse.ArgumentParser) -> None:
 
 def jitter(wl: Workload, jitter_s: float, seed: int) -> Workload:
     """Every event of ``wl`` (the tasks released at one trigger time, 1 ms apart) moved by U(0, jitter_s),
-    seeded: a fixed trace then gives a spread over seeds where only its exact timing changes."""
+    seeded: a fixed trace then gives a spread over seeds where only its exact timing changes. In a fleet made
+    by :func:`scale_fleet` each copy's events move on their own: f copies of a fleet are f groups of robots,
+    not one group whose requests leave together to the millisecond."""
     if jitter_s <= 0:
         return wl
-    import random
-
     rng = random.Random(f"jitter-{seed}")
-    jobs, shift, last = [], 0.0, -math.inf
-    for j in wl.jobs:  # sorted by arrival; a gap above 10 ms starts a new event
-        if j.trigger_time - last > 0.01:
-            shift = rng.uniform(0.0, jitter_s)
-        last = j.trigger_time
-        jobs.append(dataclasses.replace(j, trigger_time=j.trigger_time + shift))
+    stride = wl.config.get("fleet_stride")
+    jobs, shift, last = [], {}, {}
+    for j in wl.jobs:  # sorted by arrival; in each group, a gap above 10 ms starts a new event
+        grp = j.agent_id // stride if stride else 0
+        if j.trigger_time - last.get(grp, -math.inf) > 0.01:
+            shift[grp] = rng.uniform(0.0, jitter_s)
+        last[grp] = j.trigger_time
+        jobs.append(dataclasses.replace(j, trigger_time=j.trigger_time + shift[grp]))
     jobs.sort(key=lambda j: (j.trigger_time, j.job_id))
     return Workload(f"{wl.name}-j{seed}", jobs, wl.config)
 
@@ -159,9 +171,23 @@ def _truncate(wl: Workload, max_jobs: int | None) -> Workload:
     return wl if not max_jobs else Workload(wl.name, wl.jobs[:max_jobs], wl.config)
 
 
+def _key(run: dict[str, Any]) -> str:
+    return json.dumps(run, sort_keys=True)  # NaN (a level without tasks) compares equal this way
+
+
+def distinct(rs: Sequence[Any]) -> list[Any]:
+    """``rs`` less repeats: seeds whose runs came out identical are one run, not a sample of several."""
+    seen: dict[str, Any] = {}
+    for r in rs:
+        seen.setdefault(_key(r), r)
+    return list(seen.values())
+
+
 def sweep(kind: str, xs: Sequence[float], policies: Sequence[str], seeds: Sequence[int],
           make: Any, args: argparse.Namespace, desc: str) -> list[dict[str, Any]]:
-    """For every x, policy and seed one run of ``make(x, seed)``; returns the aggregated points."""
+    """For every x, policy and seed one run of ``make(x, seed)``; returns the aggregated points. Where a
+    policy's runs (or a pair's runs, for the paired difference) are identical over the seeds, the figure is that
+    one run with no interval (``runs`` / ``diff_<other>_runs``: how many distinct runs it rests on)."""
     runs: dict[tuple[float, str], list[dict[str, Any]]] = {}
     todo = [(x, s) for x in xs for s in seeds]
     for x, s in _progress(todo, desc):
@@ -173,10 +199,11 @@ def sweep(kind: str, xs: Sequence[float], policies: Sequence[str], seeds: Sequen
     for x in xs:
         for p in policies:
             rs = runs[(x, p)]
-            pt: dict[str, Any] = {"sweep": kind, "x": x, "policy": p, "seeds": len(rs),
+            uniq = distinct(rs)
+            pt: dict[str, Any] = {"sweep": kind, "x": x, "policy": p, "seeds": len(rs), "runs": len(uniq),
                                   "n": statistics.fmean(r["n"] for r in rs)}
             for lvl in LEVELS:
-                pt[lvl], pt[f"{lvl}_ci"] = mean_ci([r[lvl] for r in rs])
+                pt[lvl], pt[f"{lvl}_ci"] = mean_ci([r[lvl] for r in uniq])
                 pt[f"n_{lvl}"] = statistics.fmean(r[f"n_{lvl}"] for r in rs)  # a generated workload varies by seed
                 pt[f"shed_{lvl}"] = statistics.fmean(r[f"shed_{lvl}"] for r in rs)
             pt["shed"] = statistics.fmean(r["shed"] for r in rs)
@@ -189,14 +216,15 @@ def sweep(kind: str, xs: Sequence[float], policies: Sequence[str], seeds: Sequen
                 continue
             b = next(q for q in points if q["x"] == x and q["policy"] == base)
             o = next(q for q in points if q["x"] == x and q["policy"] == other)
-            for lvl in LEVELS:  # paired by seed: same tasks, same robot sampling
-                d = [u[lvl] - v[lvl] for u, v in zip(b["per_seed"], o["per_seed"], strict=True)]
-                b[f"diff_{other}_{lvl}"], b[f"diff_{other}_{lvl}_ci"] = mean_ci(d)
+            pairs = distinct(list(zip(b["per_seed"], o["per_seed"], strict=True)))  # paired by seed
+            b[f"diff_{other}_runs"] = len(pairs)
+            for lvl in LEVELS:
+                b[f"diff_{other}_{lvl}"], b[f"diff_{other}_{lvl}_ci"] = mean_ci([u[lvl] - v[lvl] for u, v in pairs])
     return points
 
 
 def verdict(pt: dict[str, Any], other: str, lvl: str = "all") -> str:
-    """'better' / 'worse' when the paired 95 % CI excludes 0, '=' when it holds 0 (or one seed: the sign)."""
+    """'better' / 'worse' when the paired 95 % CI excludes 0, '=' when it holds 0 (or one run: the sign)."""
     d, ci = pt.get(f"diff_{other}_{lvl}", math.nan), pt.get(f"diff_{other}_{lvl}_ci", math.nan)
     if math.isnan(d):
         return "-"
@@ -208,9 +236,10 @@ def verdict(pt: dict[str, Any], other: str, lvl: str = "all") -> str:
 
 
 def _cell(m: float, ci: float) -> str:
+    """Mean ± CI half-width, or the one run it is (no interval: one seed, or every seed gave the same run)."""
     if math.isnan(m):
         return "-"
-    return f"{m:+.3f}" + ("" if math.isnan(ci) else f" ±{ci:.3f}")
+    return f"{m:+.3f}" + (" (1 run)" if math.isnan(ci) else f" ±{ci:.3f}")
 
 
 def table(points: list[dict[str, Any]], policies: Sequence[str], xlabel: str) -> tuple[list[str], list[list[str]]]:
@@ -225,9 +254,15 @@ def table(points: list[dict[str, Any]], policies: Sequence[str], xlabel: str) ->
                 continue
             rows.append([f"{x:g}", lvl] + [_cell(by[p][lvl], by[p][f"{lvl}_ci"]) for p in policies]
                         + [f"{base[f'shed_{lvl}']:.0f}/{base[f'n_{lvl}']:.0f}"]
-                        + [f"{verdict(base, o, lvl)} ({_cell(base[f'diff_{o}_{lvl}'], base[f'diff_{o}_{lvl}_ci'])})"
-                           for o in COMPARED if o in policies and o != policies[0]])
+                        + [_diff_cell(base, o, lvl) for o in COMPARED if o in policies and o != policies[0]])
     return header, rows
+
+
+def _diff_cell(pt: dict[str, Any], other: str, lvl: str) -> str:
+    d, ci = pt[f"diff_{other}_{lvl}"], pt[f"diff_{other}_{lvl}_ci"]
+    if math.isnan(d):
+        return "-"
+    return f"{verdict(pt, other, lvl)} ({d:+.3f}" + (", 1 run)" if math.isnan(ci) else f" ±{ci:.3f})")
 
 
 def plot(path: Path, points: list[dict[str, Any]], policies: Sequence[str], xlabel: str, title: str) -> None:
@@ -261,6 +296,18 @@ def plot(path: Path, points: list[dict[str, Any]], policies: Sequence[str], xlab
     plt.close(fig)
 
 
+def workload_label(spec: str, wl: Workload) -> str:
+    """What a workload's plot, table and results key are called: the name it was given (``wid2``,
+    ``drone-wid1``), or for a path the workload's own name (the folder's or the jobs file's), never the path."""
+    label = wl.name if ("/" in spec or "\\" in spec or Path(spec).exists()) else spec
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("_") or "workload"
+
+
+def seeds_text(jitter_ms: float) -> str:
+    """What the seeds of a sweep vary (the summary says it)."""
+    return SEEDS_VARY.format(moved=f"U(0, {jitter_ms:g} ms)" if jitter_ms > 0 else "0 ms (--jitter-ms 0: not moved)")
+
+
 def cmd_load_sweep(args: argparse.Namespace) -> int:
     policies = [p for p in args.policies.split(",") if p]
     loads = [float(x) for x in args.loads.split(",") if x]
@@ -269,33 +316,39 @@ def cmd_load_sweep(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else _results_root() / "load_sweep"
     out.mkdir(parents=True, exist_ok=True)
     command = " ".join(["timelyllm-bench", *sys.argv[1:]]) if args.command is None else args.command
+    vary = seeds_text(args.jitter_ms)
     results: dict[str, Any] = {"command": command, "policies": policies, "seeds": seeds, "jitter_ms": args.jitter_ms,
-                               "load_scaling": f"{args.scale}: {SCALE_DOC[args.scale]}",
+                               "seeds_vary": vary, "load_scaling": f"{args.scale}: {SCALE_DOC[args.scale]}",
                                "metric": "mean TUF_0/beta over all tasks, a task not done (shed, failed) counting 0",
                                "sweeps": {}}
-    moved = f" (each event moved by U(0, {args.jitter_ms:g}) ms per seed)" if args.jitter_ms else ""
+    vs = ", ".join(o for o in COMPARED if o in policies and o != policies[0])
     md = [f"# Load sweep\n\nCommand: `{command}`\n\nLoad scaling: `{args.scale}` ({SCALE_DOC[args.scale]})\n\n",
-          f"Mean U/beta over **all** tasks (a task not done, e.g. shed OVERDUE, counts 0) ± 95 % CI over "
-          f"{len(seeds)} seed(s){moved}; `{policies[0]} shed`: tasks it ended OVERDUE / tasks (means per run); `vs X`: "
-          f"paired difference {policies[0]} - X per seed, 'better'/'worse' when its 95 % CI excludes 0.\n"]
+          f"Seeds ({len(seeds)}) vary: {vary}. The burst sweep's workloads are generated anew per seed.\n\n",
+          f"Mean U/beta over **all** tasks (a task not done, e.g. shed OVERDUE, counts 0) ± 95 % CI over the seeds; "
+          f"`(1 run)`: one seed, or every seed gave the identical run, so it is one run and has no interval. "
+          f"`{policies[0]} shed`: tasks it ended OVERDUE / tasks (means per run)"
+          + (f"; `vs X` ({vs}): paired difference {policies[0]} - X per seed, 'better'/'worse' when its 95 % CI "
+             f"excludes 0 (one run: its sign)" if vs else "") + ".\n"]
     for wname in [w for w in args.workloads.split(",") if w]:
         cache: dict[int, Workload] = {}
 
         def make(f: float, seed: int, wname: str = wname, cache: dict[int, Workload] = cache) -> Workload:
             if seed not in cache:
-                cache[seed] = jitter(_truncate(load_workload(wname, seed=seed), args.max_jobs), args.jitter_ms / 1e3,
-                                     seed)
-            return SCALINGS[args.scale](cache[seed], f, seed)
+                cache[seed] = _truncate(load_workload(wname, seed=seed), args.max_jobs)
+            # jitter after scaling: each copy of the fleet moves on its own
+            return jitter(SCALINGS[args.scale](cache[seed], f, seed), args.jitter_ms / 1e3, seed)
 
         pts = sweep("load", loads, policies, seeds, make, args, f"load {wname}")
-        name = cache[seeds[0]].name
-        results["sweeps"][f"load-{wname}"] = {"workload": name, "jobs": len(cache[seeds[0]].jobs), "points": pts}
+        wl0 = cache[seeds[0]]
+        label = workload_label(wname, wl0)
+        results["sweeps"][f"load-{label}"] = {"workload": wl0.name, "given_as": wname, "jobs": len(wl0.jobs),
+                                              "points": pts}
         header, rows = table(pts, policies, "load")
-        print_table(f"{name}: U/beta all tasks vs load factor", header, rows)
-        md.append(f"\n## {wname} ({name}, {len(cache[seeds[0]].jobs)} tasks): load factor\n\n")
+        print_table(f"{wl0.name}: U/beta all tasks vs load factor", header, rows)
+        md.append(f"\n## {label} ({wl0.name}, {len(wl0.jobs)} tasks): load factor\n\n")
         md.append(_md_table(header, rows))
-        plot(out / f"load_{wname}.png", pts, policies, "load factor (x arrival rate)",
-             f"{name}: utility vs load ({len(seeds)} seeds, 95 % CI)")
+        plot(out / f"load_{label}.png", pts, policies, "load factor (x arrival rate)",
+             f"{wl0.name}: utility vs load ({len(seeds)} seeds, 95 % CI)")
     if bursts:
         pts = sweep("burst", bursts, policies, seeds,
                     lambda b, s: _truncate(burst_workload(int(b), s), args.max_jobs), args, "burst")
@@ -318,6 +371,88 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# the shed's reason (PlannerCore._overdue_reason); "best case" since issue 28
+_SHED_AT = re.compile(r"\((queued|running), shed by .*?waited ([0-9.]+) s(?:, best case ([0-9.]+) s)?")
+
+
+def shed_audit(wl: Workload, args: argparse.Namespace, policy: str = "pud-shed",
+               against: str = "pud") -> dict[str, Any]:
+    """Run ``policy`` and ``against`` on the same workload; for every task ``policy`` ended OVERDUE (shed), what
+    ``against`` made of it. A right shed is one ``against`` could not earn anything from either (issue 28)."""
+    shed_run, ref_run = run_policy(wl, policy, None, args), run_policy(wl, against, None, args)
+    ref = {r.job_id: r for r in ref_run.records}
+    rows = []
+    for r in sorted(shed_run.records, key=lambda r: r.arrival):
+        if r.status != "overdue":
+            continue
+        q, m = ref[r.job_id], _SHED_AT.search(r.reason)
+        u = q.utility()
+        rows.append({"job": r.job_id, "level": r.level, "task": r.task_type, "agent": r.agent_id,
+                     "arrival_s": round(r.arrival, 4), "shed": m.group(1) if m else "?",
+                     "waited_s": float(m.group(2)) if m else None,
+                     "best_case_s": float(m.group(3)) if m and m.group(3) else None,
+                     "cutoff_s": round(r.tuf.cutoff, 4), f"{against}_status": q.status,
+                     f"{against}_response_s": None if q.response_time is None else round(q.response_time, 4),
+                     f"{against}_u_beta": None if u is None else round(u / q.beta, 4),
+                     "earns": q.utility_all() > 0})
+    return {"tasks": len(shed_run.records), "shed": len(rows), "earn": sum(x["earns"] for x in rows),
+            "earn_u_beta": round(sum(ref[x["job"]].utility_all() for x in rows if x["earns"]), 4),
+            f"{policy}_all": statistics.fmean(r.utility_all() for r in shed_run.records),
+            f"{against}_all": statistics.fmean(r.utility_all() for r in ref_run.records), "rows": rows}
+
+
+def cmd_shed_audit(args: argparse.Namespace) -> int:
+    loads = [float(x) for x in args.loads.split(",") if x]
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    out = Path(args.out) if args.out else _results_root() / "load_sweep" / "shed-audit"
+    out.mkdir(parents=True, exist_ok=True)
+    command = " ".join(["timelyllm-bench", *sys.argv[1:]]) if args.command is None else args.command
+    pol, ref = args.policy, args.against
+    points = []
+    for wname in [w for w in args.workloads.split(",") if w]:
+        base_by_seed = {s: _truncate(load_workload(wname, seed=s), args.max_jobs) for s in seeds}
+        label = workload_label(wname, base_by_seed[seeds[0]])
+        for f, s in _progress([(f, s) for f in loads for s in seeds], f"shed audit {label}"):
+            wl = jitter(SCALINGS[args.scale](base_by_seed[s], f, s), args.jitter_ms / 1e3, s)
+            a = argparse.Namespace(**{**vars(args), "seed": s})
+            points.append({"workload": label, "load": f, "seed": s, **shed_audit(wl, a, pol, ref)})
+    summary_h = ["workload", "load", "seed", "tasks", f"{pol} shed", f"shed that earn > 0 under {ref}",
+                 f"their U/beta under {ref}", f"{pol} U/beta all", f"{ref} U/beta all"]
+    summary = [[p["workload"], f"{p['load']:g}", str(p["seed"]), str(p["tasks"]), str(p["shed"]), str(p["earn"]),
+                f"{p['earn_u_beta']:+.3f}", f"{p[f'{pol}_all']:+.3f}", f"{p[f'{ref}_all']:+.3f}"] for p in points]
+    print_table(f"{pol} sheds vs {ref}", summary_h, summary)
+    cols = ["job", "level", "task", "shed", "waited_s", "best_case_s", "cutoff_s", f"{ref}_status",
+            f"{ref}_response_s", f"{ref}_u_beta", "earns"]
+    md = [f"# Shed audit: every task {pol} shed, and what {ref} made of it\n\nCommand: `{command}`\n\n",
+          f"Load scaling: `{args.scale}` ({SCALE_DOC[args.scale]}). Seeds vary: {seeds_text(args.jitter_ms)}. "
+          f"The same workload runs under both policies. `waited` / `best case`: at the shed, seconds since arrival "
+          f"and the best-case response {pol} judged it by; `{ref}_u_beta`: TUF_0/beta {ref} got (negative past "
+          f"the cutoff; empty: never served); `earns`: {ref} ended it done with positive utility.\n\n",
+          _md_table(summary_h, summary)]
+    csv = [",".join(["workload", "load", "seed", *cols])]
+    for p in points:
+        rows = p["rows"]
+        csv += [",".join(str(x) for x in [p["workload"], p["load"], p["seed"], *(r[c] for c in cols)]) for r in rows]
+        listed = rows
+        if len(rows) > args.list_max:  # those that earn, and the 10 closest to earning
+            near = sorted(rows, key=lambda r: -math.inf if r[f"{ref}_u_beta"] is None else r[f"{ref}_u_beta"])[-10:]
+            listed = [r for r in rows if r["earns"] or r in near]
+        md.append(f"\n## {p['workload']} at {p['load']:g}x, seed {p['seed']}: {p['shed']} shed, {p['earn']} of them "
+                  f"earn > 0 under {ref}\n\n")
+        if len(listed) < len(rows):
+            md.append(f"Listed: those that earn under {ref} and the 10 {ref} came closest with; all {len(rows)} "
+                      f"in `shed_audit.csv`.\n\n")
+        if listed:
+            md.append(_md_table(cols, [["-" if r[c] is None else str(r[c]) for c in cols] for r in listed]))
+    (out / "shed_audit.json").write_text(json.dumps({"command": command, "policy": pol, "against": ref,
+                                                     "load_scaling": args.scale, "jitter_ms": args.jitter_ms,
+                                                     "points": points}, indent=1))
+    (out / "shed_audit.csv").write_text("\n".join(csv) + "\n")
+    (out / "shed_audit.md").write_text("".join(md))
+    print(f"results in {out}")
+    return 0
+
+
 def add_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
     p = sub.add_parser("load-sweep", help="utility per policy vs load factor and burst size (all tasks counted)")
     p.add_argument("--workloads", default="wid1,wid2,wid3",
@@ -329,8 +464,23 @@ def add_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> N
     p.add_argument("--bursts", default=DEFAULT_BURSTS,
                    help="max tasks per event for the burst sweep (WID 2 settings); empty: no burst sweep")
     p.add_argument("--seeds", type=int, default=3, help="repetitions per point (seeds --seed, --seed+1, ...)")
-    p.add_argument("--jitter-ms", type=float, default=0.0,
-                   help="move each arrival event by U(0, this) ms per seed (gives a fixed trace a spread over seeds)")
+    p.add_argument("--jitter-ms", type=float, default=DEFAULT_JITTER_MS,
+                   help="move each arrival event of each robot group (copy of the fleet) by U(0, this) ms per seed "
+                        f"(default {DEFAULT_JITTER_MS:g}; 0: the trace's exact times, every seed the same run)")
     p.add_argument("--max-jobs", type=int, default=None, help="keep only each workload's first N tasks (smoke runs)")
     common(p)  # --seed (the first seed), --out (default bench/results/load_sweep), the simulator's settings
     p.set_defaults(fn=cmd_load_sweep, command=None)
+
+    p = sub.add_parser("shed-audit", help="every task pud-shed sheds, with what pud made of it (issue 28)")
+    p.add_argument("--workloads", default="drone-wid1", help="comma list, as load-sweep's")
+    p.add_argument("--loads", default="2", help="load factors")
+    add_scale_argument(p)
+    p.add_argument("--seeds", type=int, default=1, help="repetitions per point (seeds --seed, --seed+1, ...)")
+    p.add_argument("--jitter-ms", type=float, default=DEFAULT_JITTER_MS, help="as load-sweep's (0: the exact trace)")
+    p.add_argument("--max-jobs", type=int, default=None, help="keep only each workload's first N tasks")
+    p.add_argument("--policy", default="pud-shed", help="the shedding policy audited")
+    p.add_argument("--against", default="pud", help="the policy that serves every task, to compare with")
+    p.add_argument("--list-max", type=int, default=60,
+                   help="list every shed task of a point with at most this many in shed_audit.md")
+    common(p)  # --out default bench/results/load_sweep/shed-audit
+    p.set_defaults(fn=cmd_shed_audit, command=None)

@@ -105,15 +105,18 @@ class PUDShed(PUD):
     """Feasibility-aware utility accrual: PUD's order (Eq. 4) plus shedding of first segments that can
     no longer earn positive utility.
 
-    At every decision the scheduler estimates, for each first segment s_0 queued or in the batch, the
-    generation time it still needs (queued: its tokens at the batch-1 step time plus its prefill, the
-    best case; running: its remaining tokens at the current batch's step time). If even then
-    TUF_0(now - arrival + left + comm) <= 0, the task is ended OVERDUE (the robot gets that result at
-    once, not a late plan): serving it could only add negative utility, and under overload it takes
-    batch slots and step time from tasks that can still make their deadlines, which is how EDF (and
-    PUD, which still serves such tasks, last) collapse. Later segments are never shed: the robot is
-    mid-plan, and the answer it already got counts. With no overload nothing is hopeless and this is
-    PUD exactly.
+    At every decision the scheduler estimates, for each first segment s_0 queued or in the batch, its best
+    case given the work the policy runs before it (``PlannerCore._shed``): the fewest tokens a first segment
+    of its robot type has taken, its prompt's prefill less the largest prefix-cache hit seen, and for a
+    queued one the prefill still ahead of it in admission order (the running prompts and the first segments
+    ranked above it). If even then TUF_0(now - arrival + left + comm) <= 0, the task is ended OVERDUE (the
+    robot gets that result at once, not a late plan): serving it could only add negative utility, and under
+    overload it takes batch slots and step time from tasks that can still make their deadlines, which is
+    how EDF (and PUD, which still serves such tasks, last) collapse. The estimate is a best case, not an
+    average, so a task that could still earn is not shed (the mean segment length shed urgent 4-token
+    segments that PUD served inside their cutoff: issue 28). Later segments are never shed: the robot is
+    mid-plan, and the answer it already got counts. With no overload nothing is hopeless and this is PUD
+    exactly.
     """
 
     name = "pud-shed"

@@ -159,6 +159,17 @@ class _SkillHooks:
         return m
 
 
+def _drain(queue: list[list[Any]], tokens: int) -> None:
+    """Take ``tokens`` of prefill off a first-come-first-served queue of [id, tokens left, ...] entries (a chunked
+    prefill step)."""
+    for e in queue:
+        if tokens <= 0:
+            return
+        take = min(tokens, e[1])
+        e[1] -= take
+        tokens -= take
+
+
 def common_prefix_len(a: list[int], b: list[int]) -> int:
     """How many leading token ids two prompts share."""
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
@@ -205,6 +216,12 @@ class PlannerCore:
         self._tok_est = dict(self.cfg.segment_tokens_prior)
         self._cache_hit: dict[str, float] = {}  # robot type -> prefix-cache hit tokens of new prompts (EWMA)
         self._cache_hit_max: dict[str, int] = {}  # robot type -> the largest hit seen (a best case, for shedding)
+        # (robot type, first segment?) -> the fewest tokens such a segment has taken (a best case, for shedding)
+        self._tok_min: dict[tuple[str, bool], int] = {}
+        # Shedding's model of the engine's chunked prefill, first come first served: first segments admitted and
+        # not yet through their prompt, [task id, best-case tokens left, admitted at], drained by the steps' reports.
+        self._prefill_queue: list[list[Any]] = []
+        self._prefill_step_max = 0  # the most prefill tokens one step has carried (at most the engine's budget)
         self._warm_prompts: dict[str, list[int]] = {}  # robot type -> a prompt warm_up left in the prefix cache
         self._outbox: list[tuple[str, Any, Any]] = []  # callbacks to fire outside the lock
         # seconds, one per decision with candidates: the most recent DECISION_LOG_LEN (a planner runs for days)
@@ -745,6 +762,9 @@ class PlannerCore:
             now = self.clock.now()
             self.step_count += 1
             self.estimator.observe(report.batch_size, report.duration_s, report.prefill_tokens)
+            if report.prefill_tokens > 0:
+                self._prefill_step_max = max(self._prefill_step_max, report.prefill_tokens)
+                _drain(self._prefill_queue, report.prefill_tokens)
             for ev in report.events:
                 g = self._tasks.get(ev.gen_id)
                 if g is None or g.pending_abort:
@@ -841,31 +861,92 @@ class PlannerCore:
     def _shed(self, now: float) -> None:
         """Ask a shedding policy (Policy.hopeless) about every first segment, queued or running, and end
         the hopeless ones OVERDUE (a running one is aborted in the engine first: this is the engine thread).
-        Queued: best case, batch-1 step time; running: its remaining tokens at the current batch size. The
-        prefill of either is its best case too: the prompt less the largest prefix-cache hit this robot type
-        has had (the ranking's running average would shed tasks right after one cold prompt)."""
-        comm, pol = self.cfg.comm_s, self.policy
-        best = self.estimator.step_time(1)
-        for g in [g for g in self._cands.values() if g.k == 0]:
-            left = g.tok_est * best + self._prefill_best(g.spec)
+
+        ``left`` is the segment's best case given the work the engine and the policy run before it, so only a
+        task that cannot earn even then is shed (the mean segment length at the batch's step time shed urgent
+        ``d(3);`` segments, 4 tokens, that PUD served inside their cutoff: issue 28):
+
+        * tokens: the fewest a first segment of its robot type has taken, less those written (:meth:`_tokens_best`);
+        * prefill, in the engine's order (:meth:`_prefill_view`): a prompt still being prefilled waits for the
+          prompts admitted before it; a queued one for every prompt in the engine and for the first segments
+          the policy ranks above it (admission takes candidates in rank order), each at its best case (the
+          prompt less the largest prefix-cache hit its robot type has had, :meth:`_prefill_best`);
+        * decode: a queued one at the batch-1 step time; one in the batch at the step time of the smallest batch
+          it can be in (the generations whose own best case outlasts its), each of its steps also carrying the
+          prefill of the prompts admitted after it, up to what one step has been seen to carry (chunked prefill).
+
+        An engine pool prefills on each member apart, so there each segment counts its own prompt only.
+        """
+        comm, pol, est = self.cfg.comm_s, self.policy, self.estimator
+        one_queue = len(self.engine.warm_up_targets()) <= 1
+        running = [g for g in self._running.values() if not g.pending_abort]
+        rest = [self._tokens_best(g, g.seg_tokens()) for g in running]
+        live = {g.task_id for g in running if g.k == 0 and g.seg_tokens() == 0}
+        self._prefill_queue = [e for e in self._prefill_queue if e[0] in live]
+        per_step = max(0, self._prefill_step_max - len(running)) * est.prefill_time(1) if one_queue else 0.0
+        firsts = [(g, r, sum(1 for x in rest if x >= r)) for g, r in zip(running, rest, strict=True) if g.k == 0]
+
+        # Every admitted prompt counts, the hopeless ones too: in the engine they are the work these steps carry.
+        # (Judging each as if the other hopeless ones were gone swings between shedding most and few, and keeping
+        # the few costs more: bench/results/README.md, "load_sweep/", the WID 2 trace at 3x.)
+        view, total = self._prefill_view(now, set())
+        shed: dict[str, float] = {}
+        for g, r, batch in firsts:
+            before, own = view.get(g.task_id, (0.0, 0.0))
+            behind = total - before - own
+            if not one_queue:
+                before = behind = 0.0
+            steps = r - 1 if g.task_id in view else r  # the step that ends its prefill writes its first token
+            left = before + own + r * est.step_time(batch) + min(behind, steps * per_step)
             if pol.hopeless(g, now, left, comm):
-                self._finish(g, TaskStatus.OVERDUE, self._overdue_reason(g, now, "queued"))
-        tpt = self.estimator.step_time(len(self._running))
-        for g in [g for g in self._running.values() if g.k == 0 and not g.pending_abort]:
-            done = g.seg_tokens()
-            left = max(1.0, g.tok_est - done) * tpt + (self._prefill_best(g.spec) if done == 0 else 0.0)
-            if pol.hopeless(g, now, left, comm):
+                shed[g.task_id] = left
+        for g, _, _ in firsts:
+            if g.task_id in shed:
                 self.engine.abort(g.task_id)
                 self._running.pop(g.task_id, None)
-                self._finish(g, TaskStatus.OVERDUE, self._overdue_reason(g, now, "running"))
+                self._finish(g, TaskStatus.OVERDUE, self._overdue_reason(g, now, "running", shed[g.task_id] + comm))
+        if not any(g.k == 0 for g in self._cands.values()):
+            return
+        ahead = self._prefill_view(now, set(shed))[1] if one_queue else 0.0
+        step1 = est.step_time(1)
+        for g in self.rank(now):
+            if g.k != 0:
+                continue  # a resumed generation's prefill is what was evicted: nothing, at best
+            own = self._prefill_best(g.spec)
+            left = ahead + own + self._tokens_best(g, 0) * step1
+            if pol.hopeless(g, now, left, comm):
+                self._finish(g, TaskStatus.OVERDUE, self._overdue_reason(g, now, "queued", left + comm))
+            elif one_queue:
+                ahead += own  # admitted before the ones ranked below it: its prefill is theirs to wait for
+
+    def _prefill_view(self, now: float, drop: set[str]) -> tuple[dict[str, tuple[float, float]], float]:
+        """The prefill queue in best-case seconds: task id -> (queued before it, its own), and the total; those in
+        ``drop`` count for themselves only. An engine whose steps report no prefill tokens gets, instead of the
+        reports, what the time since the oldest prompt was admitted allows at most to be done."""
+        q = [[tid, left] for tid, left, _ in self._prefill_queue]
+        rate = self.estimator.prefill_time(1)
+        if q and self._prefill_step_max == 0 and rate > 0:
+            _drain(q, int((now - self._prefill_queue[0][2]) / rate))
+        view, cum = {}, 0.0
+        for tid, left in q:
+            view[tid] = (cum, left * rate)
+            if tid not in drop:
+                cum += left * rate
+        return view, cum
+
+    def _tokens_best(self, g: Generation, written: int) -> int:
+        """The fewest tokens ``g``'s current segment can still take: the shortest segment of its kind (first
+        or later) its robot type has written, less the ``written`` ones; 1 before any was seen."""
+        return max(1, self._tok_min.get((g.robot_type, g.k == 0), 1) - written)
 
     def _prefill_best(self, spec: TaskSpec) -> float:
         n = len(spec.prompt_token_ids) if spec.prompt_token_ids else self.cfg.prefill_tokens_default
         return self.estimator.prefill_time(max(1, n - self._cache_hit_max.get(spec.robot_type, 0)))
 
-    def _overdue_reason(self, g: Generation, now: float, where: str) -> str:
+    def _overdue_reason(self, g: Generation, now: float, where: str, best_s: float) -> str:
         return (f"overdue ({where}, shed by {self.policy.name}): the first segment cannot arrive before the "
-                f"utility cutoff ({g.tuf.cutoff:.3f} s after arrival); waited {now - g.arrival:.3f} s")
+                f"utility cutoff ({g.tuf.cutoff:.3f} s after arrival); waited {now - g.arrival:.3f} s, "
+                f"best case {now - g.arrival + best_s:.3f} s")
 
     def _reject_hopeless(self, now: float) -> None:
         tpt = self.estimator.step_time(len(self._running) + 1)
@@ -900,6 +981,10 @@ class PlannerCore:
             self.engine.abort(g.task_id)
             self._running.pop(g.task_id, None)
             self._finish(g, TaskStatus.FAILED, f"engine refused the generation: {e}")
+            return
+        if self.policy.sheds and g.k == 0 and not g.req.output_token_ids:  # a new prompt joins the prefill queue
+            n = len(g.req.prompt_token_ids) - self._cache_hit_max.get(g.robot_type, 0)
+            self._prefill_queue.append([g.task_id, max(1, n), now])
 
     # -- engine events ----------------------------------------------------------
     def _on_event(self, g: Generation, ev: SegmentEvent, now: float) -> None:
@@ -976,6 +1061,9 @@ class PlannerCore:
             rt = g.robot_type
             self._tok_est[rt] = 0.9 * self._tok_est.get(rt, n) + 0.1 * n
             g.tok_est = self._tok_est[rt]
+        if n:  # every segment, a skill-less closer such as '};' too: the shortest is the best case
+            key = (g.robot_type, seg.index == 0)
+            self._tok_min[key] = min(n, self._tok_min.get(key, n))
         g.gen_start = now
         if self.policy.streams:
             self._dispatch(g, seg, now)

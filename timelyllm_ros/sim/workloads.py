@@ -161,6 +161,7 @@ class Workload:
 # LRTrace's published traces by the name we store them under (data/lrtrace/<name>, see its SOURCE.md):
 # the file of github.com/MarkoMile/TimelyLLM each one is.
 PUBLISHED_TRACES: dict[str, str] = {
+    "drone-wid1": "dataset/data_sample_2.json",
     "drone-wid2": "dataset/data_sample_1.json",
     "robotarm-fltrnn": "dataset/data_sample_robotarm_fltrnn.json",
 }
@@ -168,7 +169,8 @@ PUBLISHED_TRACES: dict[str, str] = {
 
 def load_trace(path_or_name: str | Path) -> Workload:
     """Load an LRTrace folder (jobs.json + config.json), a jobs file, or a name under data/lrtrace
-    (``drone-wid2``, ``robotarm-fltrnn``). Every job must be a known task type (TraceError otherwise)."""
+    (``drone-wid1``, ``drone-wid2``, ``robotarm-fltrnn``). Every job must be a known task type (TraceError
+    otherwise)."""
     p = Path(path_or_name)
     if not p.exists():
         p = data_dir() / "lrtrace" / str(path_or_name)

@@ -12,7 +12,17 @@ d. decode tokens/s and step time vs batch size, prefill time vs prompt
    length; fits the simulator's step-time model
    ``decode_s * (1 + batch_slowdown * (batch - 1)) + prefill_tokens * prefill_s_per_token``.
 
+e. the floor (every run): this machine's memory read bandwidth (torch, summing a
+   1 GiB tensor on 2 threads, before the engine loads), the model's weight bytes
+   in the dtype in use, the time one pass over them takes (a decode step reads
+   every weight once), and d's step and per-token times at batch 1..8 as ratios
+   to that floor.
+
 Writes results.json, batch.csv, results.md and engine_bench.png to --out.
+``--roofline-only``: e and d only (roofline.md). ``--speculative``: with and
+without speculative decoding side by side in one run (speculative.md/.png, see
+:func:`main_speculative`). ``--engine-arg KEY=VALUE`` overrides engine_args
+(``--engine-arg enforce_eager=false`` times torch.compile).
 Timings on a shared machine are noisy: every number is a median over repeats,
 and the load average is recorded with the results.
 """
@@ -30,6 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from bench.load_sweep import line_fit
 from timelyllm_ros import paths
 from timelyllm_ros.engines import driver
@@ -37,6 +49,7 @@ from timelyllm_ros.engines.base import Engine, EngineRequest, FinishReason
 from timelyllm_ros.engines.factory import load_engine_config, make_engine
 from timelyllm_ros.engines.prompts import PromptBuilder
 from timelyllm_ros.engines.vllm_engine import VllmEngine
+from timelyllm_ros.model.plans import plan_templates
 from timelyllm_ros.skills.segmenter import StopChecker, make_stop_checker
 
 
@@ -183,7 +196,8 @@ def bench_resume_vs_reprefill(eng: Any, pb: PromptBuilder, repeats: int) -> dict
 
 
 # -- d --------------------------------------------------------------------------------
-def bench_batch(eng: Any, pb: PromptBuilder, batches: list[int], tokens: int, repeats: int) -> dict:
+def bench_batch(eng: Any, pb: PromptBuilder, batches: list[int], tokens: int, repeats: int,
+                prefill: bool = True) -> dict:
     base = pb.token_ids(next(iter(trace_tasks().values())))
     rows = []
     for rep in range(repeats):
@@ -203,7 +217,7 @@ def bench_batch(eng: Any, pb: PromptBuilder, batches: list[int], tokens: int, re
             log(f"d batch {b} rep {rep}: step {1000 * med:.1f} ms, {b / med:.1f} tok/s")
     # prefill time vs prompt length (cache reset each time: nothing shared)
     pre = []
-    for n in (128, 256, 512, 1024):
+    for n in (128, 256, 512, 1024) if prefill else ():
         for rep in range(repeats):
             eng.reset_prefix_cache()
             ids = [(base[i % len(base)] + rep) % 40000 + 10 for i in range(n)]
@@ -215,6 +229,80 @@ def bench_batch(eng: Any, pb: PromptBuilder, batches: list[int], tokens: int, re
             pre.append({"prompt_tokens": n, "repeat": rep, "prefill_s": time.perf_counter() - t0})
             log(f"d prefill {n} tokens: {1000 * pre[-1]['prefill_s']:.0f} ms")
     return {"rows": rows, "prefill": pre}
+
+
+# -- e: the floor ---------------------------------------------------------------------
+BYTES_PER = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def read_bandwidth(threads: int = 2, mib: int = 1024, repeats: int = 7) -> dict:
+    """Memory read bandwidth as torch sees it: summing a tensor far larger than the caches. Run it before the
+    engine loads (vLLM's CPU worker then pins torch's threads)."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
+        x.sum()  # page in
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            x.sum()
+            times.append(time.perf_counter() - t0)
+        nbytes = x.numel() * x.element_size()
+        del x
+    finally:
+        torch.set_num_threads(old)
+    return {"threads": threads, "bytes": nbytes, "best_gbs": nbytes / min(times) / 1e9,
+            "median_gbs": nbytes / _med(times) / 1e9}
+
+
+def weight_bytes(model_dir: str, dtype: str) -> dict:
+    """Parameters in the model's safetensors files (headers only) and their bytes in ``dtype``. Tied
+    embeddings are stored once and read once per decode step (by the LM head)."""
+    n = 0
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        with f.open("rb") as fh:
+            size = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(size))
+        for k, v in header.items():
+            if k != "__metadata__":
+                numel = 1
+                for d in v["shape"]:
+                    numel *= int(d)
+                n += numel
+    return {"params": n, "dtype": dtype, "bytes": n * BYTES_PER[dtype]}
+
+
+def roofline(bw: dict, weights: dict, batch: dict) -> dict:
+    """d's decode steps against the floor: one read of every weight at ``bw['best_gbs']`` (KV-cache and
+    activation traffic are small beside 135M parameters and are left out, so the floor is a lower bound)."""
+    floor_s = weights["bytes"] / (bw["best_gbs"] * 1e9)
+    by_b: dict[int, list[float]] = {}
+    for r in batch["rows"]:
+        by_b.setdefault(r["batch"], []).append(r["step_ms"] / 1000)
+    # Each repeat's median step; the best repeat counts (other processes on a shared machine only add time).
+    rows = [{"batch": b, "step_ms": 1000 * min(v), "step_x_floor": min(v) / floor_s,
+             "token_ms": 1000 * min(v) / b, "token_x_floor": min(v) / b / floor_s} for b, v in sorted(by_b.items())]
+    return {"bandwidth": bw, "weights": weights, "floor_ms": 1000 * floor_s, "rows": rows}
+
+
+def roofline_lines(rf: dict) -> list[str]:
+    bw, w = rf["bandwidth"], rf["weights"]
+    lines = [
+        f"- read bandwidth (torch, {bw['threads']} threads, {bw['bytes'] / 2**30:.0f} GiB summed): best "
+        f"**{bw['best_gbs']:.1f} GB/s** (median {bw['median_gbs']:.1f})",
+        f"- weights: {w['params'] / 1e6:.1f} M parameters x {BYTES_PER[w['dtype']]} B ({w['dtype']}) = "
+        f"**{w['bytes'] / 1e6:.0f} MB** read per decode step",
+        f"- floor per decode step (weights / bandwidth): **{rf['floor_ms']:.2f} ms**",
+        "",
+        "| batch | step ms | step / floor | ms per token | per token / floor |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [f"| {r['batch']} | {r['step_ms']:.1f} | {r['step_x_floor']:.2f}x | {r['token_ms']:.1f} | "
+              f"{r['token_x_floor']:.2f}x |" for r in rf["rows"]]
+    return lines
 
 
 def fit_step_model(batch: dict) -> dict:
@@ -346,6 +434,9 @@ def write_outputs(out: Path, res: dict, fit_out: Path | None, cmd: str) -> None:
         lines.append(f"| {b} | {_med([r['step_ms'] for r in rs]):.1f} | {_med([r['tok_s'] for r in rs]):.1f} |")
     lines += [
         "",
+        "## e. Decode step vs the floor (one read of every weight)",
+        *roofline_lines(res["e_roofline"]),
+        "",
         "Prefill: " + ", ".join(f"{p['tokens']} tok {1000 * p['s']:.0f} ms" for p in fit["prefill_points"]),
         "",
         f"Fitted step-time model: decode_s={fit['decode_s']}, batch_slowdown={fit['batch_slowdown']}, "
@@ -406,44 +497,90 @@ SESSIONS_NOTE = (
     "so we resume by resubmission.")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default="config/engine_vllm_cpu.yaml")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results/engine_cpu")
-    ap.add_argument("--fit-out", type=Path, default=paths.config_dir() / "sim_engine_fitted_cpu.yaml")
-    ap.add_argument("--batches", default="1,2,4,8")
-    ap.add_argument("--decode-tokens", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--no-constrained", action="store_true", help="skip the constrained-decoding run")
-    ap.add_argument("--quick", action="store_true", help="1 repeat, batches 1,4 (smoke run)")
-    ap.add_argument("--segmentation-only", action="store_true",
-                    help="only a and b, resubmitted and in place (no fit written)")
-    args = ap.parse_args(argv)
-    cmd = "python -m bench.engine_bench " + " ".join(argv if argv is not None else sys.argv[1:])
-    if args.quick:
-        args.repeats, args.batches = 1, "1,4"
-    batches = [int(b) for b in args.batches.split(",")]
-    cfg = load_engine_config(args.config)
-    if cfg.get("backend") != "vllm":
-        log("a-d need the vLLM backend (prefix cache, cache reset); got " + str(cfg.get("backend")))
-        return 2
-    load_before = os.getloadavg()
-    log(f"loading {args.config} ...")
-    eng = make_engine(cfg, engine_args={"max_num_seqs": max(batches + [cfg["engine_args"].get("max_num_seqs", 8)])})
-    log(f"loaded in {eng.load_s:.1f} s")
-    pb = PromptBuilder(eng.tokenizer, "drone")
-    # Warm-up: CPU kernels are created per shape on first use; keep that out of the numbers.
-    driver.run(eng, [EngineRequest("warm", pb.token_ids("Scene: [] Task: [A] warm up"), make_stop_checker(pb.skillset),
-                                   max_new_tokens=24)])
+def _engine_overrides(args: argparse.Namespace, cfg: dict, batches: list[int]) -> dict:
+    """make_engine overrides of the command line: --engine-arg KEY=VALUE (a YAML value), --dtype."""
+    ea: dict[str, Any] = {"max_num_seqs": max(batches + [cfg["engine_args"].get("max_num_seqs", 8)])}
+    for kv in args.engine_arg:
+        k, sep, v = kv.partition("=")
+        if not sep or not k:
+            raise SystemExit(f"--engine-arg {kv!r}: expected KEY=VALUE")
+        ea[k] = yaml.safe_load(v)
+    return {"engine_args": ea} | ({"dtype": args.dtype} if args.dtype else {})
+
+
+def _meta(eng: VllmEngine, args: argparse.Namespace, load_before: tuple[float, ...], pb: PromptBuilder) -> dict:
+    import torch
     import vllm
 
-    res: dict[str, Any] = {"meta": {
+    return {
         "backend": "vllm", "vllm_version": vllm.__version__, "model": os.path.basename(eng.info.model),
-        "dtype": str(eng.engine_args.get("dtype")), "block_size": eng.block_size, "max_batch": eng.max_batch,
+        "dtype": eng.info.dtype, "dtype_reason": eng.info.dtype_reason, "speculative": eng.info.speculative or "off",
+        "enforce_eager": bool(eng.engine_args.get("enforce_eager", False)), "torch_threads": torch.get_num_threads(),
+        "block_size": eng.block_size, "max_batch": eng.max_batch,
         "kv_cache_tokens": eng.kv_cache_tokens(), "load_s": eng.load_s, "import_s": eng.import_s,
         "machine": f"{platform.machine()} {os.cpu_count()} CPUs", "config": str(args.config),
         "load_before": [round(x, 2) for x in load_before], "prompt_tokens_example": len(pb.token_ids(CAT_TASK)),
-    }}
+    }
+
+
+def _warm(eng: Engine, pb: PromptBuilder) -> None:
+    """CPU kernels are created per shape on first use; keep that out of the numbers."""
+    driver.run(eng, [EngineRequest("warm", pb.token_ids("Scene: [] Task: [A] warm up"), make_stop_checker(pb.skillset),
+                                   max_new_tokens=24)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default="config/engine_vllm_cpu.yaml")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="results folder (default bench/results/engine_cpu; --speculative: results/speculative)")
+    ap.add_argument("--fit-out", type=Path, default=paths.config_dir() / "sim_engine_fitted_cpu.yaml")
+    ap.add_argument("--batches", default="1,2,3,4,5,6,7,8")
+    ap.add_argument("--decode-tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--no-constrained", action="store_true", help="skip the constrained-decoding run")
+    ap.add_argument("--quick", action="store_true", help="1 repeat, batches 1,2,4,8 (smoke run)")
+    ap.add_argument("--segmentation-only", action="store_true",
+                    help="only a and b, resubmitted and in place (no fit written)")
+    ap.add_argument("--roofline-only", action="store_true", help="only d and e: step times against the floor")
+    ap.add_argument("--roofline-dtypes", metavar="D1,D2",
+                    help="with --roofline-only: these dtypes side by side (e.g. bfloat16,float32)")
+    ap.add_argument("--roofline-compile", action="store_true",
+                    help="with --roofline-only: torch.compile (enforce_eager false) beside eager")
+    ap.add_argument("--speculative", action="store_true",
+                    help="with and without speculative decoding, side by side (drone and arm task types)")
+    ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], help="override the config's dtype")
+    ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                    help="override an engine_args field (value parsed as YAML), e.g. enforce_eager=false")
+    args = ap.parse_args(argv)
+    cmd = "python -m bench.engine_bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.quick:
+        args.repeats, args.batches = 1, "1,2,4,8"
+    if args.out is None:
+        args.out = Path(__file__).resolve().parent / ("results/speculative" if args.speculative else
+                                                      "results/engine_cpu")
+    batches = [int(b) for b in args.batches.split(",")]
+    cfg = load_engine_config(args.config)
+    if cfg.get("backend") != "vllm":
+        log("a-e need the vLLM backend (prefix cache, cache reset); got " + str(cfg.get("backend")))
+        return 2
+    load_before = os.getloadavg()
+    overrides = _engine_overrides(args, cfg, batches)
+    if args.speculative:
+        return main_speculative(args, cfg, overrides, load_before, cmd)
+    bw = read_bandwidth()  # before vLLM pins torch's threads
+    log(f"read bandwidth {bw['best_gbs']:.1f} GB/s (best of 7, median {bw['median_gbs']:.1f})")
+    # a-e measure plain decoding (one token per step); --speculative compares speculation side by side.
+    overrides["engine_args"].setdefault("speculative_config", None)
+    if args.roofline_only:
+        return main_roofline(args, cfg, overrides, load_before, cmd, batches, bw)
+    log(f"loading {args.config} ...")
+    eng = make_engine(cfg, **overrides)
+    log(f"loaded in {eng.load_s:.1f} s: dtype {eng.info.dtype} ({eng.info.dtype_reason})")
+    pb = PromptBuilder(eng.tokenizer, "drone")
+    _warm(eng, pb)
+    res: dict[str, Any] = {"meta": _meta(eng, args, load_before, pb)}
+    weights = weight_bytes(eng.engine_args["model"], eng.info.dtype)
     t0 = time.perf_counter()
     res["a_segmentation"] = bench_segmentation(eng, pb, args.repeats, constrained=False, in_place=False)
     res["a_segmentation_in_place"] = bench_segmentation(eng, pb, args.repeats, constrained=False)
@@ -455,6 +592,7 @@ def main(argv: list[str] | None = None) -> int:
         res["a_segmentation_constrained"] = bench_segmentation(eng, pb, 1, constrained=True, in_place=False)
     res["c_resume"] = bench_resume_vs_reprefill(eng, pb, args.repeats)
     res["d_batch"] = bench_batch(eng, pb, batches, args.decode_tokens, args.repeats)
+    res["e_roofline"] = roofline(bw, weights, res["d_batch"])
     res["fit"] = fit_step_model(res["d_batch"])
     res["sessions_note"] = SESSIONS_NOTE
     res["meta"]["bench_s"] = time.perf_counter() - t0
@@ -464,6 +602,289 @@ def main(argv: list[str] | None = None) -> int:
     print((args.out / "results.md").read_text())
     eng.close()
     return 0
+
+
+def main_roofline(args: argparse.Namespace, cfg: dict, overrides: dict, load_before: tuple[float, ...], cmd: str,
+                  batches: list[int], bw: dict) -> int:
+    """d and e only, for each dtype of --roofline-dtypes (default: the config's), the engines loaded side by
+    side and measured in turn at each batch size, so that the machine's load hits them alike."""
+    engines: dict[str, tuple[VllmEngine, PromptBuilder]] = {}
+    variants_wanted: list[tuple[str | None, bool | None]] = [
+        (d, None) for d in (args.roofline_dtypes.split(",") if args.roofline_dtypes else [None])]
+    if args.roofline_compile:  # torch.compile (vLLM's default) beside eager, same dtype(s)
+        variants_wanted = [(d, e) for d, _ in variants_wanted for e in (True, False)]
+    for d, eager in variants_wanted:
+        ov = overrides | ({"dtype": d} if d else {})
+        if eager is not None:
+            ov = ov | {"engine_args": {**ov["engine_args"], "enforce_eager": eager}}
+        log(f"loading {args.config} (dtype {d or cfg.get('dtype', 'auto')}, enforce_eager {eager}) ...")
+        eng = make_engine(cfg, **ov)
+        log(f"loaded in {eng.load_s:.1f} s: dtype {eng.info.dtype} ({eng.info.dtype_reason})")
+        pb = PromptBuilder(eng.tokenizer, "drone")
+        _warm(eng, pb)
+        label = eng.info.dtype + ("" if eager is None else ", eager" if eager else ", torch.compile")
+        engines[label] = (eng, pb)
+    rows: dict[str, list[dict]] = {k: [] for k in engines}
+    t0 = time.perf_counter()
+    for rep in range(args.repeats):
+        for b in batches:
+            for k, (eng, pb) in engines.items():
+                got = bench_batch(eng, pb, [b], args.decode_tokens, 1, prefill=False)["rows"]
+                rows[k] += [r | {"repeat": rep, "dtype": k} for r in got]
+    variants = {}
+    for k, (eng, pb) in engines.items():
+        variants[k] = {"meta": _meta(eng, args, load_before, pb), "d_batch": {"rows": rows[k], "prefill": []},
+                       "e_roofline": roofline(bw, weight_bytes(eng.engine_args["model"], eng.info.dtype),
+                                              {"rows": rows[k]})}
+        eng.close()
+    res = {"bench_s": time.perf_counter() - t0, "load_after": [round(x, 2) for x in os.getloadavg()],
+           "variants": variants}
+    write_roofline(args.out, res, cmd)
+    return 0
+
+
+def write_roofline(out: Path, res: dict, cmd: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "roofline.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
+    vs = res["variants"]
+    m = next(iter(vs.values()))["meta"]
+    lines = [f"# Decode step vs the floor ({m['backend']} {m['vllm_version']}, {m['model']}, speculation off)", "",
+             f"Command: `{cmd}`",
+             f"Machine: {m['machine']}; load average before/after: {m['load_before']} / {res['load_after']} (shared "
+             f"machine: each batch size's best repeat; compare within this run only).", ""]
+    for k, v in vs.items():
+        vm = v["meta"]
+        lines += [f"## {k} ({vm['dtype_reason']}; enforce_eager={vm['enforce_eager']}; engine start "
+                  f"{vm['load_s']:.1f} s)", "",
+                  *roofline_lines(v["e_roofline"]), ""]
+    if len(vs) == 2:
+        (ka, a), (kb, b) = vs.items()
+        lines += [f"## {ka} / {kb}, same run", "", "| batch | step ratio |", "|---|---|"]
+        lines += [f"| {ra['batch']} | {ra['step_ms'] / rb['step_ms']:.2f}x |"
+                  for ra, rb in zip(a["e_roofline"]["rows"], b["e_roofline"]["rows"], strict=True)]
+    (out / "roofline.md").write_text("\n".join(lines) + "\n")
+    log(f"wrote {out}/roofline.md")
+    print((out / "roofline.md").read_text())
+
+
+# -- speculative decoding, on and off side by side --------------------------------------------------------------
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+
+
+def _spec_plan(eng: VllmEngine, pb: PromptBuilder, task: str, gid: str) -> dict:
+    """One greedy segmented plan alone on the engine, each suspension resumed at once (in place)."""
+    req = EngineRequest(gid, pb.token_ids(task), make_stop_checker(pb.skillset), max_new_tokens=128)
+    c0, kept0 = eng.speculation_counters(), eng.kept_past_boundary
+    events: list = []
+    steps, ttft, ttfs = 0, None, None
+    decode_steps: list[float] = []  # durations of the steps after the first token that wrote some
+    t0 = time.perf_counter()
+    eng.add(req)
+    while not (events and events[-1].final):
+        if not eng.has_work():
+            eng.add(req)
+        had = len(req.output_token_ids)
+        rep = eng.step()
+        steps += 1
+        now = time.perf_counter() - t0
+        if had and rep.new_tokens and not rep.prefill_tokens:
+            decode_steps.append(rep.duration_s)
+        if ttft is None and req.output_token_ids:
+            ttft = now
+        events += rep.events
+        if ttfs is None and any(e.reason is FinishReason.SEGMENT for e in rep.events):
+            ttfs = now
+    total = time.perf_counter() - t0
+    c1 = eng.speculation_counters()
+    n = len(req.output_token_ids)
+    return {"ids": list(req.output_token_ids), "segments": [(e.reason.value, e.text) for e in events],
+            "tokens": n, "steps": steps, "total_s": total, "ttft_s": ttft,
+            "ttfs_s": ttfs if ttfs is not None else total,
+            "ms_per_token": 1000 * total / n, "decode_ms_per_token": 1000 * (total - ttft) / max(1, n - 1),
+            "decode_tokens_per_step": (n - 1) / max(1, steps - 1), "decode_step_ms": 1000 * _med(decode_steps),
+            "draft_tokens": c1.get("draft_tokens", 0) - c0.get("draft_tokens", 0),
+            "accepted_tokens": c1.get("accepted_tokens", 0) - c0.get("accepted_tokens", 0),
+            "kept_past_boundary": eng.kept_past_boundary - kept0}
+
+
+def _spec_batch(eng: VllmEngine, pbs: dict[str, PromptBuilder], tpls: list, tag: str) -> dict:
+    """All ``tpls`` at once (suspended ones resumed at once: resubmissions, the engine is busy)."""
+    reqs = [EngineRequest(f"{tag}-{t.name}", pbs[t.robot_type].token_ids(t.task_input),
+                          make_stop_checker(pbs[t.robot_type].skillset), max_new_tokens=128) for t in tpls]
+    first: dict[str, float] = {}
+    c0, steps = eng.speculation_counters(), [0]
+    t0 = time.perf_counter()
+
+    def on_event(ev) -> None:
+        first.setdefault(ev.gen_id, time.perf_counter() - t0)
+
+    driver.run(eng, reqs, on_event=on_event, on_step=lambda n: steps.__setitem__(0, n))
+    total = time.perf_counter() - t0
+    c1 = eng.speculation_counters()
+    n = sum(len(r.output_token_ids) for r in reqs)
+    return {"plans": len(reqs), "tokens": n, "steps": steps[0], "total_s": total, "tokens_per_s": n / total,
+            "ttfs_median_s": _med(list(first.values())), "ids": {r.gen_id.split("-", 1)[1]: r.output_token_ids
+                                                                 for r in reqs},
+            "draft_tokens": c1.get("draft_tokens", 0) - c0.get("draft_tokens", 0),
+            "accepted_tokens": c1.get("accepted_tokens", 0) - c0.get("accepted_tokens", 0)}
+
+
+def main_speculative(args: argparse.Namespace, cfg: dict, overrides: dict, load_before: tuple[float, ...],
+                     cmd: str) -> int:
+    """The config's speculative_config (n-gram prompt lookup if it has none) against none, in one process,
+    plan by plan in alternating order: drone and arm task types (data/plans.yaml) alone at batch 1, then
+    the drone ones all at once."""
+    spec = overrides["engine_args"].get("speculative_config") or cfg["engine_args"].get("speculative_config") or NGRAM
+    engines: dict[str, VllmEngine] = {}
+    pbs: dict[str, dict[str, PromptBuilder]] = {}
+    for mode, sc in (("off", None), ("on", spec)):
+        ov = {**overrides, "engine_args": {**overrides["engine_args"], "speculative_config": sc}}
+        log(f"loading {args.config} with speculative decoding {mode} ...")
+        eng = make_engine(cfg, **ov)
+        engines[mode] = eng
+        pbs[mode] = {rt: PromptBuilder(eng.tokenizer, rt) for rt in ("drone", "arm")}
+        _warm(eng, pbs[mode]["drone"])
+    tpls = [t for t in plan_templates().values() if t.robot_type in ("drone", "arm")]
+    res: dict[str, Any] = {"meta": _meta(engines["on"], args, load_before, pbs["on"]["drone"]) | {
+        "speculative_config": spec}, "plans": [], "batch": []}
+    t0 = time.perf_counter()
+    for rep in range(args.repeats):
+        for i, tpl in enumerate(tpls):
+            order = ("off", "on") if (rep + i) % 2 == 0 else ("on", "off")  # neither always on a warmer machine
+            out = {m: _spec_plan(engines[m], pbs[m][tpl.robot_type], tpl.task_input, f"{m}-{tpl.name}-{rep}")
+                   for m in order}
+            row = {"task": tpl.name, "robot_type": tpl.robot_type, "repeat": rep,
+                   "same_tokens": out["on"]["ids"] == out["off"]["ids"],
+                   "same_segments": out["on"]["segments"] == out["off"]["segments"]}
+            for m, o in out.items():
+                row |= {f"{m}_{k}": v for k, v in o.items() if k not in ("ids", "segments")}
+            res["plans"].append(row)
+            log(f"{tpl.name} rep {rep}: first segment {1000 * out['off']['ttfs_s']:.0f} -> "
+                f"{1000 * out['on']['ttfs_s']:.0f} ms, {out['off']['ms_per_token']:.1f} -> "
+                f"{out['on']['ms_per_token']:.1f} ms/token, {out['on']['decode_tokens_per_step']:.2f} tok/step, "
+                f"same={row['same_tokens']}")
+    drones = [t for t in tpls if t.robot_type == "drone"]
+    for rep in range(args.repeats):
+        order = ("off", "on") if rep % 2 == 0 else ("on", "off")
+        out = {m: _spec_batch(engines[m], pbs[m], drones, f"b{rep}{m}") for m in order}
+        res["batch"].append({"repeat": rep, "same_tokens": out["on"].pop("ids") == out["off"].pop("ids"),
+                             **{f"{m}_{k}": v for m, o in out.items() for k, v in o.items()}})
+        log(f"batch of {len(drones)} rep {rep}: {out['off']['tokens_per_s']:.1f} -> {out['on']['tokens_per_s']:.1f} "
+            f"tokens/s")
+    res["meta"]["bench_s"] = time.perf_counter() - t0
+    res["meta"]["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    write_speculative(args.out, res, cmd)
+    for eng in engines.values():
+        eng.close()
+    return 0
+
+
+def _best_per_task(rows: list[dict], key: str) -> list[float]:
+    """Each task's best (lowest) value over its repeats: on a shared machine other processes only add time."""
+    by: dict[str, list[float]] = {}
+    for r in rows:
+        by.setdefault(r["task"], []).append(r[key])
+    return [min(v) for v in by.values()]
+
+
+def summarize_speculative(res: dict) -> list[dict]:
+    """Per robot type and mode: times as the median over tasks of each task's best repeat; tokens per step
+    and acceptance over all plans; decode step time as the median of the plans' median steps."""
+    out = []
+    for rt in ("drone", "arm"):
+        rows = [r for r in res["plans"] if r["robot_type"] == rt]
+        for m in ("off", "on"):
+            drafts = sum(r[f"{m}_draft_tokens"] for r in rows)
+            steps = sum(r[f"{m}_steps"] - 1 for r in rows)
+            tps = sum(r[f"{m}_tokens"] - 1 for r in rows) / max(1, steps)
+            step_ms = _med([r[f"{m}_decode_step_ms"] for r in rows])
+            out.append({
+                "robot_type": rt, "mode": m, "plans": len(rows), "tokens": sum(r[f"{m}_tokens"] for r in rows),
+                "ttfs_ms": 1000 * _med(_best_per_task(rows, f"{m}_ttfs_s")),
+                "ms_per_token": _med(_best_per_task(rows, f"{m}_ms_per_token")),
+                "decode_ms_per_token": _med(_best_per_task(rows, f"{m}_decode_ms_per_token")),
+                "decode_step_ms": step_ms, "step_ms_per_token": step_ms / tps,
+                "decode_tokens_per_step": tps,
+                "acceptance": sum(r[f"{m}_accepted_tokens"] for r in rows) / drafts if drafts else None,
+                "kept_past_boundary": sum(r[f"{m}_kept_past_boundary"] for r in rows),
+                "same_tokens": sum(r["same_tokens"] for r in rows),
+            })
+    return out
+
+
+def write_speculative(out: Path, res: dict, cmd: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    res["summary"] = summary = summarize_speculative(res)
+    (out / "speculative.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
+    m = res["meta"]
+    n_rep = len({r["repeat"] for r in res["plans"]})
+    lines = [
+        f"# Speculative decoding on and off ({m['backend']} {m['vllm_version']}, {m['model']}, {m['dtype']}: "
+        f"{m['dtype_reason']})", "",
+        f"Command: `{cmd}`",
+        f"Machine: {m['machine']}; load average before/after: {m['load_before']} / {m['load_after']} (shared "
+        f"machine: compare on/off within this run only).",
+        f"Speculation: {m['speculative']} (`{json.dumps(m['speculative_config'])}`). Greedy, segmented; every "
+        f"suspension resumed at once. Each plan alone on its engine (batch 1), on and off alternating, "
+        f"{n_rep} repeat(s).", "",
+        "| robot | speculation | plans | first segment ms | ms per token (whole plan) | decode ms per "
+        "token | decode step ms (median) | decode tokens per step | step ms / tokens per step | acceptance | "
+        "tokens kept past a boundary | token-identical |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in summary:
+        acc = f"{100 * r['acceptance']:.0f} %" if r["acceptance"] is not None else "-"
+        lines.append(f"| {r['robot_type']} | {r['mode']} | {r['plans']} | {r['ttfs_ms']:.0f} | "
+                     f"{r['ms_per_token']:.1f} | {r['decode_ms_per_token']:.1f} | {r['decode_step_ms']:.1f} | "
+                     f"{r['decode_tokens_per_step']:.2f} | {r['step_ms_per_token']:.1f} | "
+                     f"{acc} | {r['kept_past_boundary']} | {r['same_tokens']}/{r['plans']} |")
+    lines += ["", "Times: each task's best repeat (other processes only add time), median over the tasks. "
+              "Ratios on / off: " + "; ".join(
+                  f"{rt}: first segment {on['ttfs_ms'] / off['ttfs_ms']:.2f}x, ms per token "
+                  f"{on['ms_per_token'] / off['ms_per_token']:.2f}x, step ms / tokens per step "
+                  f"{on['step_ms_per_token'] / off['step_ms_per_token']:.2f}x"
+                  for rt in ("drone", "arm")
+                  for off, on in [[r for r in summary if r["robot_type"] == rt]])]
+    if res["batch"]:
+        b = res["batch"]
+        lines += ["", f"All {b[0]['off_plans']} drone task types at once (resumes are resubmissions; best of "
+                  f"{len(b)} runs):", "",
+                  "| speculation | tokens/s | first segment ms (median of the plans) | acceptance | "
+                  "token-identical runs |",
+                  "|---|---|---|---|---|"]
+        for md in ("off", "on"):
+            drafts = sum(r[f"{md}_draft_tokens"] for r in b)
+            acc = f"{100 * sum(r[f'{md}_accepted_tokens'] for r in b) / drafts:.0f} %" if drafts else "-"
+            lines.append(f"| {md} | {max(r[f'{md}_tokens_per_s'] for r in b):.1f} | "
+                         f"{1000 * min(r[f'{md}_ttfs_median_s'] for r in b):.0f} | {acc} | "
+                         f"{sum(r['same_tokens'] for r in b)}/{len(b)} |")
+    lines += ["", "Acceptance: accepted / proposed draft tokens (vLLM's counters). Decode tokens per step: tokens "
+              "after the first over the steps after the first. First segment: from submission to the first "
+              "segment, prefill included (the shared system prompt is in the prefix cache)."]
+    (out / "speculative.md").write_text("\n".join(lines) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(1, 3, figsize=(13, 3.8))
+        for i, (key, label) in enumerate((("ttfs_ms", "first segment, ms"), ("ms_per_token", "ms per token"),
+                                          ("decode_tokens_per_step", "decode tokens per step"))):
+            for j, md in enumerate(("off", "on")):
+                rs = [r for r in summary if r["mode"] == md]
+                ax[i].bar([k + 0.4 * j for k in range(len(rs))], [r[key] for r in rs], width=0.4,
+                          label=f"speculation {md}")
+            ax[i].set_xticks([0.2, 1.2], ["drone", "arm"])
+            ax[i].set(ylabel=label, title=label)
+        ax[0].legend()
+        fig.suptitle(f"n-gram speculative decoding, {m['model']} {m['dtype']}, batch 1")
+        fig.tight_layout()
+        fig.savefig(out / "speculative.png", dpi=110)
+    except Exception as e:  # the plot is a convenience; numbers are in the files above
+        log(f"plot failed: {e}")
+    log(f"wrote {out}/speculative.md")
+    print((out / "speculative.md").read_text())
 
 
 CAT_TASK = "Scene: [] Task: [A] Could you find the cat? If so, go to it."

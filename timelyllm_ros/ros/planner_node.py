@@ -981,8 +981,11 @@ class PlannerNode(LifecycleNode):
             st, info = self.engine.stats(), self.engine.info
         except Exception:  # noqa: BLE001
             return
+        described = {"dtype": info.dtype, "dtype_reason": info.dtype_reason, "speculative": info.speculative}
+        if "dtype" not in EngineState.get_fields_and_field_types():  # interfaces built before these fields
+            described = {}  # (msg/EngineState.msg): rebuilt by scripts/setup.sh
         self._engine_pub.publish(EngineState(
-            stamp=self.get_clock().now().to_msg(), backend=info.name, model=info.model,
+            stamp=self.get_clock().now().to_msg(), backend=info.name, model=info.model, **described,
             running=st.running, waiting=st.waiting,
             max_batch=st.max_batch, tokens_per_second=float(st.tokens_per_s), step_time_s=float(st.step_time_s),
             kv_cache_usage=float(st.kv_cache_usage), members=[engine_member_msg(m) for m in pool_members(st)]))

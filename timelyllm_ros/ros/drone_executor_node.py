@@ -107,8 +107,11 @@ class DroneExecutorNode(RobotExecutorNode):
 
     def destroy_node(self) -> None:
         super().destroy_node()
+        backend = getattr(self, "backend", None)  # None: construction failed before it existed (its error stands)
+        if backend is None:
+            return
         try:
-            self.backend.close(land=True)
+            backend.close(land=True)
         except Interrupted:
             pass
 

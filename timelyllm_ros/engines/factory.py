@@ -10,7 +10,9 @@
                            # time_scale: wall-clock pacing (realtime engines only)
     backend: pool          # members: [engine config file or mapping, ...] (no pools), step_wait_s,
                            # probe_backoff_s, probe_max_backoff_s, max_failovers (engines/pool.py)
-    constrained: false     # decode constrained to the skill grammar (read by the caller, see planner_engine)
+    constrained: auto      # decode constrained to the skill grammar of each task (skills/grammar.py): auto (the
+                           # default) = on for the backends that take a regex (vllm, remote, a pool of them),
+                           # true = on or refused, false = off (see constrained_decoding)
     step_model: FILE       # real backends: the fitted step time that seeds the scheduler's latency estimate
                            # (a file with decode_s, batch_slowdown, prefill_s_per_token, as made by
                            # bench.engine_bench --fit-out; or that mapping inline)
@@ -301,9 +303,30 @@ def _sim_engine(cfg: dict, realtime: bool) -> Engine:
     return SimEngine(sim_cfg)
 
 
+REGEX_BACKENDS = ("vllm", "remote")  # backends that decode under a structured-output regex
+
+
+def constrained_decoding(cfg: dict) -> bool:
+    """Whether plans decode constrained to the skill grammar: the config's ``constrained`` (auto, true or
+    false; auto when absent): auto is on wherever the backend takes a regex (vLLM in process, a vLLM server,
+    a pool whose members all do); true where it does not is refused, naming the backend."""
+    want = cfg.get("constrained", "auto")
+    if want not in ("auto", True, False):
+        raise EngineConfigError(f"{cfg.get('_path', 'engine config')}: constrained must be auto, true or false, "
+                                f"got {want!r}")
+    backend = cfg.get("backend")
+    members = [m.get("backend") for m in pool_member_configs(cfg)] if backend == "pool" else [backend]
+    supported = all(b in REGEX_BACKENDS for b in members)
+    if want is True and not supported:
+        raise EngineConfigError(f"{cfg.get('_path', 'engine config')}: constrained: true, but backend "
+                                f"{'/'.join(map(str, members))} takes no grammar (only {REGEX_BACKENDS} and pools "
+                                f"of them do); set constrained: false or auto")
+    return supported if want == "auto" else bool(want)
+
+
 def planner_engine(config: dict | str | Path, **overrides: Any) -> tuple[Engine, bool]:
     """The engine of a planner serving robots in real time (:func:`make_engine` with ``realtime``), and
-    whether its decoding is constrained to the skill grammar (the config's ``constrained``, default off;
-    it only has an effect where the backend takes a regex, i.e. vLLM)."""
+    whether its decoding is constrained to the skill grammar (:func:`constrained_decoding`)."""
     cfg = load_engine_config(config)
-    return make_engine(cfg, realtime=True, **overrides), bool(cfg.get("constrained", False))
+    constrained = constrained_decoding(cfg)
+    return make_engine(cfg, realtime=True, **overrides), constrained

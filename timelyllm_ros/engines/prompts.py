@@ -5,7 +5,9 @@ Layout of a rendered prompt (design §5, issue 4 §3):
 
 * system turn: the planner's role, the skill set description
   (:meth:`SkillSet.describe_for_prompt`) and the guidance;
-* few-shot examples as earlier user / assistant turns;
+* few-shot examples as earlier user / assistant turns: the ``shots`` examples of the robot type's library
+  (``examples:``) most similar to the task (:class:`ExampleLibrary`), in library order, so that tasks
+  that draw the same examples share the prompt prefix in the engine's prefix cache;
 * the task's scene and instruction as the last user turn;
 * the plan so far as the assistant's partial answer: the prompt ends right
   after the assistant header, and the engine appends the generated token ids
@@ -18,8 +20,11 @@ engine declares in its :class:`~timelyllm_ros.engines.base.EngineInfo`.
 
 from __future__ import annotations
 
+import math
 import re
 import threading
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +58,7 @@ class PromptConfig:
     guidance: list[str] = field(default_factory=list)
     user_template: str = "Scene: {scene} Task: {task}"
     examples: list[dict[str, str]] = field(default_factory=list)
+    shots: int | None = None  # examples per task, the most similar of ``examples``; None: all of them
     path: Path | None = None
 
     @classmethod
@@ -84,7 +90,62 @@ class PromptConfig:
                 raise PromptConfigError(f"{p}: guidance[{i}] must be a string, got {type(g).__name__} "
                                         f"(quote an item that contains ': ')")
         raw["examples"] = list(raw.get("examples") or [])
+        shots = raw.get("shots")
+        if shots is not None and (not isinstance(shots, int) or isinstance(shots, bool) or shots < 1):
+            raise PromptConfigError(f"{p}: shots must be an integer >= 1 (examples per task), got {shots!r}")
         return cls(**raw, path=p)
+
+
+_TAG = re.compile(r"^\s*(\[[A-Z]\])")
+_WORDS = re.compile(r"[a-z][a-z0-9]*")
+# Only the emptiest words: "then" and "finally" tell how many objects a task moves, idf weighs the rest.
+_FILLER = frozenset("a an the and it its to of is are".split())
+# Words of robot tasks that mean the same thing to a plan ("fly up" and "move up", "photo" and "picture").
+_SAME = {w: group.split()[0] for group in (
+    "move fly go rise climb ascend descend lower lift raise travel head",
+    "up upward upwards higher above top",
+    "down downward downwards below under underneath beneath bottom",
+    "photo picture photograph snapshot image shot",
+    "find search look locate seek scan",
+    "tell report answer say inform",
+) for w in group.split()}
+
+
+def _terms(task_input: str) -> list[str]:
+    """The words of a task that say what it is about: its tag ([E], [Q], [A]) and its task text's words
+    (a scene lists objects, which say little about the kind of task)."""
+    m = _SCENE_TASK.match(task_input)
+    text = m["task"] if m else task_input
+    tag = _TAG.match(text)
+    words = [_SAME.get(w, w) for w in _WORDS.findall(text.lower()) if w not in _FILLER]
+    return ([tag[1]] if tag else []) + words
+
+
+class ExampleLibrary:
+    """Few-shot examples chosen per task: the ``shots`` examples whose task text is most similar to the task
+    (cosine of tf-idf word vectors; the tag [E]/[Q]/[A] is a word), returned in library order."""
+
+    def __init__(self, examples: list[dict[str, str]], shots: int | None) -> None:
+        self.examples = examples
+        self.shots = shots
+        docs = [Counter(_terms(ex["input"])) for ex in examples]
+        df = Counter(w for d in docs for w in d)
+        n = len(docs)
+        self._idf = {w: math.log((1 + n) / (1 + c)) + 1.0 for w, c in df.items()}
+        self._vecs = [self._vec(d) for d in docs]
+
+    def _vec(self, counts: Counter[str]) -> dict[str, float]:
+        v = {w: c * self._idf.get(w, math.log(1 + len(self.examples)) + 1.0) for w, c in counts.items()}
+        norm = math.sqrt(sum(x * x for x in v.values())) or 1.0
+        return {w: x / norm for w, x in v.items()}
+
+    def select(self, task_input: str) -> list[dict[str, str]]:
+        if self.shots is None or self.shots >= len(self.examples):
+            return list(self.examples)
+        q = self._vec(Counter(_terms(task_input)))
+        score = [sum(q.get(w, 0.0) * x for w, x in v.items()) for v in self._vecs]
+        best = sorted(range(len(score)), key=lambda i: (-score[i], i))[:self.shots]
+        return [self.examples[i] for i in sorted(best)]
 
 
 class PromptBuilder:
@@ -100,7 +161,7 @@ class PromptBuilder:
                 err = self.skillset.validate(ex["plan"], complete=True)
                 if err:
                     raise PromptConfigError(f"{self.config.path}: example plan {ex['plan']!r} does not parse: {err}")
-        self._prefix_cache: list[int] | None = None
+        self.library = ExampleLibrary(self.config.examples, self.config.shots)
 
     def system_text(self) -> str:
         text = self.config.system.replace("{skills}", self.skillset.describe_for_prompt()).rstrip()
@@ -119,7 +180,7 @@ class PromptBuilder:
 
     def messages(self, task_input: str, scene: str | None = None) -> list[dict[str, str]]:
         msgs = [{"role": "system", "content": self.system_text()}]
-        for ex in self.config.examples:
+        for ex in self.library.select(task_input if scene is None else f"Scene: {scene} Task: {task_input}"):
             msgs.append({"role": "user", "content": self.user_text(ex["input"])})
             msgs.append({"role": "assistant", "content": ex["plan"]})
         msgs.append({"role": "user", "content": self.user_text(task_input, scene)})
@@ -138,8 +199,14 @@ class PromptBuilder:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def regex(self, plan_so_far: str = "") -> str | None:
-        """Constrained-decoding regex for the rest of the plan (None for prose)."""
+        """Constrained-decoding regex for the rest of the plan, for no task in particular (None for prose)."""
         return grammar.continuation_regex(self.skillset, plan_so_far)
+
+    def regex_for(self, task_input: str) -> Callable[[str], str | None]:
+        """The constrained-decoding regex of this task's plan as a function of the plan so far (the engine
+        calls it at every (re)submission): its objects and places only those the task and its scene name."""
+        ss = self.skillset
+        return lambda plan_so_far="": grammar.continuation_regex(ss, plan_so_far, task_input)
 
 
 # Tokens a prompt must leave free in the model's context: a plan needs room for at least its first segment.
@@ -206,19 +273,25 @@ class PromptRenderer:
             except ValueError as e:
                 raise TaskPromptError(str(e)) from None
         elif self.constrained:
-            extra["regex"] = self.builder(robot_type).regex  # a callable: re-evaluated at every resume
+            extra["regex"] = self.builder(robot_type).regex_for(task)  # a callable: re-evaluated at every resume
         return ids, extra
 
     def warm_up_prompts(self, robot_types: list[str], burst: int = 8,
                         ) -> tuple[list[tuple[str, list[int]]], list[tuple[str, list[int]]]]:
-        """Throw-away prompts for :meth:`PlannerCore.warm_up`: one per robot type (its shared prefix, the
-        skill catalogue and few-shot examples, then sits in the prefix cache), and a burst of up to
-        ``burst`` (never more than the engine's batch) of the first robot type, of different lengths.
-        None for a simulated engine: it has no prompt to warm."""
+        """Throw-away prompts for :meth:`PlannerCore.warm_up`: per robot type, the prompt of each example of its
+        library as a task (the examples a task like it draws, the skill catalogue first, then sit in the
+        prefix cache; one prompt when every task gets every example), and a burst of up to ``burst`` (never
+        more than the engine's batch) of the first robot type, of different lengths. None for a simulated
+        engine: it has no prompt to warm."""
         if self._engine.info.needs_plan_text or not robot_types:
             return [], []
-        singles = [(rt, self.token_ids(rt, WARM_UP_TASK)) for rt in robot_types]
+        singles = []
+        for rt in robot_types:
+            lib = self.builder(rt).library
+            tasks = [ex["input"] for ex in lib.examples] if lib.shots is not None else []
+            singles += [(rt, ids) for ids in dict.fromkeys(
+                tuple(self.token_ids(rt, t)) for t in [*tasks, WARM_UP_TASK])]
         rt = robot_types[0]
         n = min(burst, max(1, int(self._engine.stats().max_batch)))
         batch = [(rt, self.token_ids(rt, f"{WARM_UP_TASK} {i}: " + "look around " * i)) for i in range(n)]
-        return singles, batch
+        return [(rt, list(ids)) for rt, ids in singles], batch

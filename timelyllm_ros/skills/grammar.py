@@ -1,33 +1,128 @@
 """Regexes for constrained decoding to a skill set (vLLM structured outputs).
 
-Built from the skill set (skills/*.yaml), so every constrained plan uses only
-known skills with arguments of the right type inside their bounds. The
-regexes are a subset of what the language front end accepts up to the plan
-bounds (every string they match is a valid plan, :meth:`SkillSet.validate_plan`,
-unless it runs longer than ``max_plan_exec_s`` or ``max_plan_iterations``: a
-regex cannot add up execution times; checked by hypothesis in
-test/test_minispec.py):
+Built from the skill set (skills/*.yaml), so every constrained plan uses only known skills with arguments of
+the right type inside their bounds. The regexes are a subset of what the language front end accepts up to
+the plan bounds (every string they match is a valid plan, :meth:`SkillSet.validate_plan`, unless it runs
+longer than ``max_plan_exec_s`` or ``max_plan_iterations``: a regex cannot add up execution times; checked by
+hypothesis in test/test_minispec.py and test/test_grammar.py):
 
-* ``calls`` (arm): ``(CALL;)+``
-* ``minispec`` (drone): statements ``CALL;`` and one level of conditionals
-  ``?BOOLCALL==True{(CALL;)+};?`` (a regex cannot count nested braces).
+* ``calls`` (arm): ``(CALL;)+``;
+* ``minispec`` (drone): statements ``CALL;`` and one level of conditionals ``?BOOLCALL==True{(CALL;)+};?``
+  (a regex cannot count nested braces).
 
-A suspended generation is resubmitted as a new vLLM request, whose grammar
-starts from scratch, so :func:`continuation_regex` builds the regex for the
-state the plan so far left off in (inside an open block, right after a call
-cut at its ``)``).
+With a task, the grammar is that task's: a string argument declared ``from_task`` (an
+object or a place) takes only a name that the task text or its scene uses, so a small model can neither
+misname the object (``iv('keyboard')`` for keys) nor turn a hazard into a skill. A skill set's
+``plan_structure`` adds the shape of its plans: ``unit`` (the arm's move_to / pick / move_to / place per
+object, the same name in the calls of one ``$variable``), and bounds on units and statements, so every
+constrained plan can end and must end within them.
+
+A suspended generation is resubmitted as a new vLLM request, whose grammar starts from scratch, so
+:func:`continuation_regex` builds the regex for the state the plan so far left off in (inside an open block,
+right after a call cut at its ``)``, part-way through a unit, with the statements left).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import re
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from timelyllm_ros.skills.minispec import Lexer
-from timelyllm_ros.skills.schema import SkillArg, SkillSet
+from timelyllm_ros.skills.schema import SkillArg, SkillParseError, SkillSet
 
 _STR_BODY = "[a-z][a-z0-9_ ]"
+MAX_NAMES = 32  # names offered per task: bounds the regex (and the model's choice)
+_CACHE_LEN = 256  # grammars kept (per skill set and task names)
+
+# Words that name nothing: function words, and the verbs and words of tasks and their failure reports (an
+# object or place is a run of the other words of the task).
+STOPWORDS = frozenset("""
+a an the and or but if so then than to of in on at by for from with without into onto near under over above
+below behind beside between inside outside it its is are be been was were there here this that these those
+you your me my i we our us can could would will shall should please do does did have has had not no yes
+what which who whom where when how whether up down out off as also just all any some each every again
+finally first second then next after before while until myself yourself let s
+find look search locate seek check see try go fly move turn rise climb approach come pick drop put place
+take grab bring get lift set leave tell report say answer show photo photograph picture snapshot image
+provided plan encountered failure because execution history attempting walking passing approaching
+running flying jumping catch coming towards toward cm degrees seconds
+""".split())
+_WORD = re.compile(r"[A-Za-z][A-Za-z0-9]*|[^A-Za-z0-9\s]")
+_SCENE = re.compile(r"Scene:\s*\[(?P<scene>.*?)\]\s*,?\s*Task:\s*(?P<task>.*)$", re.S)
+_SCENE_NAME = re.compile(r"^\s*([A-Za-z][A-Za-z0-9_]*?)(?:_\d+)?(?=[\s:]|$)")
+_TAG = re.compile(r"^\s*\[[A-Z]\]\s*")
+_TAG_LETTER = re.compile(r"^\s*\[([A-Z])\]")
 
 
+def task_names(task_input: str, limit: int = MAX_NAMES) -> tuple[str, ...]:
+    """The names a task uses for things: its scene's objects (``countertop_1`` is ``countertop``), then each
+    run of words of its text between function words, verbs and punctuation (``the red box`` is ``red_box``,
+    ``the pen holder`` is ``pen_holder``: the whole name, not its parts), lower case, in order of
+    appearance, at most ``limit``."""
+    m = _SCENE.match(task_input.strip())
+    scene, task = (m["scene"], m["task"]) if m else ("", task_input)
+    out: dict[str, None] = {}
+    for entry in scene.split(","):
+        sm = _SCENE_NAME.match(entry)
+        if sm:
+            out[sm[1].lower()] = None
+    run: list[str] = []
+    for tok in [*_WORD.findall(_TAG.sub("", task)), "."]:
+        w = tok.lower()
+        if w[0].isalpha() and w not in STOPWORDS and len(w) > 1 and not any(c.isdigit() for c in w):
+            run.append(w)
+            continue
+        if run:
+            out["_".join(run[:3])] = None
+        run = []
+    return tuple(out)[:limit]
+
+
+def task_mentions(task_input: str) -> tuple[str, ...]:
+    """The names of the task text (not its scene) in the order it mentions them, repeats kept (``Pick up
+    the red box ... on the blue box. Then ... drop it on the red box``: red_box, blue_box, ..., red_box)."""
+    m = _SCENE.match(task_input.strip())
+    task = m["task"] if m else task_input
+    out: list[str] = []
+    run: list[str] = []
+    for tok in [*_WORD.findall(_TAG.sub("", task)), "."]:
+        w = tok.lower()
+        if w[0].isalpha() and w not in STOPWORDS and len(w) > 1 and not any(c.isdigit() for c in w):
+            run.append(w)
+            continue
+        if run and (not out or out[-1] != "_".join(run[:3])):
+            out.append("_".join(run[:3]))
+        run = []
+    return tuple(out)
+
+
+def leading_skills(ss: SkillSet, task_input: str) -> tuple[str, ...]:
+    """The skill a task begins with, by its words (``Move up and check ...``: mu; a skill's ``phrases``),
+    as the one skill a plan may begin with; () when the task begins with none."""
+    m = _SCENE.match(task_input.strip())
+    text = " ".join(w.lower() for w in _WORD.findall(_TAG.sub("", m["task"] if m else task_input))
+                    if w[0].isalnum())
+    best = max(((len(p), sk.name) for sk in ss.skills for p in sk.phrases if (text + " ").startswith(p + " ")),
+               default=None)
+    return (best[1],) if best else ()
+
+
+def task_units(ss: SkillSet, task_input: str) -> int:
+    """The units a plan for this task may have (``plan_structure``): one per ``unit_verbs`` word of the
+    task (``Pick up X ... Then, pick up Y`` moves two objects), at least 1, at most ``max_units``."""
+    ps = ss.plan_structure
+    if not ps.unit_verbs:
+        return ps.max_units
+    m = _SCENE.match(task_input.strip())
+    words = [w.lower() for w in _WORD.findall(m["task"] if m else task_input)]
+    return max(1, min(ps.max_units, sum(w in ps.unit_verbs for w in words)))
+
+
+# -- pieces -------------------------------------------------------------------------------------------------
 def int_range_regex(lo: int, hi: int) -> str:
     """Regex matching exactly the decimal integers lo..hi (no leading zeros)."""
     if lo > hi:
@@ -77,74 +172,362 @@ def _float_regex(lo: float | None, hi: float | None) -> str:
     return "(?:" + "|".join(re.escape(v) for v in dict.fromkeys(vals)) + ")"
 
 
-def arg_regex(a: SkillArg) -> str:
+def _names_regex(a: SkillArg, names: Sequence[str]) -> str | None:
+    """The names this argument accepts, as a quoted alternation (None: none of them fits it)."""
+    ok = []
+    for n in names:
+        try:
+            a.check(n, "grammar")
+        except ValueError:
+            continue
+        if re.fullmatch(f"{_STR_BODY}*", n):
+            ok.append(n)
+    if not ok:
+        return None
+    return "'(?:" + "|".join(re.escape(n) for n in sorted(ok, key=len, reverse=True)) + ")'"
+
+
+def arg_regex(a: SkillArg, names: Sequence[str] | None = None) -> str | None:
+    """Regex of one argument; None when it is ``from_task`` and the task names nothing that fits it."""
     if a.type == "int":
         return int_range_regex(int(a.min if a.min is not None else 0), int(a.max if a.max is not None else 999))
     if a.type == "float":
         return _float_regex(a.min, a.max)
     if a.type == "bool":
         return "(?:True|False)"
+    if a.from_task and names is not None:
+        return _names_regex(a, names)
     n = min(int(getattr(a, "max_length", None) or 32), 32)
     return f"'{_STR_BODY}{{0,{n - 1}}}'"
 
 
-def call_regex(ss: SkillSet, returns: tuple[str, ...] | None = None) -> str:
-    alts = []
+def call_regex(ss: SkillSet, returns: tuple[str, ...] | None = None, names: Sequence[str] | None = None) -> str:
+    """Any call of the skill set (of those returning ``returns``); "" when there is none. Skills with the
+    same argument regex share one alternative (``(?:s|iv|g)\\('(?:cat|dog)'\\)``): a task's names appear once."""
+    by_args: dict[str, list[str]] = {}
     for s in sorted(ss.skills, key=lambda s: len(s.name), reverse=True):
         if returns is not None and s.returns not in returns:
             continue
         for sig in s.signatures:
-            args = ",".join(arg_regex(a) for a in sig)
-            alts.append(re.escape(s.name) + r"\(" + args + r"\)")
-    return "(?:" + "|".join(alts) + ")"
+            parts = [arg_regex(a, names) for a in sig]
+            if any(p is None for p in parts):
+                continue  # names an object, and the task names none
+            by_args.setdefault(",".join(parts), []).append(re.escape(s.name))  # type: ignore[arg-type]
+    alts = [(f"(?:{'|'.join(ns)})" if len(ns) > 1 else ns[0]) + r"\(" + args + r"\)" for args, ns in by_args.items()]
+    return "(?:" + "|".join(alts) + ")" if alts else ""
 
 
-_CACHE: dict[tuple[str, int], tuple[str, str, str]] = {}
+def _rep(x: str, lo: int, hi: int | None) -> str:
+    if hi is None:
+        return f"(?:{x})" + ("*" if lo == 0 else "+" if lo == 1 else f"{{{lo},}}")
+    if hi <= 0:
+        return ""
+    return f"(?:{x}){{{lo},{hi}}}"
 
 
-def _parts(ss: SkillSet) -> tuple[str, str, str]:
-    key = (ss.id, id(ss))
-    if key not in _CACHE:
-        _CACHE[key] = _build(ss)
-    return _CACHE[key]
+# -- grammars -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Grammar:
+    call: str
+    stmt: str  # one top-level statement
+    top: str  # a whole plan
+    names: tuple[str, ...] | None  # the task's (None: no task)
+    max_units: int
+    mentions: tuple[str, ...] | None = None  # plan_structure.order task: the names in the task's order
+    exact: bool = False  # ... and exactly max_units units
 
 
-def _build(ss: SkillSet) -> tuple[str, str, str]:
-    call = call_regex(ss)
+_CACHE: OrderedDict[tuple[int, str | None], _Grammar] = OrderedDict()
+
+
+def _grammar(ss: SkillSet, task: str | None) -> _Grammar:
+    key = (id(ss), task)
+    g = _CACHE.get(key)
+    if g is None:
+        names = tuple(n for n in task_names(task) if n not in ss) if task is not None else None  # "plan mf,100"
+        units = task_units(ss, task) if task is not None else ss.plan_structure.max_units
+        mentions = None
+        if task is not None and ss.plan_structure.order == "task":
+            mentions = tuple(n for n in task_mentions(task) if n not in ss) or None
+        tag = _TAG_LETTER.match(_SCENE.sub(lambda m: m["task"], task.strip())) if task is not None else None
+        first = ss.plan_structure.first_by_tag.get(tag[1], ()) if tag else ()
+        if task is not None and not first:
+            first = leading_skills(ss, task)
+        g = _CACHE[key] = _build(ss, names, units, mentions, first)
+        while len(_CACHE) > _CACHE_LEN:
+            _CACHE.popitem(last=False)
+    else:
+        _CACHE.move_to_end(key)
+    return g
+
+
+def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
+           mentions: tuple[str, ...] | None = None, first: tuple[str, ...] = ()) -> _Grammar:
+    ps = ss.plan_structure
+    call = call_regex(ss, names=names)
     if ss.grammar != "minispec":
-        return call, f"(?:{call};)+", ""
-    cond = r"\?" + call_regex(ss, ("bool",)) + r"==(?:True|False)\{"
-    top = f"(?:{call};|{cond}(?:{call};)+\\}};?)+"
-    return call, top, cond
+        if ps.unit and mentions:
+            for exact in (True, False):  # as many units as the task has, if its mentions allow
+                top = _Ordered(ss, mentions, exact).whole(-1, units, optional=False)
+                if top:
+                    return _Grammar(call, "", top, names, units, mentions, exact)
+        if ps.unit:
+            unit = _unit_regex(ss, ps.unit, names)
+            if unit:
+                return _Grammar(call, unit, _rep(unit, 1, units), names, units)
+        return _Grammar(call, f"{call};", _rep(f"{call};", 1, ps.max_statements), names, units)
+    stmt = f"{call};"
+    boolcall = call_regex(ss, ("bool",), names)
+    if boolcall:
+        stmt += r"|\?" + boolcall + r"==(?:True|False)\{" + _rep(f"{call};", 1, ps.max_block_statements) + r"\};?"
+    top = _rep(stmt, 1, ps.max_statements)
+    if first:
+        only = dataclasses.replace(ss, skills=tuple(sk for sk in ss.skills if sk.name in first))
+        more = None if ps.max_statements is None else ps.max_statements - 1
+        top = f"{call_regex(only, names=names)};" + _rep(stmt, 0, more)
+    return _Grammar(call, stmt, top, names, units)
 
 
-def plan_regex(ss: SkillSet) -> str | None:
-    """Regex for a whole plan from its start (None: prose, unconstrained)."""
+_MAX_ASSIGNMENTS = 400  # name assignments a unit enumerates before its variables are left untied
+
+
+def _unit_regex(ss: SkillSet, unit: Sequence[tuple[str, str | None]], names: Sequence[str] | None,
+                bound: str | None = None) -> str:
+    """The calls of ``unit``. With a task's names, every assignment of distinct names to its ``$variables``
+    (an object is not put on itself), the first variable only ``bound`` when given; "" when no assignment
+    fits. Without names (or with too many assignments), each call takes any name or string."""
+    variables = list(dict.fromkeys(v for _, v in unit if v is not None))
+    args = {s: _name_arg(ss, s) for s, v in unit if v is not None}
+    if names is not None and variables:
+        choices = [[bound] if (bound is not None and i == 0 and unit[0][1] == v) else list(names)
+                   for i, v in enumerate(variables)]
+        n = 1
+        for c in choices:
+            n *= len(c)
+        if n <= _MAX_ASSIGNMENTS:
+            alts = []
+            for combo in itertools.product(*choices):
+                if len(set(combo)) < len(combo):
+                    continue
+                val = dict(zip(variables, combo, strict=True))
+                if all(args[s] is not None and _names_regex(args[s], [val[v]]) for s, v in unit if v is not None):
+                    alts.append("".join(re.escape(s) + (f"\\('{re.escape(val[v])}'\\);" if v else r"\(\);")
+                                        for s, v in unit))
+            return "(?:" + "|".join(alts) + ")" if alts else ""
+    return "".join(re.escape(s) + (r"\(" + (arg_regex(args[s], names) or "''") + r"\);" if v else r"\(\);")
+                   for s, v in unit)
+
+
+_MAX_ORDERED_LEN = 60_000  # characters of an ordered-units regex before the order is given up (too many names)
+
+
+class _Ordered:
+    """Units whose names follow the task's order of mention (``plan_structure.order: task``): a unit's
+    variables take consecutive mentions (the object, then where it goes: ``pick up the apple and drop it
+    near the carrot``), each unit after the previous one's (mentions in between may be skipped), names
+    distinct within a unit; ``exact``: as many units as the task has (:func:`task_units`). One regex,
+    memoised by (mention, units left), so its size grows with mentions x units, not with the plans."""
+
+    def __init__(self, ss: SkillSet, mentions: Sequence[str], exact: bool) -> None:
+        self.ss, self.m, self.exact = ss, list(mentions), exact
+        self.runs: list[tuple[str | None, list[str]]] = []  # (variable, its calls) in unit order
+        for skill, var in ss.plan_structure.unit:
+            if self.runs and var is not None and self.runs[-1][0] == var:
+                self.runs[-1][1].append(skill)
+            else:
+                self.runs.append((var, [skill]))
+        self.var_runs = [i for i, (v, _) in enumerate(self.runs) if v is not None]
+        self._memo: dict[tuple[int, int, bool], str] = {}
+        self._size = 0
+
+    def _run_str(self, r: int, name: str | None, first: int = 0) -> str:
+        calls = self.runs[r][1][first:]
+        if name is None:
+            return "".join(re.escape(c) + r"\(\);" for c in calls)
+        return "".join(f"{re.escape(c)}\\('{re.escape(name)}'\\);" for c in calls)
+
+    def _fits(self, r: int, name: str) -> bool:
+        return all((a := _name_arg(self.ss, c)) is not None and _names_regex(a, [name]) for c in self.runs[r][1])
+
+    def _unit(self, from_run: int, first_call: int, names: dict[int, str]) -> str | None:
+        if len(set(names.values())) < len(names) or not all(self._fits(r, n) for r, n in names.items()):
+            return None
+        return "".join(self._run_str(r, names.get(r), first_call if r == from_run else 0)
+                       for r in range(from_run, len(self.runs)))
+
+    def whole(self, start: int, k: int, optional: bool = True) -> str:
+        """Whole units with names mentioned after ``start``: exactly ``k`` if ``exact``, else 0 (1 if not
+        ``optional``) to ``k``. "" if there is none."""
+        if k <= 0 or self._size > _MAX_ORDERED_LEN:
+            return ""
+        key = (start, k, optional)
+        if key not in self._memo:
+            n = len(self.var_runs)
+            alts = []
+            for a in range(start + 1, len(self.m) - n + 1):
+                body = self._unit(0, 0, {r: self.m[a + j] for j, r in enumerate(self.var_runs)})
+                if body is None:
+                    continue
+                more = self.whole(a + n - 1, k - 1)
+                if self.exact and k > 1 and not more:
+                    continue
+                alts.append(body + more)
+            self._memo[key] = "(?:" + "|".join(alts) + ")" if alts else ""
+            self._size += len(self._memo[key])
+        r = self._memo[key] if self._size <= _MAX_ORDERED_LEN else ""
+        return f"{r}?" if r and optional and not self.exact else r
+
+    def continuation(self, calls: list, units_left: int) -> str | None:
+        """The rest after ``calls`` (a plan so far that follows the units); None if its names do not follow
+        the task's order (the plan so far was not made under this grammar)."""
+        n_unit = len(self.ss.plan_structure.unit)
+        done, pos = divmod(len(calls), n_unit)
+        call_run = [r for r, (_, cs) in enumerate(self.runs) for _ in cs]
+        idx = -1
+        bound: dict[int, str] = {}
+        for k, c in enumerate(calls):
+            r = call_run[k % n_unit]
+            if self.runs[r][0] is None or (k % n_unit and call_run[(k - 1) % n_unit] == r):
+                continue  # no name, or the run's name was read at its first call
+            name = c.args[0] if c.args and isinstance(c.args[0], str) else None
+            first_var = r == self.var_runs[0]
+            nxt = next((j for j in range(idx + 1, len(self.m)) if self.m[j] == name), -1) if first_var else idx + 1
+            if nxt < 0 or nxt >= len(self.m) or self.m[nxt] != name:
+                return None
+            idx = nxt
+            if k // n_unit == done:
+                bound[r] = name
+        if pos == 0:
+            return self.whole(idx, units_left)
+        r = call_run[pos]
+        first = pos - call_run.index(r)
+        if first == 0:
+            bound.pop(r, None)
+        todo = [v for v in self.var_runs if v >= r and v not in bound]
+        names = dict(bound) | {v: self.m[idx + 1 + j] for j, v in enumerate(todo) if idx + 1 + j < len(self.m)}
+        if len(names) < len([v for v in self.var_runs if v >= r]) + len([v for v in bound if v < r]):
+            return None
+        body = self._unit(r, first, {v: n for v, n in names.items() if v >= r})
+        if body is None:
+            return None
+        more = self.whole(idx + len(todo), units_left - 1)
+        if self.exact and units_left > 1 and not more:
+            return None
+        return body + more
+
+
+def _name_arg(ss: SkillSet, skill: str) -> SkillArg | None:
+    """The argument of the skill's one-string-argument form (``move_to('tray')``, not ``move_to(x, y)``)."""
+    return next((sig[0] for sig in ss[skill].signatures if len(sig) == 1 and sig[0].type == "str"), None)
+
+
+def plan_regex(ss: SkillSet, task: str | None = None) -> str | None:
+    """Regex for a whole plan from its start (None: prose, unconstrained). ``task``: the task's input text,
+    whose names (:func:`task_names`) and units (:func:`task_units`) the plan may use; None leaves
+    ``from_task`` arguments free strings."""
     if ss.grammar == "text":
         return None
-    return _parts(ss)[1]
+    return _grammar(ss, task).top
 
 
-def continuation_regex(ss: SkillSet, plan_so_far: str) -> str | None:
-    """Regex for the rest of a plan whose text so far is ``plan_so_far``."""
+def continuation_regex(ss: SkillSet, plan_so_far: str, task: str | None = None) -> str | None:
+    """Regex for the rest of a plan whose text so far is ``plan_so_far`` (a segment boundary, or a call cut
+    at its ``)``), for the same ``task``."""
     if ss.grammar == "text":
         return None
-    call, top, _ = _parts(ss)
+    # "(?:)": nothing more may come but the end (an empty string would read as no grammar at all)
+    return _continuation(ss, plan_so_far, _grammar(ss, task)) or "(?:)"
+
+
+def _continuation(ss: SkillSet, plan_so_far: str, g: _Grammar) -> str:
     done = plan_so_far.rstrip()
     if not done:
-        return top
-    lead = ";?" if done.endswith(")") else ""  # cut at a call's ')': its ';' comes next
-    depth = _open_blocks(done)
-    if depth > 0 and ss.grammar == "minispec":
-        return f"{lead}(?:{call};)*\\}};?(?:{top})?"
-    return f"{lead}(?:{top})?"
+        return g.top
+    ps = ss.plan_structure
+    cut = done.endswith(")")  # cut at a call's ')': its ';' comes next
+    if ss.grammar == "minispec":
+        top, depth, block = _progress(done)
+        left = None if ps.max_statements is None else ps.max_statements - top
+        lead = ";?" if cut else ""
+        if depth <= 0:
+            return lead + _rep(g.stmt, 0, left)
+        # inside a block: its calls left, its '}', then the statements left after it
+        blk = None if ps.max_block_statements is None else ps.max_block_statements - block
+        rest = _rep(f"{g.call};", 0 if block else 1, blk) + r"\};?"
+        rest += (r"\};?" * (depth - 1))
+        return lead + rest + _rep(g.stmt, 0, None if left is None else left - 1)
+    lead = ";" if cut else ""
+    if ps.unit:
+        tail = _unit_tail(ss, done, g)
+        if tail is not None:
+            return lead + tail
+    n = _calls(ss, done)
+    left = None if ps.max_statements is None or n is None else ps.max_statements - len(n)
+    return lead + _rep(f"{g.call};", 0, left)
 
 
-def _open_blocks(text: str) -> int:
-    """Blocks left open, by the language's lexer (a brace in a string is no block)."""
+def _calls(ss: SkillSet, text: str) -> list | None:
+    try:
+        return ss.parse(text if text.endswith(";") else text + ";")
+    except SkillParseError:
+        return None
+
+
+def _unit_tail(ss: SkillSet, done: str, g: _Grammar) -> str | None:
+    """The rest of a unit-structured plan after ``done``; None if ``done`` does not follow the units."""
+    ps, names = ss.plan_structure, g.names
+    calls = _calls(ss, done)
+    if calls is None:
+        return None
+    u = ps.unit
+    for k, c in enumerate(calls):
+        if c.name != u[k % len(u)][0]:
+            return None
+    units, pos = divmod(len(calls), len(u))
+    if g.mentions:
+        ordered = _Ordered(ss, g.mentions, g.exact).continuation(calls, g.max_units - units)
+        if ordered is not None:
+            return ordered
+    unit = _unit_regex(ss, u, names)
+    if pos == 0:
+        return _rep(unit, 0, g.max_units - units) if unit else ""
+    bound = None
+    var = u[pos][1]
+    if var is not None and u[pos - 1][1] == var and calls[-1].args and isinstance(calls[-1].args[0], str):
+        bound = calls[-1].args[0]
+    tail = _unit_regex(ss, u[pos:], names, bound=bound)
+    if not tail:
+        return None
+    return tail + (_rep(unit, 0, g.max_units - units - 1) if unit else "")
+
+
+def _progress(text: str) -> tuple[int, int, int]:
+    """(top-level statements written, blocks open, statements in the innermost open block), by the language's
+    lexer (a brace in a string is no block). A call cut at its ``)`` counts as written."""
     lx = Lexer()
-    depth = 0
+    top = depth = block = 0
+    prev = ""
     for t in lx.feed(text) + lx.end():
-        if t.kind == "op" and t.value in ("{", "}"):
-            depth += 1 if t.value == "{" else -1
-    return depth
+        if t.kind != "op":
+            if t.kind != "eof":
+                prev = t.kind
+            continue
+        v = t.value
+        if v == "{":
+            depth, block = depth + 1, 0
+        elif v == "}":
+            depth -= 1
+            if depth == 0:
+                top += 1
+        elif v == ";":
+            if depth > 0:
+                block += 1
+            elif prev != "}":
+                top += 1
+        prev = v
+    if text.endswith(")"):
+        if depth > 0:
+            block += 1
+        else:
+            top += 1
+    return top, depth, block

@@ -66,6 +66,9 @@ class SkillArg:
     max_length: int = 100
     pattern: str | None = None  # strings: regex the whole value must match
     description: str = ""
+    # strings: an object or place, which constrained decoding draws from the names the task and its scene
+    # use (skills/grammar.py); the robot may still be sent other names by hand
+    from_task: bool = False
 
     def check(self, value: ArgValue, skill: str) -> ArgValue:
         """Return the value normalised to the arg type, or raise ValueError."""
@@ -135,6 +138,9 @@ class SkillSpec:
     aliases: tuple[str, ...] = ()
     op: str | None = None  # robot operation that runs it (executors check they know it)
     op_args: Mapping[str, str | int | float | bool] = field(default_factory=dict)  # its fixed parameters
+    # How tasks say it ("move up"): a task that begins with one gets a plan that begins with this skill
+    # (constrained decoding, skills/grammar.py)
+    phrases: tuple[str, ...] = ()
 
     @property
     def args(self) -> tuple[SkillArg, ...]:
@@ -186,6 +192,23 @@ class SkillSpec:
         return "(" + ", ".join(a.describe() for a in sig) + ")"
 
 
+@dataclass(frozen=True)
+class PlanStructure:
+    """The shape constrained decoding gives a plan (``plan_structure:`` in a skill-set file; see
+    skills/grammar.py). ``unit``: call templates such as ``pick($object)`` that a plan repeats, 1 to
+    ``max_units`` times, each ``$name`` one name of the task; ``max_statements`` / ``max_block_statements``:
+    statements per plan and per conditional block, so a plan always ends."""
+
+    unit: tuple[tuple[str, str | None], ...] = ()  # (skill, $variable or None)
+    max_units: int = 0
+    unit_verbs: frozenset[str] = frozenset()  # a task has as many units as these words (skills/grammar.py)
+    order: str = "any"  # "task": the units' names in the order the task mentions them
+    # a task tagged [T] ("[E] ...") starts its plan with a call of one of these skills (an emergency: move away)
+    first_by_tag: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    max_statements: int | None = None
+    max_block_statements: int | None = None
+
+
 @dataclass
 class SkillSet:
     id: str
@@ -203,6 +226,7 @@ class SkillSet:
     max_plan_iterations: int = 1000  # skill executions plus loop passes
     min_segment_tokens: int = 10  # sentence segmenter
     text_exec_time: Mapping[str, float] = field(default_factory=dict)
+    plan_structure: PlanStructure = field(default_factory=PlanStructure)
     _by_name: dict[str, SkillSpec] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -427,7 +451,8 @@ def skill_set_from_dict(raw: Any, source: str = "<dict>", path: Path | None = No
         if k in text_exec:
             v.number(text_exec, k, f"text_exec_time.{k}", lo=0)
     known = {"id", "robot_type", "description", "segmenter", "grammar", "lmax", "skills",
-             "max_loop_count", "max_plan_exec_s", "max_plan_iterations", "min_segment_tokens", "text_exec_time"}
+             "max_loop_count", "max_plan_exec_s", "max_plan_iterations", "min_segment_tokens", "text_exec_time",
+             "plan_structure"}
     v.no_extra(raw, known, "")
     for k in ("max_plan_exec_s", "max_plan_iterations"):
         if grammar == "text" and k in raw:
@@ -435,7 +460,9 @@ def skill_set_from_dict(raw: Any, source: str = "<dict>", path: Path | None = No
     max_exec = v.number(raw, "max_plan_exec_s", "max_plan_exec_s", default=SkillSet.max_plan_exec_s)
     if not max_exec > 0:
         v.fail("max_plan_exec_s", f"must be > 0 s, got {max_exec:g}")
+    structure = _plan_structure(v, raw.get("plan_structure"), skills, grammar)
     return SkillSet(
+        plan_structure=structure,
         id=ss_id, robot_type=robot_type, description=str(raw.get("description", "")).strip(),
         segmenter=segmenter, grammar=grammar, lmax=lmax, skills=skills, path=path,
         max_loop_count=v.integer(raw, "max_loop_count", lo=1, default=20),
@@ -444,6 +471,63 @@ def skill_set_from_dict(raw: Any, source: str = "<dict>", path: Path | None = No
         min_segment_tokens=v.integer(raw, "min_segment_tokens", lo=0, default=10),
         text_exec_time={k: float(x) for k, x in text_exec.items()},
     )
+
+
+_UNIT_CALL = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\((?:\$([a-z_][a-z0-9_]*))?\)$")
+
+
+def _plan_structure(v: _V, raw: Any, skills: tuple[SkillSpec, ...], grammar: str) -> PlanStructure:
+    at = "plan_structure"
+    if raw is None:
+        return PlanStructure()
+    if grammar == "text" or not isinstance(raw, dict):
+        v.fail(at, "expected a mapping, and only for skill languages")
+    v.no_extra(raw, {"unit", "max_units", "unit_verbs", "order", "first_by_tag", "max_statements",
+                     "max_block_statements"}, at)
+    by_name = {n: s for s in skills for n in (s.name, s.long_name, *s.aliases)}
+    first_by_tag: dict[str, tuple[str, ...]] = {}
+    fbt = raw.get("first_by_tag") or {}
+    if not isinstance(fbt, dict):
+        v.fail(f"{at}.first_by_tag", f"expected a mapping tag -> [skill, ...], got {fbt!r}")
+    for tag, names in fbt.items():
+        if not (isinstance(tag, str) and len(tag) == 1 and tag.isupper()):
+            v.fail(f"{at}.first_by_tag", f"a tag is one capital letter (E for [E]), got {tag!r}")
+        if not isinstance(names, list) or not names:
+            v.fail(f"{at}.first_by_tag.{tag}", "expected a non-empty list of skills")
+        for n in names:
+            if n not in by_name:
+                v.fail(f"{at}.first_by_tag.{tag}", f"unknown skill {n!r}")
+        first_by_tag[tag] = tuple(by_name[n].name for n in names)
+    unit: list[tuple[str, str | None]] = []
+    for i, c in enumerate(raw.get("unit") or []):
+        m = _UNIT_CALL.match(str(c).strip())
+        if not m:
+            v.fail(f"{at}.unit[{i}]", f"expected skill() or skill($name), got {c!r}")
+        s = by_name.get(m[1])
+        if s is None:
+            v.fail(f"{at}.unit[{i}]", f"unknown skill {m[1]!r}")
+        var = m[2]
+        arity = 1 if var else 0
+        if not any(len(sig) == arity and (not var or sig[0].type == "str") for sig in s.signatures):
+            v.fail(f"{at}.unit[{i}]", f"{m[1]} takes no {'single string argument' if var else 'empty call'}")
+        if var and unit and any(u[1] == var for u in unit) and unit[-1][1] != var:
+            # a regex can only tie a name to the calls next to each other (grammar.py enumerates the names)
+            v.fail(f"{at}.unit[{i}]", f"${var} must be used by consecutive calls only")
+        unit.append((s.name, var))
+    if grammar != "calls" and unit:
+        v.fail(f"{at}.unit", "only for grammar 'calls'")
+    max_units = v.integer(raw, "max_units", lo=1, default=10, at=f"{at}.max_units") if unit else 0
+    verbs = raw.get("unit_verbs") or []
+    if not isinstance(verbs, list) or not all(isinstance(w, str) and w.isalpha() for w in verbs):
+        v.fail(f"{at}.unit_verbs", f"expected a list of words, got {verbs!r}")
+    if verbs and not unit:
+        v.fail(f"{at}.unit_verbs", "needs a unit")
+    return PlanStructure(
+        unit=tuple(unit), max_units=max_units, unit_verbs=frozenset(w.lower() for w in verbs),
+        order=v.choice(raw, "order", ("any", "task"), at=f"{at}.order", default="any"), first_by_tag=first_by_tag,
+        max_statements=v.integer(raw, "max_statements", lo=1, default=None, at=f"{at}.max_statements"),
+        max_block_statements=v.integer(raw, "max_block_statements", lo=1, default=None,
+                                       at=f"{at}.max_block_statements"))
 
 
 def _skill(v: _V, s: Any, at: str) -> SkillSpec:
@@ -486,13 +570,16 @@ def _skill(v: _V, s: Any, at: str) -> SkillSpec:
     if op_args and op is None:
         v.fail(f"{at}.op_args", "given without op")
     v.no_extra(s, {"name", "long_name", "description", "kind", "args", "signatures", "returns", "aliases",
-                   "exec_time", "op", "op_args"}, at)
+                   "exec_time", "op", "op_args", "phrases"}, at)
+    phrases = s.get("phrases", []) or []
+    if not isinstance(phrases, list) or not all(isinstance(p, str) and p.strip() for p in phrases):
+        v.fail(f"{at}.phrases", "expected a list of phrases")
     return SkillSpec(
         name=name, long_name=v.string(s, "long_name", at=f"{at}.long_name", default=name),
         description=str(s.get("description", "")).strip(), kind=v.string(s, "kind", at=f"{at}.kind", default="other"),
         signatures=sigs, exec_time=_exec_time(v, et, f"{at}.exec_time", sigs),
         returns=None if s.get("returns") is None else str(s["returns"]), aliases=tuple(aliases),
-        op=op, op_args=dict(op_args),
+        op=op, op_args=dict(op_args), phrases=tuple(" ".join(p.lower().split()) for p in phrases),
     )
 
 
@@ -500,7 +587,7 @@ def _arg(v: _V, a: Any, at: str) -> SkillArg:
     if not isinstance(a, dict):
         v.fail(at, "expected a mapping")
     v.no_extra(a, {"name", "type", "min", "max", "unit", "typical", "min_length", "max_length", "pattern",
-                   "description"}, at)
+                   "description", "from_task"}, at)
     name = v.string(a, "name", at=f"{at}.name")
     typ = v.choice(a, "type", ARG_TYPES, at=f"{at}.type")
     lo = v.number(a, "min", f"{at}.min", default=None)
@@ -521,7 +608,17 @@ def _arg(v: _V, a: Any, at: str) -> SkillArg:
         min_length=v.integer(a, "min_length", lo=0, default=1, at=f"{at}.min_length"),
         max_length=v.integer(a, "max_length", lo=0, default=100, at=f"{at}.max_length"),
         pattern=pattern, description=str(a.get("description", "")),
+        from_task=_from_task(v, a, typ, at),
     )
+
+
+def _from_task(v: _V, a: dict, typ: str, at: str) -> bool:
+    val = a.get("from_task", False)
+    if not isinstance(val, bool):
+        v.fail(f"{at}.from_task", f"must be true or false, got {val!r}")
+    if val and typ != "str":
+        v.fail(f"{at}.from_task", f"only string arguments name things, this one is {typ}")
+    return val
 
 
 def _exec_time(v: _V, et: dict, at: str, sigs: tuple[tuple[SkillArg, ...], ...]) -> ExecTimeSpec:

@@ -321,6 +321,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_real_policies(sub)  # real-policies: the policies on the real engine, repeated, beside the simulator
 
+    from bench.plan_lengths import add_parser as add_plan_lengths
+
+    add_plan_lengths(sub)  # plan-lengths: plan lengths learned per task vs the per-robot-type estimate (issue 27)
+
     from bench.robot_memory import add_parser as add_robot_memory
 
     add_robot_memory(sub)  # robot-memory: planner memory vs distinct robot ids, with and without idle release

@@ -67,6 +67,9 @@ class TaskSpec:
     max_segment_tokens: int = 64
     extra: dict = field(default_factory=dict)  # engine extras (e.g. the simulated plan)
     meta: dict = field(default_factory=dict)  # caller's bookkeeping (trace ids, ...), echoed back
+    # The task's type where the caller knows it (the simulator: its template); the plan-length model keys by it,
+    # else by a type derived from the text (sched/lengths.py).
+    task_type: str | None = None
 
 
 @dataclass
@@ -126,7 +129,7 @@ class Generation:
         "task_id", "robot_id", "robot_type", "spec", "tuf", "alpha", "beta", "ert", "arrival",
         "k", "prev_end", "enqueued_at", "eligible_at", "tok_est", "prefill_est_s", "seq", "status",
         "req", "segments", "seg_start_len", "gen_start", "wait_version", "reason", "pending_abort",
-        "held", "checker", "abort_status",
+        "held", "checker", "abort_status", "rem_tok_est",
     )
 
     def __init__(self, spec: TaskSpec, task_id: str, arrival: float, seq: int) -> None:
@@ -139,7 +142,8 @@ class Generation:
         self.prev_end = math.nan
         self.enqueued_at = arrival
         self.eligible_at = arrival
-        self.tok_est = 8.0
+        self.tok_est = 8.0  # tokens of the next segment (the scheduler's length estimate, see CoreConfig.length_model)
+        self.rem_tok_est = 8.0  # tokens left in the plan, the next segment included (PlannerCore.queue_view)
         self.prefill_est_s = 0.0
         self.seq = seq
         self.status = TaskStatus.QUEUED

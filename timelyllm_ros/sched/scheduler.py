@@ -67,6 +67,7 @@ from timelyllm_ros.engines.base import Engine, EngineRequest, FinishReason, Segm
 from timelyllm_ros.model.clock import Clock
 from timelyllm_ros.model.types import Generation, Segment, TaskResult, TaskSpec, TaskStatus
 from timelyllm_ros.sched.admission import Admission, AdmissionView, LatencyEstimator, LatencyGuided, make_admission
+from timelyllm_ros.sched.lengths import PlanLengths
 from timelyllm_ros.sched.policies import Policy, RankContext
 from timelyllm_ros.skills.minispec import SkillParseError
 from timelyllm_ros.skills.segmenter import StopChecker
@@ -82,6 +83,16 @@ class CoreConfig:
     overdue: str = "serve"  # "serve": keep serving (PUD puts it last) | "reject": answer with a rejection
     segment_tokens_prior: dict[str, float] = field(
         default_factory=lambda: {"drone": 6.0, "arm": 12.0, "chatbot": 15.0})
+    # How many tokens the next segment takes (G = tokens x step time, in ranking, resume timing and admission):
+    # "learned": per task from finished segments and plans, with an uncertainty (sched/lengths.py);
+    # "ewma": one running mean per robot type, seeded by segment_tokens_prior (the estimate before issue 27).
+    length_model: str = "learned"
+    # Under "learned", urgent tasks (beta >= length_urgent_beta) plan with this quantile of the prediction, not
+    # its mean: their next segment is started early enough for a longer than usual segment (resume timing) and
+    # admission protects them for it. A normal task plans with the mean.
+    length_quantile_urgent: float = 0.9
+    length_urgent_beta: float = 1.5
+    length_max_keys: int = 1024  # memory bound of the learned model: keys kept (LRU), ~2.5 kB each
     prefill_tokens_default: int = 64  # prefill estimate when a prompt is not tokenized yet
     learn_exec_times: bool = True  # feed robot reports into the exec-time model
     record_decisions: bool = True
@@ -100,6 +111,15 @@ class CoreConfig:
                 raise ValueError(f"CoreConfig.{name} must be a finite number >= 0")
         if not (self.slack_floor_s > 0 and math.isfinite(self.slack_floor_s)):
             raise ValueError("CoreConfig.slack_floor_s must be > 0")
+        if self.length_model not in LENGTH_MODELS:
+            raise ValueError(f"CoreConfig.length_model must be one of {LENGTH_MODELS}, got {self.length_model!r}")
+        if not 0.0 < self.length_quantile_urgent < 1.0:
+            raise ValueError("CoreConfig.length_quantile_urgent must be in (0, 1)")
+        if self.length_max_keys < 3:
+            raise ValueError("CoreConfig.length_max_keys must be >= 3")
+
+
+LENGTH_MODELS = ("learned", "ewma")
 
 
 SegmentCallback = Callable[[TaskResult, Segment], None]
@@ -213,7 +233,9 @@ class PlannerCore:
         self._waiting: list[tuple[float, int, int, Generation]] = []  # (eligible_at, seq, version, gen)
         self._running: dict[str, Generation] = {}
         self._aborts: list[str] = []
-        self._tok_est = dict(self.cfg.segment_tokens_prior)
+        self._tok_est = dict(self.cfg.segment_tokens_prior)  # length_model "ewma": robot type -> tokens
+        # Learned under either length_model (a run-time switch keeps what was learned); used under "learned".
+        self.lengths = PlanLengths(self.cfg.segment_tokens_prior, max_keys=self.cfg.length_max_keys)
         self._cache_hit: dict[str, float] = {}  # robot type -> prefix-cache hit tokens of new prompts (EWMA)
         self._cache_hit_max: dict[str, int] = {}  # robot type -> the largest hit seen (a best case, for shedding)
         # (robot type, first segment?) -> the fewest tokens such a segment has taken (a best case, for shedding)
@@ -238,7 +260,7 @@ class PlannerCore:
                 raise ValueError(f"task id {tid!r} already used")
             arrival = self.clock.now() if spec.arrival is None else float(spec.arrival)
             g = Generation(spec, tid, arrival, seq)
-            g.tok_est = self._tok_est.get(spec.robot_type, 8.0)
+            self._estimate_length(g)
             self._take_warm_prompt(spec)
             g.prefill_est_s = self._prefill_estimate(spec)
             self._tasks[tid] = g
@@ -601,9 +623,9 @@ class PlannerCore:
                 raise ValueError(f"task id {tid!r}: missing or already known")
             arrival = self.clock.now() if spec.arrival is None else float(spec.arrival)
             g = Generation(spec, tid, arrival, next(self._seq))
-            g.tok_est = self._tok_est.get(spec.robot_type, 8.0)
             g.prefill_est_s = self._prefill_estimate(spec)
             g.segments = list(segments)
+            self._estimate_length(g)
             self._tasks[tid] = g
             if g.segments:  # its plan was already on the robot when the planner died
                 prev = self._owner.get(g.robot_id)
@@ -669,7 +691,7 @@ class PlannerCore:
             return {"queued": len(self._cands), "suspended": len(self._waiting), "running": len(self._running),
                     "tasks": len(self._tasks), "done": len(self._done), "policy": self.policy.name,
                     "waiting_for_robot": self.waiting_for_robot(),
-                    "admission": self.admission.name,
+                    "admission": self.admission.name, "length_model": self.cfg.length_model,
                     "per_token_s": self.estimator.step_time(max(1, len(self._running)))}
 
     def set_policy(self, policy: Policy) -> None:
@@ -699,7 +721,8 @@ class PlannerCore:
                 else:
                     wait = max(0.0, now + G + self.cfg.comm_s - g.prev_end)
                 out.append({"task_id": g.task_id, "robot_id": g.robot_id, "k": g.k, "priority": p,
-                            "slack_s": g.deadline() - now - G, "waiting_s": wait})
+                            "slack_s": g.deadline() - now - G, "waiting_s": wait,
+                            "next_tokens_est": g.tok_est, "plan_tokens_left_est": g.rem_tok_est})
             return out
 
     # -- engine thread ----------------------------------------------------------
@@ -852,6 +875,16 @@ class PlannerCore:
             self.decision_times.append(time.perf_counter() - t0)
         for g in picked:
             self._start(g, now)
+
+    def _estimate_length(self, g: Generation) -> None:
+        """Set ``g``'s next-segment and remaining token estimates for the segment it writes next (CoreConfig
+        length_model)."""
+        if self.cfg.length_model == "ewma":
+            g.tok_est = g.rem_tok_est = self._tok_est.get(g.robot_type, 8.0)
+            return
+        p = self.lengths.predict(g.spec, len(g.segments))
+        q = self.cfg.length_quantile_urgent if g.tuf.beta >= self.cfg.length_urgent_beta else 0.5
+        g.tok_est, g.rem_tok_est = p.seg_quantile(q), p.rem_quantile(q)
 
     def _prefill_estimate(self, spec: TaskSpec, n: int | None = None) -> float:
         """Prefill time of a new prompt: its length minus the prefix-cache hits that
@@ -1064,7 +1097,12 @@ class PlannerCore:
         if n and calls:  # learn the segment length G is estimated from
             rt = g.robot_type
             self._tok_est[rt] = 0.9 * self._tok_est.get(rt, n) + 0.1 * n
-            g.tok_est = self._tok_est[rt]
+            if self.cfg.length_model == "ewma":
+                g.tok_est = g.rem_tok_est = self._tok_est[rt]
+        if n:  # the learned model counts every segment (a closer such as '};' takes its steps too), by its index
+            self.lengths.observe_segment(g.spec, seg.index, n)
+            if self.cfg.length_model == "learned":
+                self._estimate_length(g)
         if n:  # every segment, a skill-less closer such as '};' too: the shortest is the best case
             key = (g.robot_type, seg.index == 0)
             self._tok_min[key] = min(n, self._tok_min.get(key, n))
@@ -1164,6 +1202,8 @@ class PlannerCore:
                          else None)
         if status is not TaskStatus.DONE:
             self._watch.pop(g.task_id, None)  # nothing more is expected of the robot
+        elif g.segments and g.segments[-1].final:  # a complete plan: learn how long plans of its task are
+            self.lengths.observe_plan(g.spec, [len(s.token_ids) for s in g.segments])
         now = self.clock.now()
         self._done[g.task_id] = res
         self._done_at[g.task_id] = now

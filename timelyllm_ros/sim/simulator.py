@@ -148,7 +148,7 @@ class Simulator:
                         robot_type=tpl.robot_type, task_id=f"j{job.job_id}", arrival=job.trigger_time,
                         prompt_token_ids=prompt or self._prompt_ids(job, tpl.robot_type),
                         extra={"plan_pieces": pieces} if pieces else {"plan_text": tpl.plan},
-                        meta={"job_id": job.job_id})
+                        meta={"job_id": job.job_id}, task_type=tpl.name)
         self._runs[spec.task_id] = _Run(rec, job, spec.robot_id)  # first: submit may end it at once
         self.core.submit(spec)
 

@@ -55,6 +55,13 @@ _WORD = re.compile(r"[A-Za-z][A-Za-z0-9]*|[^A-Za-z0-9\s]")
 _SCENE = re.compile(r"Scene:\s*\[(?P<scene>.*?)\]\s*,?\s*Task:\s*(?P<task>.*)$", re.S)
 _SCENE_NAME = re.compile(r"^\s*([A-Za-z][A-Za-z0-9_]*?)(?:_\d+)?(?=[\s:]|$)")
 _TAG = re.compile(r"^\s*\[[A-Z]\]\s*")
+_TASK_LABEL = re.compile(r"^\s*Task:\s*")
+
+
+def _split(task_input: str) -> tuple[str, str]:
+    """(scene, task text) of "Scene: [...] Task: ..." (LRTrace's form), "Task: ..." or a bare task."""
+    m = _SCENE.match(task_input.strip())
+    return (m["scene"], m["task"]) if m else ("", _TASK_LABEL.sub("", task_input))
 _TAG_LETTER = re.compile(r"^\s*\[([A-Z])\]")
 
 
@@ -63,8 +70,7 @@ def task_names(task_input: str, limit: int = MAX_NAMES) -> tuple[str, ...]:
     run of words of its text between function words, verbs and punctuation (``the red box`` is ``red_box``,
     ``the pen holder`` is ``pen_holder``: the whole name, not its parts), lower case, in order of
     appearance, at most ``limit``."""
-    m = _SCENE.match(task_input.strip())
-    scene, task = (m["scene"], m["task"]) if m else ("", task_input)
+    scene, task = _split(task_input)
     out: dict[str, None] = {}
     for entry in scene.split(","):
         sm = _SCENE_NAME.match(entry)
@@ -85,8 +91,7 @@ def task_names(task_input: str, limit: int = MAX_NAMES) -> tuple[str, ...]:
 def task_mentions(task_input: str) -> tuple[str, ...]:
     """The names of the task text (not its scene) in the order it mentions them, repeats kept (``Pick up
     the red box ... on the blue box. Then ... drop it on the red box``: red_box, blue_box, ..., red_box)."""
-    m = _SCENE.match(task_input.strip())
-    task = m["task"] if m else task_input
+    task = _split(task_input)[1]
     out: list[str] = []
     run: list[str] = []
     for tok in [*_WORD.findall(_TAG.sub("", task)), "."]:
@@ -103,8 +108,7 @@ def task_mentions(task_input: str) -> tuple[str, ...]:
 def leading_skills(ss: SkillSet, task_input: str) -> tuple[str, ...]:
     """The skill a task begins with, by its words (``Move up and check ...``: mu; a skill's ``phrases``),
     as the one skill a plan may begin with; () when the task begins with none."""
-    m = _SCENE.match(task_input.strip())
-    text = " ".join(w.lower() for w in _WORD.findall(_TAG.sub("", m["task"] if m else task_input))
+    text = " ".join(w.lower() for w in _WORD.findall(_TAG.sub("", _split(task_input)[1]))
                     if w[0].isalnum())
     best = max(((len(p), sk.name) for sk in ss.skills for p in sk.phrases if (text + " ").startswith(p + " ")),
                default=None)
@@ -117,8 +121,7 @@ def task_units(ss: SkillSet, task_input: str) -> int:
     ps = ss.plan_structure
     if not ps.unit_verbs:
         return ps.max_units
-    m = _SCENE.match(task_input.strip())
-    words = [w.lower() for w in _WORD.findall(m["task"] if m else task_input)]
+    words = [w.lower() for w in _WORD.findall(_split(task_input)[1])]
     return max(1, min(ps.max_units, sum(w in ps.unit_verbs for w in words)))
 
 
@@ -249,7 +252,7 @@ def _grammar(ss: SkillSet, task: str | None) -> _Grammar:
         mentions = None
         if task is not None and ss.plan_structure.order == "task":
             mentions = tuple(n for n in task_mentions(task) if n not in ss) or None
-        tag = _TAG_LETTER.match(_SCENE.sub(lambda m: m["task"], task.strip())) if task is not None else None
+        tag = _TAG_LETTER.match(_split(task)[1]) if task is not None else None
         first = ss.plan_structure.first_by_tag.get(tag[1], ()) if tag else ()
         if task is not None and not first:
             first = leading_skills(ss, task)
@@ -448,9 +451,10 @@ def _continuation(ss: SkillSet, plan_so_far: str, g: _Grammar) -> str:
     if ss.grammar == "minispec":
         top, depth, block = _progress(done)
         left = None if ps.max_statements is None else ps.max_statements - top
-        lead = ";?" if cut else ""
-        if depth <= 0:
-            return lead + _rep(g.stmt, 0, left)
+        if depth <= 0:  # a call cut at its ')' ends the plan, or its ';' comes before the next statement
+            more = _rep(g.stmt, 0, left)
+            return (f"(?:;{more})?" if more else ";?") if cut else more
+        lead = ";" if cut else ""
         # inside a block: its calls left, its '}', then the statements left after it
         blk = None if ps.max_block_statements is None else ps.max_block_statements - block
         rest = _rep(f"{g.call};", 0 if block else 1, blk) + r"\};?"

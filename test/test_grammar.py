@@ -1,0 +1,190 @@
+"""Each task's constrained-decoding grammar (skills/grammar.py) against the validator, on generated programs:
+a grammar never allows what the validator refuses, a plan cut at a segment boundary resumes into a plan,
+and the grammar is what the skill set declares (names the task uses, the arm's ordered units, an
+emergency's evasive start). The prompt library's own plans fit their tasks' grammars, and llguidance (vLLM's
+structured-output backend in our configs) takes the regexes as Python's re does."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from test_segmenter import bpe_like
+
+from timelyllm_ros import paths
+from timelyllm_ros.engines.prompts import PromptConfig
+from timelyllm_ros.model.plans import plan_templates
+from timelyllm_ros.skills import grammar
+from timelyllm_ros.skills.schema import SkillSetError, load_skill_set, skill_set_from_dict
+from timelyllm_ros.skills.segmenter import split_segments
+
+DRONE = load_skill_set("drone")
+ARM = load_skill_set("arm")
+HELD_OUT = Path(__file__).resolve().parents[1] / "bench" / "heldout" / "plans.yaml"
+TEMPLATES = list(plan_templates().values())
+LIBRARY = {rt: PromptConfig.load(rt).examples for rt in ("drone", "arm")}
+# Tasks the grammars are drawn for: the templates, the library's, and tasks of words nobody wrote before.
+TASKS = {"drone": [t.task_input for t in TEMPLATES if t.robot_type == "drone"]
+                  + [ex["input"] for ex in LIBRARY["drone"]]
+                  + ["Scene: [] Task: [A] Look for the zebra and photograph it.",
+                     "Scene: [shed_2 x:0.1 y:0.2] Task: [E] a wasp is attacking me",
+                     "Scene: [] Task: hover here"],  # names nothing: no perception call fits
+         "arm": [t.task_input for t in TEMPLATES if t.robot_type == "arm"]
+                + [ex["input"] for ex in LIBRARY["arm"]]
+                + ["Scene: [], Task: Pick up the teapot and put it next to the kettle.",
+                   "Task: Put the lid away."]}  # one name: no unit (object, place) fits, any call order
+SETS = {"drone": DRONE, "arm": ARM}
+
+
+def _valid_or_over_a_bound(ss, text: str) -> bool:
+    err = ss.validate_plan(text)
+    assert err is None or "max_plan_" in err, (text, err)
+    return err is None
+
+
+@st.composite
+def task_and_plan(draw, robot_type: str) -> tuple[str, str]:
+    task = draw(st.sampled_from(TASKS[robot_type]))
+    return task, draw(st.from_regex(grammar.plan_regex(SETS[robot_type], task), fullmatch=True))
+
+
+@pytest.mark.parametrize("robot_type", ["drone", "arm"])
+def test_every_string_of_a_task_grammar_is_a_valid_plan_naming_only_what_the_task_names(robot_type):
+    ss = SETS[robot_type]
+
+    @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(tp=task_and_plan(robot_type))
+    def check(tp):
+        task, plan = tp
+        if not _valid_or_over_a_bound(ss, plan):
+            return
+        names = set(grammar.task_names(task))
+        for call in ss.parse(plan):
+            skill = ss[call.name]
+            sig = next(sig for sig in skill.signatures if len(sig) == len(call.args))
+            for arg, value in zip(sig, call.args, strict=True):
+                if arg.from_task:
+                    assert value in names, (task, plan, value)
+
+    check()
+
+
+@pytest.mark.parametrize("robot_type", ["drone", "arm"])
+def test_a_plan_cut_at_a_segment_boundary_resumes_into_a_plan_of_the_same_task(robot_type):
+    ss = SETS[robot_type]
+
+    @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(data=st.data(), tp=task_and_plan(robot_type))
+    def check(data, tp):
+        task, plan = tp
+        segments = split_segments(ss, bpe_like(plan))
+        assume(len(segments) > 1)
+        done = "".join(segments[:data.draw(st.integers(1, len(segments) - 1))])
+        rest = data.draw(st.from_regex(grammar.continuation_regex(ss, done, task), fullmatch=True))
+        _valid_or_over_a_bound(ss, done + rest)
+        whole = grammar.plan_regex(ss, task)  # a MiniSpec plan's last ';' may be left out
+        assert re.fullmatch(whole, done + rest) or re.fullmatch(whole, done + rest + ";"), (task, done, rest)
+
+    check()
+
+
+def test_names_mentions_units_and_leading_skills_are_read_from_the_task():
+    stack = next(t for t in TEMPLATES if t.name == "object_stacking").task_input
+    assert grammar.task_names(stack) == ("red_box", "blue_box", "green_box")
+    assert grammar.task_mentions(stack) == ("red_box", "blue_box", "green_box", "red_box")
+    assert grammar.task_units(ARM, stack) == 2  # two "pick up"
+    assert grammar.task_names("Scene: [countertop_1 x:0.48] Task: [Q] Are there keys and a wallet?") == (
+        "countertop", "keys", "wallet")  # a scene object without its number
+    assert grammar.task_names("Task: Drop it in the pen holder.") == ("pen_holder",)  # the whole name
+    assert grammar.leading_skills(DRONE, "Scene: [] Task: [A] Move up and take a photo.") == ("mu",)
+    assert grammar.leading_skills(DRONE, "Scene: [] Task: [A] Turn left, then fly back.") == ("tu",)
+    assert grammar.leading_skills(DRONE, "Scene: [] Task: [A] Look for the moon.") == ()
+    assert grammar.task_units(ARM, "Task: tidy up") == 1 and grammar.task_units(ARM, "pick " * 20) == 6
+
+
+def test_the_arm_grammar_takes_the_task_s_objects_in_the_order_it_mentions_them():
+    fruit = next(t for t in TEMPLATES if t.name == "fruit_vegetable_sorting")
+    r = grammar.plan_regex(ARM, fruit.task_input)
+    right = fruit.plan.replace("take", "pick").replace("drop", "place")
+    assert re.fullmatch(r, right)
+    units = right.split(";")[:-1]
+    assert not re.fullmatch(r, ";".join(units[:8]) + ";")  # three "pick up": all three units
+    swapped = right.replace("place('carrot')", "place('lemon')").replace("move_to('carrot')", "move_to('lemon')")
+    assert not re.fullmatch(r, swapped)  # the apple goes where the task says, not to a later name
+    # a task whose verbs outnumber what its mentions allow gets fewer units rather than no plan
+    two = "Scene: [], Task: Pick up the cup and put it in the sink."
+    assert re.fullmatch(grammar.plan_regex(ARM, two), "move_to('cup');pick('cup');move_to('sink');place('sink');")
+
+
+def test_an_emergency_plan_starts_by_moving_away_and_every_plan_ends():
+    task = "Scene: [dog x:0.48] Task: [E] a dog is attempting to catch me. Execution history: ml(50)"
+    r = grammar.plan_regex(DRONE, task)
+    assert re.fullmatch(r, "mu(100);ml(100);") and re.fullmatch(r, "mb(80);")
+    assert not re.fullmatch(r, "mf(50);mu(100);") and not re.fullmatch(r, "d(1);mu(100);")
+    assert not re.fullmatch(r, "mu(100);" * 7)  # max_statements
+    assert grammar.continuation_regex(DRONE, "mu(100);" * 6, task) == "(?:)"  # nothing but the end
+
+
+def test_the_prompt_library_fits_its_grammars_and_copies_no_task_we_judge_plans_on():
+    held_out = [t.task_input for t in plan_templates(str(HELD_OUT)).values()]
+
+    def words(text: str) -> set[str]:  # what a task is about: its words but the function words and the
+        # boilerplate of a failure report ("You provided me with plan ..."), which every [E] task shares
+        return set(re.findall(r"[a-z]{2,}", text.lower().split("task:")[-1])) - grammar.STOPWORDS - set(DRONE.names)
+
+    for rt, examples in LIBRARY.items():
+        cfg = PromptConfig.load(rt)
+        assert cfg.shots is not None and cfg.shots < len(examples)
+        for ex in examples:
+            assert re.fullmatch(grammar.plan_regex(SETS[rt], ex["input"]), ex["plan"]), ex
+            for judged in [t.task_input for t in TEMPLATES] + held_out:
+                a, b = words(ex["input"]), words(judged)
+                assert len(a & b) < 3 or len(a & b) / len(a | b) < 0.5, (ex["input"], judged)  # a copy
+
+
+def test_a_malformed_plan_structure_is_refused_naming_the_field():
+    base = {"id": "t", "robot_type": "t", "segmenter": "semicolon", "lmax": 5,
+            "skills": [{"name": "pick", "args": [{"name": "o", "type": "str", "from_task": True}],
+                        "exec_time": {"model": "constant", "value": 1.0}},
+                       {"name": "wait", "args": [{"name": "s", "type": "int", "min": 0, "max": 5}],
+                        "exec_time": {"model": "constant", "value": 1.0}}]}
+    cases = [({"unit": ["pick($a)", "wait($a)"]}, r"plan_structure.unit\[1\]: wait takes no single string"),
+             ({"unit": ["pick($a)", "pick($b)", "pick($a)"]}, r"\$a must be used by consecutive calls only"),
+             ({"unit": ["fly($a)"]}, r"unknown skill 'fly'"),
+             ({"first_by_tag": {"E": ["jump"]}}, r"first_by_tag.E: unknown skill 'jump'"),
+             ({"order": "random"}, r"plan_structure.order")]
+    for structure, msg in cases:
+        with pytest.raises(SkillSetError, match=msg):
+            skill_set_from_dict(dict(base, plan_structure=structure))
+    bad_arg = dict(base, skills=[dict(base["skills"][1], args=[{"name": "s", "type": "int", "from_task": True}])])
+    with pytest.raises(SkillSetError, match=r"from_task: only string arguments name things, this one is int"):
+        skill_set_from_dict(bad_arg)
+
+
+def test_llguidance_takes_the_task_grammars_as_python_does():
+    """vLLM hands our regexes to llguidance (structured_outputs_config.backend guidance): a plan Python's re
+    matches is one llguidance lets the model write, token by token, and it refuses what re refuses."""
+    import llguidance
+    import llguidance.hf
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(paths.share_dir() / "models" / "SmolLM2-135M-Instruct"))
+    info = llguidance.hf.from_tokenizer(tok)
+
+    def accepts(regex: str, text: str) -> bool:
+        m = llguidance.LLMatcher(info, llguidance.LLMatcher.grammar_from_regex(regex))
+        assert not m.is_error(), m.get_error()
+        ok = all(m.consume_token(t) for t in tok.encode(text, add_special_tokens=False))
+        return ok and m.is_accepting()
+
+    for t in TEMPLATES:
+        ss = SETS[t.robot_type]
+        r = grammar.plan_regex(ss, t.task_input)
+        plan = t.plan.replace("take(", "pick(").replace("drop(", "place(")
+        assert accepts(r, plan) == bool(re.fullmatch(r, plan)), t.name
+        assert not accepts(r, "fly_away();")
+    cut = grammar.continuation_regex(DRONE, "mu(100);" * 6, "Scene: [] Task: [E] a wasp")
+    assert accepts(cut, "") and not accepts(cut, "mu(100);")

@@ -4,6 +4,15 @@
     timelyllm-bench real-policies --reps 1 --events 2 --policies pud,fcfs      # smoke run (12 tasks)
     timelyllm-bench real-policies --first-rep 3    # 3 more repetitions into the same folder, report over all
     timelyllm-bench real-policies --from-runs bench/results/real_policies      # tables again from saved runs
+    timelyllm-bench real-policies --resume idle,room --out bench/results/real_policies_inplace   # before / after
+
+``--resume``: how the vLLM engine resumes a suspended generation (VllmEngine module doc). *room* (the engine's
+default): in place while the batch has room, resubmitted only when another generation needs the place; *idle*:
+in place only when nothing else was in the engine (``park_busy=False``, the behaviour before). Several modes run
+side by side in one invocation (each repetition and policy once per mode, the mode order rotated per
+repetition), into ``<out>/<mode>/`` each with its own report, and ``<out>/comparison.md`` (+ PNG) puts their
+engine work per run side by side: prefill steps, prefill tokens, prompt tokens submitted, resumes in place and
+resubmitted, engine busy time.
 
 Each repetition serves the same tasks (the first ``--events`` arrival events of the trace, at most
 ``--per-event`` tasks each, TUF time axis x5 on a CPU) through the real stack of the README's demo
@@ -46,6 +55,10 @@ from timelyllm_ros.sim.workloads import Job, Workload
 
 DEFAULT_POLICIES = "pud-shed,pud,edf-seg,fcfs-stream,fcfs"
 GROUPS = (("urgent", "all urgent"), ("normal", "all normal"), ("all", "all"))
+RESUME_MODES = ("room", "idle")  # VllmEngine: in place while the batch has room / only on an idle engine
+# What the engine did per run (serving_figures), mean per policy in the tables.
+ENGINE_FIGURES = ("prefill_steps", "prefill_tokens", "prompt_tokens", "submissions", "resumed_in_place",
+                  "resubmitted", "released_held", "busy_s", "prefill_s")
 SOURCES = ("real", "replay", "templates")
 
 
@@ -71,6 +84,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--timeout", type=float, default=900.0, help="per run (s)")
     p.add_argument("--from-runs", default="", help="build the report from a folder's saved runs/ (no engine)")
     p.add_argument("--out", default="", help="results folder (default bench/results/real_policies)")
+    p.add_argument("--resume", default="room", help="comma list of vLLM resume modes, run side by side: room "
+                   "(in place while the batch has room; the engine's default), idle (in place only on an idle "
+                   "engine: the behaviour before); several: one sub-folder each and a comparison")
     p.set_defaults(fn=cmd_real_policies)
 
 
@@ -104,9 +120,10 @@ def replay_of(records: Sequence[TaskRecord], jobs: Sequence[Job], tokenize: Call
 
 def save_run(out: Path, policy: str, rep: int, admission: str, wall_s: float, steps: Sequence[Sequence[float]],
              records: Sequence[TaskRecord], replay: Replay, latency_estimate: dict[str, Any] | None = None,
-             ) -> dict[str, Any]:
-    """One run as ``runs/rep<k>-<policy>.json.gz`` (what ``--from-runs`` reads back)."""
-    run = {"policy": policy, "rep": rep, "admission": admission, "wall_s": wall_s,
+             engine: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One run as ``runs/rep<k>-<policy>.json.gz`` (what ``--from-runs`` reads back). ``engine``: what the engine
+    counted during the run (:func:`engine_counters` differences, the resume mode)."""
+    run = {"policy": policy, "rep": rep, "admission": admission, "wall_s": wall_s, "engine": engine or {},
            "latency_estimate": latency_estimate or {}, "steps": [list(x) for x in steps],
            "records": [_rec_to_json(r) for r in records], "replay": _replay_to_json(replay)}
     (out / "runs").mkdir(parents=True, exist_ok=True)
@@ -130,6 +147,39 @@ def _replay_to_json(rp: Replay) -> dict[str, Any]:
 def _replay_from_json(d: dict[str, Any]) -> Replay:
     return Replay({int(k): v for k, v in d["plan_pieces"].items()}, {int(k): v for k, v in d["prompt_ids"].items()},
                   {(int(j), int(i)): float(t) for j, i, t in d["seg_exec_s"]}, dict(d.get("warm_prompts", {})))
+
+
+def engine_counters(engine: Any) -> dict[str, int]:
+    """The engine's running totals of (re)submissions and resumes (VllmEngine; zeros elsewhere): take differences
+    around a run."""
+    out = dict(engine.resume_counters())
+    out["submissions"] = len(engine.submissions)
+    return out
+
+
+def counted_since(engine: Any, before: dict[str, int]) -> dict[str, Any]:
+    """What the engine did since ``before`` (:func:`engine_counters`), with the prompt tokens it submitted."""
+    now = engine_counters(engine)
+    out: dict[str, Any] = {k: now[k] - before.get(k, 0) for k in now}
+    recs = engine.submissions[before.get("submissions", 0):]
+    out["prompt_tokens"] = sum(int(r.get("prompt_tokens", 0)) for r in recs)
+    out["cached_tokens"] = sum(int(r.get("cached_tokens", 0)) for r in recs)
+    return out
+
+
+def serving_figures(run: dict[str, Any]) -> dict[str, float]:
+    """What the engine did to serve a run: prefill steps and tokens and busy time (its steps from the first
+    arrival on), (re)submissions, prompt tokens submitted and resumes in place / resubmitted (the engine's counts
+    over the whole run; NaN for a run saved without them)."""
+    steps = serving_steps(run)
+    eng = run.get("engine") or {}
+    out = {"prefill_steps": float(sum(1 for s in steps if s[1] > 0)),
+           "prefill_tokens": float(sum(s[1] for s in steps)),
+           "busy_s": float(sum(s[2] for s in steps)),
+           "prefill_s": float(sum(s[2] for s in steps if s[1] > 0))}
+    for k in ("prompt_tokens", "submissions", "resumed_in_place", "resubmitted", "released_held"):
+        out[k] = float(eng[k]) if k in eng else math.nan
+    return out
 
 
 BUSY_GAP_S = 0.05  # a step that starts this soon after the previous one ended: the engine had work all along
@@ -189,7 +239,13 @@ def simulate(jobs: Sequence[Job], policy: str, seed: int, step_model: SimEngineC
 
 # -- the real runs ---------------------------------------------------------------------------------
 
-def _real_runs(args: argparse.Namespace, out: Path, policies: list[str]) -> list[dict[str, Any]]:
+def mode_dir(out: Path, mode: str, modes: Sequence[str]) -> Path:
+    """Where a resume mode's runs and report go: ``out`` itself for one mode, ``out/<mode>`` for several."""
+    return out if len(modes) == 1 else out / mode
+
+
+def _real_runs(args: argparse.Namespace, out: Path, policies: list[str], modes: Sequence[str] = ("room",),
+               ) -> list[dict[str, Any]]:
     from timelyllm_ros import demo
     from timelyllm_ros.engines.factory import planner_engine
     from timelyllm_ros.engines.prompts import WARM_UP_TASK, PromptRenderer
@@ -214,14 +270,20 @@ def _real_runs(args: argparse.Namespace, out: Path, policies: list[str]) -> list
     engine.step = logged_step  # type: ignore[method-assign]
     ns = argparse.Namespace(admission="auto", fleet_time_scale=1.0, speed=1.0, timeout=args.timeout, record=False,
                             tuf_scale=tuf_scale, out_dir=out, seed=0)
-    earlier = out / "jobs.json"
-    if args.first_rep and earlier.exists() and json.loads(earlier.read_text())["jobs"] != [j.to_json() for j in jobs]:
+    if any(m != "room" for m in modes) and not engine.set_hold_in_place(True):
         engine.close()
-        raise SystemExit(f"--first-rep: these tasks differ from those of the runs already in {out}")
-    if not args.first_rep:  # a new set: runs of an earlier one must not mix into its report
-        for old in (out / "runs").glob("rep*-*.json*"):
-            old.unlink()
-    save_jobs(out, jobs, tuf_scale, engine.info.model, args.load)
+        raise SystemExit(f"--resume {','.join(modes)}: the engine of {args.engine} has no resume modes (vLLM only)")
+    for mode in modes:
+        folder = mode_dir(out, mode, modes)
+        earlier = folder / "jobs.json"
+        if args.first_rep and earlier.exists() and \
+                json.loads(earlier.read_text())["jobs"] != [j.to_json() for j in jobs]:
+            engine.close()
+            raise SystemExit(f"--first-rep: these tasks differ from those of the runs already in {folder}")
+        if not args.first_rep:  # a new set: runs of an earlier one must not mix into its report
+            for old in (folder / "runs").glob("rep*-*.json*"):
+                old.unlink()
+        save_jobs(folder, jobs, tuf_scale, engine.info.model, args.load)
     runs = []
     try:
         demo.console.rule("[dim]warm-up pass (not measured)")
@@ -230,14 +292,19 @@ def _real_runs(args: argparse.Namespace, out: Path, policies: list[str]) -> list
             ns.seed = rep
             k = rep % len(policies)
             for policy in policies[k:] + policies[:k]:
-                steps.clear()
-                res = demo.run_policy(engine, constrained, policy, jobs, ns, record=False)
-                rp = replay_of(res.records, jobs, engine.tokenize, engine.decode,
-                               lambda job, rt: renderer.token_ids(rt, job.task_input))
-                rp.warm_prompts = {rt: renderer.token_ids(rt, WARM_UP_TASK)
-                                   for rt in {r.robot_type for r in res.records}}
-                runs.append(save_run(out, policy, rep, res.admission, res.wall_s, steps, res.records, rp,
-                                     res.latency_estimate))
+                m = rep % len(modes)
+                for mode in list(modes[m:]) + list(modes[:m]):
+                    engine.set_hold_in_place(mode == "room")
+                    steps.clear()
+                    before = engine_counters(engine)
+                    res = demo.run_policy(engine, constrained, policy, jobs, ns, record=False)
+                    counted = counted_since(engine, before) | {"resume": mode}
+                    rp = replay_of(res.records, jobs, engine.tokenize, engine.decode,
+                                   lambda job, rt: renderer.token_ids(rt, job.task_input))
+                    rp.warm_prompts = {rt: renderer.token_ids(rt, WARM_UP_TASK)
+                                       for rt in {r.robot_type for r in res.records}}
+                    runs.append(save_run(mode_dir(out, mode, modes), policy, rep, res.admission, res.wall_s, steps,
+                                         res.records, rp, res.latency_estimate, counted))
     finally:
         engine.close()
     return runs
@@ -317,6 +384,7 @@ def build_report(runs: list[dict[str, Any]], jobs: list[Job], bench_fit: SimEngi
         templated = simulate(jobs, run["policy"], run["rep"], fits[run["rep"]], None)
         per_run.append({"policy": run["policy"], "rep": run["rep"], "admission": run["admission"],
                         "wall_s": run["wall_s"], "steps": len(run["steps"]), "real": _figures(real),
+                        "engine": serving_figures(run), "resume": (run.get("engine") or {}).get("resume", ""),
                         "replay": _figures(replayed), "templates": _figures(templated),
                         "error": per_task_errors(real, replayed),
                         "error_bench_fit": per_task_errors(real, bench_replayed)})
@@ -328,6 +396,8 @@ def build_report(runs: list[dict[str, Any]], jobs: list[Job], bench_fit: SimEngi
             for k in rs[0][src]:
                 row[f"{src}_{k}"], row[f"{src}_{k}_ci"] = mean_ci([x[src][k] for x in rs])
         pooled = _abs_errors(rs, "error")
+        for k in ENGINE_FIGURES:
+            row[f"engine_{k}"], row[f"engine_{k}_ci"] = mean_ci([x["engine"][k] for x in rs])
         row["median_abs_err"] = statistics.median(pooled) if pooled else math.nan
         row["tasks_compared"] = len(pooled)
         row["served_one_side_only"] = sum(x["error"]["served_real_only"] + x["error"]["served_sim_only"] for x in rs)
@@ -399,8 +469,9 @@ def markdown(rep: dict[str, Any], command: str, tuf_scale: float, load: float, s
           f"{1e3 * rep['step_models']['bench_fit']['prefill_s_per_token']:.3f} ms/token; the replay with it has a "
           f"median absolute response error of {100 * rep['median_abs_err_bench_fit']:.1f} %.", "",
           "| policy | admission | real urgent U/β | real normal U/β | real all U/β | real resp mean s | real not done "
-          "| replay urgent U/β | replay all U/β | replay resp mean s | median abs resp error | templates all U/β |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          "| replay urgent U/β | replay all U/β | replay resp mean s | median abs resp error | templates all U/β "
+          "| prefill steps | prefill tokens | resumes in place / resubmitted | engine busy s |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rep["table"]:
         md.append(f"| {r['policy']} | {r['admission']} | {_ci(r['real_urgent_u'], r['real_urgent_u_ci'])} | "
                   f"{_ci(r['real_normal_u'], r['real_normal_u_ci'])} | {_ci(r['real_all_u'], r['real_all_u_ci'])} | "
@@ -410,7 +481,12 @@ def markdown(rep: dict[str, Any], command: str, tuf_scale: float, load: float, s
                   f"{_ci(r['replay_all_u'], r['replay_all_u_ci'])} | "
                   f"{_ci(r['replay_resp_mean'], r['replay_resp_mean_ci'], '{:.2f}')} | "
                   f"{metrics.fmt(100 * r['median_abs_err'], '.1f', ' %')} ({r['tasks_compared']} tasks) | "
-                  f"{_ci(r['templates_all_u'], r['templates_all_u_ci'])} |")
+                  f"{_ci(r['templates_all_u'], r['templates_all_u_ci'])} | "
+                  f"{_ci(r['engine_prefill_steps'], r['engine_prefill_steps_ci'], '{:.0f}')} | "
+                  f"{_ci(r['engine_prefill_tokens'], r['engine_prefill_tokens_ci'], '{:.0f}')} | "
+                  f"{metrics.fmt(r['engine_resumed_in_place'], '.0f')} / "
+                  f"{metrics.fmt(r['engine_resubmitted'], '.0f')} | "
+                  f"{_ci(r['engine_busy_s'], r['engine_busy_s_ci'], '{:.1f}')} |")
     rk = rep["ranking"]
     md += ["", "Ranking by all-tasks U/β (best first):", "",
            *(f"- {src}: {_ranked(rep['table'], rk[src], src)}" for src in SOURCES), "",
@@ -426,16 +502,30 @@ def markdown(rep: dict[str, Any], command: str, tuf_scale: float, load: float, s
            f"{sum(1 for x in rep['pairs'] if x['separated'])} pairs the real runs separate as they do.", "",
            f"Median absolute response-time error of the replay over all runs: "
            f"{100 * rep['median_abs_err_all']:.1f} % ({rep['tasks_compared_all']} task responses compared).", "",
-           "## Per run", "", "| rep | policy | wall s | real all U/β | replay all U/β | real resp mean s | "
-           "replay resp mean s | median abs err | served in one only |", "|---|---|---|---|---|---|---|---|---|"]
+           "## Per run", "", "Engine figures from the run's first arrival on (the warm-up left out): *prefill steps* "
+           "(steps that computed prompt tokens), *prefill tokens* (prompt tokens computed, not from the prefix "
+           "cache), *busy s* (sum of the engine's step times); counted by the engine over the whole run, the "
+           "planner's prompt warm-up included: *prompt tokens* (the prompts of every submission and "
+           "resubmission, cached or not), *in place / resubmitted* (resumes that continued vLLM's request / "
+           "submitted it again).", "",
+           "| rep | policy | wall s | real all U/β | replay all U/β | real resp mean s | "
+           "replay resp mean s | median abs err | served in one only | prefill steps | prefill tokens | "
+           "prompt tokens | in place / resubmitted | busy s |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in sorted(rep["per_run"], key=lambda x: (x["rep"], x["policy"])):
         e = x["error"]
         md.append(f"| {x['rep']} | {x['policy']} | {x['wall_s']:.1f} | {metrics.fmt(x['real']['all_u'], '+.3f')} | "
                   f"{metrics.fmt(x['replay']['all_u'], '+.3f')} | {metrics.fmt(x['real']['resp_mean'], '.2f')} | "
                   f"{metrics.fmt(x['replay']['resp_mean'], '.2f')} | "
                   f"{metrics.fmt(100 * e['median_abs_err'], '.1f', ' %')} | "
-                  f"{e['served_real_only'] + e['served_sim_only']} |")
+                  f"{e['served_real_only'] + e['served_sim_only']} | {_engine_cells(x['engine'])} |")
     return "\n".join(md) + "\n"
+
+
+def _engine_cells(g: dict[str, float]) -> str:
+    f = metrics.fmt
+    return (f"{f(g['prefill_steps'], '.0f')} | {f(g['prefill_tokens'], '.0f')} | {f(g['prompt_tokens'], '.0f')} | "
+            f"{f(g['resumed_in_place'], '.0f')} / {f(g['resubmitted'], '.0f')} | {f(g['busy_s'], '.1f')}")
 
 
 def _ranked(table: list[dict[str, Any]], order: list[str], src: str) -> str:
@@ -499,29 +589,139 @@ def cmd_real_policies(args: argparse.Namespace) -> int:
         raise SystemExit("--reps must be >= 1 and --first-rep >= 0")
     if not args.load > 0:
         raise SystemExit(f"--load must be > 0, got {args.load}")
+    modes = list(dict.fromkeys(m for m in args.resume.split(",") if m))
+    if not modes or any(m not in RESUME_MODES for m in modes):
+        raise SystemExit(f"--resume: a comma list of {', '.join(RESUME_MODES)}, got {args.resume!r}")
     out = Path(args.out or args.from_runs or Path(__file__).resolve().parent / "results" / "real_policies")
     if args.from_runs:
         src = Path(args.from_runs)
-        runs = _load_runs(src)
-        saved = json.loads((src / "jobs.json").read_text())
-        if src.resolve() != out.resolve():
-            out.mkdir(parents=True, exist_ok=True)
+        found = [m for m in RESUME_MODES if (src / m / "runs").is_dir()]
+        if not (src / "runs").is_dir() and found:  # saved side by side: one folder per resume mode
+            modes = found
+        elif len(modes) > 1:
+            raise SystemExit(f"--from-runs {src}: no runs per resume mode ({', '.join(m + '/' for m in modes)})")
     else:
+        src = out
         out.mkdir(parents=True, exist_ok=True)
-        _real_runs(args, out, policies)
-        runs = _load_runs(out)
-        saved = json.loads((out / "jobs.json").read_text())
-    jobs = [Job.from_json(d) for d in saved["jobs"]]
-    rep = build_report(runs, jobs, SimEngineConfig.from_yaml(resolve_config(args.sim_engine)))
+        _real_runs(args, out, policies, modes)
     command = "timelyllm-bench " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("bench") else \
         "python -m bench " + " ".join(sys.argv[1:])
-    md = markdown(rep, command, saved["tuf_scale"], saved.get("load", 1.0), args.sim_engine)
-    (out / "results.md").write_text(md)
-    (out / "results.json").write_text(json.dumps(_no_nan(rep), indent=1))
-    plot(out / "real_policies.png", rep)
-    demo_console().print(md)
-    demo_console().print(f"results: {out / 'results.md'}, plot: {out / 'real_policies.png'}")
+    reports = {}
+    for mode in modes:
+        folder, dest = mode_dir(src, mode, modes), mode_dir(out, mode, modes)
+        runs = _load_runs(folder)
+        saved = json.loads((folder / "jobs.json").read_text())
+        dest.mkdir(parents=True, exist_ok=True)
+        jobs = [Job.from_json(d) for d in saved["jobs"]]
+        rep = build_report(runs, jobs, SimEngineConfig.from_yaml(resolve_config(args.sim_engine)))
+        md = markdown(rep, command, saved["tuf_scale"], saved.get("load", 1.0), args.sim_engine)
+        (dest / "results.md").write_text(md)
+        (dest / "results.json").write_text(json.dumps(_no_nan(rep), indent=1))
+        plot(dest / "real_policies.png", rep)
+        demo_console().print(md)
+        demo_console().print(f"results: {dest / 'results.md'}, plot: {dest / 'real_policies.png'}")
+        reports[mode] = rep
+    if len(reports) > 1:
+        cmp = compare_modes(reports)
+        (out / "comparison.md").write_text(comparison_markdown(cmp, command))
+        (out / "comparison.json").write_text(json.dumps(_no_nan(cmp), indent=1))
+        plot_comparison(out / "comparison.png", cmp)
+        demo_console().print(comparison_markdown(cmp, command))
+        demo_console().print(f"comparison: {out / 'comparison.md'}, plot: {out / 'comparison.png'}")
     return 0
+
+
+# -- resume modes side by side -----------------------------------------------------------------------
+
+CMP_FIGURES = (("prefill_steps", "prefill steps", ".0f"), ("prefill_tokens", "prefill tokens", ".0f"),
+               ("prompt_tokens", "prompt tokens", ".0f"), ("resubmitted", "resubmitted", ".0f"),
+               ("resumed_in_place", "resumed in place", ".0f"), ("busy_s", "engine busy s", ".1f"),
+               ("prefill_s", "prefill steps' s", ".1f"))
+
+
+def compare_modes(reports: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per policy and figure, each resume mode's mean over its runs and, against *idle* (else the first mode), the
+    ratio of the means and the ratios of the runs paired by repetition (same tasks, same fleet seed); real U/β and
+    response means beside."""
+    modes = sorted(reports, key=lambda m: m != "idle")  # the behaviour before first: the ratios are to it
+    base = modes[0]
+    policies = [p for p in reports[base]["policies"] if all(p in r["policies"] for r in reports.values())]
+    rows = []
+    for p in policies:
+        runs = {m: {x["rep"]: x for x in reports[m]["per_run"] if x["policy"] == p} for m in modes}
+        row: dict[str, Any] = {"policy": p, "reps": sorted(set.intersection(*(set(r) for r in runs.values())))}
+        for key, _, _ in CMP_FIGURES:
+            for m in modes:
+                row[f"{m}_{key}"] = _mean([runs[m][k]["engine"][key] for k in row["reps"]])
+            for m in modes[1:]:
+                row[f"{m}_{key}_ratio"] = _ratio(row[f"{m}_{key}"], row[f"{base}_{key}"])
+                row[f"{m}_{key}_paired"] = [_ratio(runs[m][k]["engine"][key], runs[base][k]["engine"][key])
+                                            for k in row["reps"]]
+        for key in ("all_u", "resp_mean"):
+            for m in modes:
+                row[f"{m}_{key}"] = _mean([runs[m][k]["real"][key] for k in row["reps"]])
+        rows.append(row)
+    return {"modes": modes, "policies": policies, "rows": rows,
+            "tasks": reports[base]["tasks"], "reps": reports[base]["reps"]}
+
+
+def _mean(xs: Sequence[float]) -> float:
+    xs = [x for x in xs if not math.isnan(x)]
+    return statistics.fmean(xs) if xs else math.nan
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b and not math.isnan(a) and not math.isnan(b) else math.nan
+
+
+def comparison_markdown(cmp: dict[str, Any], command: str) -> str:
+    modes, base = cmp["modes"], cmp["modes"][0]
+    md = [f"# Resume modes side by side ({time.strftime('%Y-%m-%d %H:%M')})", "", f"Command: `{command}`", "",
+          f"{cmp['tasks']} tasks, each policy {cmp['reps']} times per mode; the modes ran interleaved on one engine "
+          "(same tasks, same fleet seed per repetition, mode order rotated per repetition). Resume modes "
+          "(VllmEngine): *room*: a suspended generation stays in place while the batch has room and is resubmitted "
+          "only when another needs the place; *idle*: in place only when nothing else is in the engine, "
+          "resubmitted otherwise (the behaviour before). Prefill steps and tokens and busy time from the first "
+          "arrival on; prompt tokens (every submission's prompt, cached or not) and resumes over the whole run; "
+          f"means over the runs, and the ratio to *{base}* (of the means; per repetition in brackets).", ""]
+    head = ["policy", "figure", *modes, *(f"{m} / {base}" for m in modes[1:])]
+    md += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in cmp["rows"]:
+        for key, name, spec in CMP_FIGURES:
+            ratios = [f"{metrics.fmt(r[f'{m}_{key}_ratio'], '.2f')} "
+                      f"({', '.join(metrics.fmt(x, '.2f') for x in r[f'{m}_{key}_paired'])})" for m in modes[1:]]
+            cells = [metrics.fmt(r[f"{m}_{key}"], spec) for m in modes] + ratios
+            md.append(f"| {r['policy']} | {name} | " + " | ".join(cells) + " |")
+        md.append(f"| {r['policy']} | real all U/β | " + " | ".join(metrics.fmt(r[f'{m}_all_u'], '+.3f') for m in modes)
+                  + " |" + " |" * (len(modes) - 1))
+        md.append(f"| {r['policy']} | real resp mean s | "
+                  + " | ".join(metrics.fmt(r[f'{m}_resp_mean'], '.2f') for m in modes) + " |" + " |" * (len(modes) - 1))
+    return "\n".join(md) + "\n"
+
+
+def plot_comparison(path: Path, cmp: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figs = (("prefill_steps", "prefill steps per run"), ("prefill_tokens", "prefill tokens per run"),
+            ("busy_s", "engine busy s per run"))
+    fig, axes = plt.subplots(1, len(figs), figsize=(4.3 * len(figs), 4))
+    pols, modes = cmp["policies"], cmp["modes"]
+    width = 0.8 / len(modes)
+    for ax, (key, title) in zip(axes, figs, strict=True):
+        for mi, m in enumerate(modes):
+            xs = [i + (mi - (len(modes) - 1) / 2) * width for i in range(len(pols))]
+            ax.bar(xs, [r[f"{m}_{key}"] for r in cmp["rows"]], width, label=f"resume: {m}")
+        ax.set_xticks(range(len(pols)))
+        ax.set_xticklabels(pols, fontsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"vLLM on this CPU, {cmp['tasks']} tasks x {cmp['reps']} repetitions per mode", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _no_nan(x: Any) -> Any:

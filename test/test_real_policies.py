@@ -170,3 +170,35 @@ def test_bad_arguments_are_refused_naming_them(tmp_path) -> None:
         cli.main(["real-policies", "--policies", "pud,nope", "--from-runs", str(tmp_path)])
     with pytest.raises(SystemExit, match="no saved runs"):
         cli.main(["real-policies", "--from-runs", str(tmp_path)])
+
+
+def test_resume_modes_side_by_side_report_the_engine_work_per_run(tmp_path) -> None:
+    """--resume idle,room saves each mode's runs in its own folder; the report shows, per run and per policy,
+    prefill steps and tokens, prompt tokens and resumes in place / resubmitted, and compares the modes."""
+    jobs = _jobs()
+    counted = {"idle": {"resumed_in_place": 1, "resubmitted": 9, "released_held": 0, "submissions": 23,
+                        "prompt_tokens": 900, "cached_tokens": 600},
+               "room": {"resumed_in_place": 8, "resubmitted": 2, "released_held": 1, "submissions": 16,
+                        "prompt_tokens": 500, "cached_tokens": 200}}
+    for mode in ("idle", "room"):
+        folder = tmp_path / mode
+        save_jobs(folder, jobs, 1.0, "simulated")
+        for rep in range(2):
+            res, steps, replay = _run(jobs, "pud", rep, STEP_MODEL)
+            save_run(folder, "pud", rep, res.admission, res.sim_time_s, steps, res.records, replay,
+                     engine=counted[mode] | {"resume": mode})
+    assert cli.main(["real-policies", "--from-runs", str(tmp_path), "--out", str(tmp_path)]) == 0
+    for mode in ("idle", "room"):
+        md = (tmp_path / mode / "results.md").read_text()
+        assert "prefill steps" in md and "in place / resubmitted" in md
+        row = json.loads((tmp_path / mode / "results.json").read_text())["table"][0]
+        assert row["engine_resubmitted"] == counted[mode]["resubmitted"] and row["engine_prefill_steps"] > 0
+    cmp = json.loads((tmp_path / "comparison.json").read_text())
+    (row,) = cmp["rows"]
+    assert cmp["modes"] == ["idle", "room"] and row["reps"] == [0, 1]
+    assert row["room_prompt_tokens_ratio"] == pytest.approx(500 / 900)
+    assert row["room_resubmitted_paired"] == [pytest.approx(2 / 9)] * 2
+    assert "room / idle" in (tmp_path / "comparison.md").read_text()
+    assert (tmp_path / "comparison.png").stat().st_size > 10_000
+    with pytest.raises(SystemExit, match="--resume"):
+        cli.main(["real-policies", "--resume", "room,never", "--from-runs", str(tmp_path)])

@@ -432,6 +432,17 @@ class Engine(abc.ABC):
         """Drop cached KV blocks so the next run starts cold; False where the backend has nothing to drop."""
         return False
 
+    def resume_counters(self) -> dict[str, int]:
+        """Running totals of how suspended generations came back: ``resumed_in_place`` (the backend kept the
+        request), ``resubmitted``, ``released_held`` (held in place, then given up for a waiting generation);
+        zeros where the backend does not tell them apart. Take differences around a run."""
+        return {"resumed_in_place": 0, "resubmitted": 0, "released_held": 0}
+
+    def set_hold_in_place(self, on: bool) -> bool:
+        """Hold suspended generations in place while the batch has room (on) or only on an idle engine (off),
+        for side-by-side measurements; False where the backend has no such choice."""
+        return False
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Free backend resources."""
 

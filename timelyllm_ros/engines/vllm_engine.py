@@ -6,30 +6,48 @@ iteration of continuous batching (prefill chunks + one decode token per running
 request). The shared segmentation in :class:`Engine` runs the stop checker on
 every token.
 
-Suspend / resume is done by **resubmission** (measured against vLLM's native
-resumable streaming sessions: bench/results/vllm_sessions/): on a boundary the
-vLLM request is aborted, so it leaves the batch and its full KV blocks stay in
-the prefix cache (evictable, not pinned); resuming submits ``prompt_token_ids +
-output_token_ids`` as a ``TokensPrompt`` and vLLM's automatic prefix caching
-finds those blocks. A native session (``resumable=True``, stopped at a boundary
-with ``stop_token_ids``) resumes about 2x faster (~49 vs ~96 ms to the next
-token on this CPU), but while its robot executes it keeps its batch slot
-(``num_waiting_for_streaming_input`` counts against ``max_num_seqs``) and pins
-its KV blocks: with max_num_seqs robots mid-segment nothing else can run, which
-defeats suspending.
+Suspend / resume: a suspended generation **stays in place** while the batch has room, and is **resubmitted**
+only when another generation needs its place. Resubmission (measured against vLLM's native resumable
+streaming sessions: bench/results/vllm_sessions/): on a boundary the vLLM request is aborted, so it leaves the
+batch and its full KV blocks stay in the prefix cache (evictable, not pinned); resuming submits
+``prompt_token_ids + output_token_ids`` as a ``TokensPrompt`` and vLLM's automatic prefix caching finds those
+blocks. That costs a prefill step per resume (the partial last block and the tokens past it are computed
+again, a step with a prefill is slower than a decode step) and a new request (grammar compiled again): under
+load it added about a third to the engine's busy time (bench/results/real_policies). Held in place while the
+batch has room, the same 66 tasks at 3x load took 0.58x the prefill steps under pud and 0.69x under edf-seg
+(bench/results/real_policies_inplace/).
 
-Except while nothing else needs the engine: a generation that reaches a boundary while no other generation
-is in the engine is **parked** instead (its vLLM request stays, unstepped: nothing steps an engine without
-live generations), and a resume of it continues that request with no resubmission at all. The first other
-generation added suspends it for real (abort, as above), so it never holds a slot anyone needs, and an
-abort of the suspended generation ends it. ``park_idle=False`` always resubmits.
+In place (``park_busy``, default): at the boundary the generation's vLLM request is taken out of the
+scheduler's running list and kept (its KV blocks stay allocated, its structured-output grammar state and
+speculative drafts stay as they are). vLLM supports that state: a running request its scheduler does not
+schedule in a step (token budget spent) is dropped from the model runner's persistent batch with its cached
+state kept, and added back the next time it is scheduled; nothing steps it meanwhile. The resume puts it back
+at the end of the running list and it continues with the token it sampled last, exactly as one uninterrupted
+request would: no prefill, no new request. A held request takes no compute, but it pins KV blocks and one of
+the model runner's request states, so it is held only while ``live + held <= max_num_seqs`` and the KV cache is
+below ``HOLD_KV_USAGE``: a generation added (new or resumed) beyond that room, or a KV cache filling up,
+**releases** held generations (most recently suspended first: the others' robots have been executing longer,
+so they are likely to come back sooner) by aborting their requests, which makes them ordinary resubmitted
+suspensions. vLLM's native sessions were not used for this: a paused session counts against
+``max_num_seqs`` in its scheduler and can only be stopped by vLLM itself at a stop token (every candidate
+boundary token would stop it, false stops included).
+
+This reaches into vLLM 0.32's V1 scheduler (its ``running`` list and ``requests`` map, the request's status
+and token counts, checked before each hold). Without an in-process scheduler of that shape to take the request
+out of (a core in a subprocess, async scheduling, a batch queue) or with ``park_busy=False``, only a generation
+that reaches a boundary while no other generation is in the engine stays in place (**parked**: nothing steps an
+engine without live generations); the first other generation added releases it. ``park_idle=False`` always
+resubmits. A seeded sampled generation always resubmits (``_Sub.parkable``), and an abort of a held or parked
+generation ends its request.
 
 Speculative decoding (``engine_args.speculative_config``, e.g. vLLM's n-gram prompt-lookup proposer) makes
 one step return several tokens of a request. When the accepted tokens cross a segment boundary, the segment
 ends at the boundary (:meth:`Engine._consume`) and the tokens past it are **kept** (``_carry``): the resume
 hands them over first, before anything the engine writes next, and a resubmission submits them as part of
 its prompt. The token sequence the stop checker sees is the one of one token per step, so the segments are
-the same; greedy verification keeps the tokens those of plain greedy decoding.
+the same; greedy verification keeps the tokens those of plain greedy decoding (exactly in float32; in bfloat16
+the multi-token verification pass rounds differently and can flip a near-tie: 6 of the 23 template and
+held-out plans differed unconstrained, none constrained to their task grammars, as the planner asks).
 
 The dtype is decided at configure (:func:`choose_dtype`): ``auto`` takes bfloat16 where the CPU computes it
 natively (avx512_bf16 or amx_bf16 in /proc/cpuinfo) and float32 elsewhere (on an AVX2-only CPU vLLM emulates
@@ -101,6 +119,9 @@ _FINISH: dict[str, tuple[FinishReason, str]] = {
 # (VllmEngine.submissions is a SubmissionLog: its last SUBMISSION_LOG_LEN records).
 HISTORY_LEN = 4096  # generations (live or suspended) whose vLLM request ids are remembered
 RETIRED_LEN = 256  # ended generations still remembered (backend_has_request checks after an abort)
+# A suspended generation is held in place only while vLLM's KV cache is used below this fraction (module doc):
+# a held request pins its blocks, and vLLM cannot preempt what is not in its running list.
+HOLD_KV_USAGE = 0.9
 
 
 def finish_reason_from_vllm(reason: str | None, detail: object = None) -> tuple[FinishReason, str]:
@@ -297,12 +318,16 @@ class VllmEngine(Engine):
     """
 
     park_idle = True  # a boundary reached with nothing else in the engine parks the generation (module doc)
+    park_busy = True  # ... and one reached while others run is held in place while the batch has room
     default_regex: str | None = None  # the grammar of requests that name none (constructor)
+    max_batch = 0  # vLLM's max_num_seqs (constructor); 0: unknown, nothing held while others run
 
     def __init__(self, engine_args: dict[str, Any], *, env: dict[str, str] | None = None,
-                 default_regex: str | None = None, park_idle: bool = True, dtype: str | None = None) -> None:
+                 default_regex: str | None = None, park_idle: bool = True, park_busy: bool = True,
+                 dtype: str | None = None) -> None:
         super().__init__()
         self.park_idle = park_idle
+        self.park_busy = park_busy
         apply_default_env(env)
         args = dict(engine_args)
         # dtype (top level, default auto) or engine_args.dtype (vLLM's own field): a forced one wins over auto.
@@ -376,13 +401,21 @@ class VllmEngine(Engine):
         self._retired: OrderedDict[str, list[str]] = OrderedDict()
         # gen_id -> (reason, what vLLM reported) for Engine._finish in the step that ran _backend_step
         self._finish_errors: dict[str, tuple[FinishReason, str]] = {}
-        self._parked: set[str] = set()  # suspended generations whose vLLM request still stands (module doc)
+        # Suspended generations whose vLLM request still stands (module doc), in the order they were suspended:
+        # gen_id -> the vLLM Request taken out of the scheduler's running list (held), or None (parked where it
+        # was, on an idle engine). At most max_num_seqs held.
+        self._parked: OrderedDict[str, Any] = OrderedDict()
         # Suspended generations' tokens past their boundary (speculative decoding), LRU-bounded like _history;
         # on resume they move to _handover and go out first in the next step.
         self._carry: OrderedDict[str, _Carry] = OrderedDict()
         self._handover: dict[str, RawTokens] = {}
         self.kept_past_boundary = 0  # tokens handed over on a resume instead of generated again (benchmarks)
         self.resumed_from_kept = 0  # resumes whose kept tokens ended the plan: no vLLM request needed
+        # Resumes (benchmarks): continued in place (no prefill, no new request) / submitted again; held
+        # generations released (aborted) because another needed the room or the KV cache filled up.
+        self.resumed_in_place = 0
+        self.resubmitted = 0
+        self.released_held = 0
         # self.submissions (Engine.__init__): one record per (re)submission, with time to first token.
 
     # -- hooks -------------------------------------------------------------
@@ -433,10 +466,10 @@ class VllmEngine(Engine):
         if carry is not None:
             self._handover[req.gen_id] = carry.raw
         if self._unpark(req, len(ahead)):
+            self.resumed_in_place += 1
+            self._make_room()
             return
-        for gen_id in list(self._parked):  # another generation needs the engine: suspend for real
-            self._parked.discard(gen_id)
-            self._cancel(gen_id)
+        self._make_room()  # another generation needs the engine: suspend for real what it needs
         if carry is not None and carry.raw.finished is None and ahead and self._constrained(req):
             # A resubmission's grammar continues the plan so far, which skills.grammar defines at segment
             # boundaries only (kept, the plan ended mid-call and broke the grammar): generate them again.
@@ -457,6 +490,8 @@ class VllmEngine(Engine):
         params = self._sampling_params(view)
         # vllm.inputs.TokensPrompt is a TypedDict: calling it builds exactly this dict.
         int_id = self._llm.add_request(ext, {"prompt_token_ids": ids}, params)
+        if req.output_token_ids:
+            self.resubmitted += 1
         sub = _Sub(req.gen_id, ext, int_id, len(ids),
                    IncrementalDetokenizer(self.tokenizer, ids, skip_ids=self.eos_token_ids), time.perf_counter(),
                    max_tokens=params.max_tokens, req=req,
@@ -470,6 +505,8 @@ class VllmEngine(Engine):
             self._history.popitem(last=False)
 
     def _backend_step(self) -> tuple[Sequence[RawTokens], float | None, int]:
+        if self._parked and self._kv_tight():
+            self._make_room(kv=True)
         outs = self._llm.step()
         now = time.perf_counter()
         self._finish_errors = {}  # only for the Engine.step() that runs this backend step
@@ -555,38 +592,107 @@ class VllmEngine(Engine):
 
     def _backend_suspend(self, gen_id: str) -> None:
         sub = self._subs.get(gen_id)
-        if self.park_idle and not self._live and sub is not None and sub.parkable:
-            self._parked.add(gen_id)  # nothing else in the engine: its resume continues this request
-            return
+        if self.park_idle and sub is not None and sub.parkable:
+            held = self._take_out_of_batch(sub)
+            if held is not None:
+                self._parked[gen_id] = held  # its resume puts it back: no prefill, no new request
+                return
+            if not self._live:
+                self._parked[gen_id] = None  # nothing else in the engine: its resume continues this request
+                return
         # Aborting frees the batch slot now; full KV blocks stay in the prefix cache for the resume.
         self._cancel(gen_id)
 
+    def _can_hold(self) -> Any | None:
+        """vLLM's scheduler if a request can be taken out of its running list and put back (module doc): an
+        in-process synchronous core (no async scheduling, no batch queue: nothing of the request in flight)."""
+        sched = self.scheduler
+        if sched is None or not self.park_busy or self.max_batch <= 0:
+            return None
+        if not isinstance(getattr(sched, "running", None), list) or not isinstance(getattr(sched, "requests", None),
+                                                                                   dict):
+            return None  # not the scheduler this was written against (module doc)
+        core = self._core
+        if getattr(core, "batch_queue", None) is not None:
+            return None
+        if getattr(self._llm.vllm_config.scheduler_config, "async_scheduling", False):
+            return None
+        return sched
+
+    def _kv_tight(self) -> bool:
+        sched = self.scheduler
+        return sched is not None and float(sched.kv_cache_manager.usage) >= HOLD_KV_USAGE
+
+    def _take_out_of_batch(self, sub: _Sub) -> Any | None:
+        """Hold a suspended generation's vLLM request in place: out of the running list, KV blocks kept. None
+        if it cannot be held (no room, KV cache filling up, not in a state to be taken out)."""
+        from vllm.v1.request import RequestStatus
+
+        sched = self._can_hold()
+        if sched is None:
+            return None
+        held = sum(1 for r in self._parked.values() if r is not None)
+        if len(self._live) + held + 1 > self.max_batch or self._kv_tight():
+            return None
+        r = sched.requests.get(sub.int_id)
+        if (r is None or r.status != RequestStatus.RUNNING or r.num_output_placeholders
+                or r.num_computed_tokens + 1 != r.num_tokens):  # exactly its last sampled token not computed yet
+            return None
+        try:
+            sched.running.remove(r)  # a list of at most max_num_seqs requests
+        except ValueError:
+            return None
+        return r
+
+    def _make_room(self, kv: bool = False) -> None:
+        """Release held generations (abort: resubmitted on resume) until ``live + held <= max_num_seqs`` and, with
+        ``kv``, the KV cache is below HOLD_KV_USAGE; most recently suspended first. A generation parked on an idle
+        engine is released by any other (it still sits in the running list)."""
+        for gen_id, r in reversed(list(self._parked.items())):
+            if gen_id in self._live:
+                continue
+            held = sum(1 for x in self._parked.values() if x is not None)
+            if r is not None and len(self._live) + held <= self.max_batch and not (kv and self._kv_tight()):
+                continue
+            del self._parked[gen_id]
+            self.released_held += 1
+            self._cancel(gen_id)
+
     def _unpark(self, req: EngineRequest, ahead: int = 0) -> bool:
-        """Resume a parked generation in place; False if it must be (re)submitted. ``ahead``: tokens vLLM
+        """Resume a held or parked generation in place; False if it must be (re)submitted. ``ahead``: tokens vLLM
         wrote past the boundary that are kept for the handover."""
         if req.gen_id not in self._parked:
             return False
-        self._parked.discard(req.gen_id)
+        held = self._parked.pop(req.gen_id)
         sub = self._subs.get(req.gen_id)
         # The same generation, and vLLM's request holds exactly the plan so far and the kept tokens.
         if sub is not None and sub.req is req and sub.prompt_len + sub.n_out == len(req.all_token_ids) + ahead:
-            return True
+            if held is None:
+                return True
+            sched = self.scheduler
+            if (sched is not None and sched.requests.get(sub.int_id) is held and not held.is_finished()
+                    and len(sched.running) < self.max_batch):
+                sched.running.append(held)  # scheduled again in the next step, from its last sampled token
+                return True
         self._cancel(req.gen_id)
         return False
 
     def suspended_ids(self) -> set[str]:
         return set(self._parked)
 
+    def held_ids(self) -> set[str]:
+        """Suspended generations held in place out of vLLM's running list (a subset of :meth:`suspended_ids`)."""
+        return {g for g, r in self._parked.items() if r is not None}
+
     def abort(self, gen_id: str) -> None:
         if gen_id in self._parked:  # suspended, so not live: Engine.abort alone would leave its request
-            self._parked.discard(gen_id)
             self._backend_abort(gen_id)
         self._carry.pop(gen_id, None)
         super().abort(gen_id)
 
     def _backend_abort(self, gen_id: str) -> None:
         # The generation ended (aborted or finished): its request-id history moves to the bounded retired set.
-        self._parked.discard(gen_id)
+        self._parked.pop(gen_id, None)
         self._carry.pop(gen_id, None)
         self._handover.pop(gen_id, None)
         self._cancel(gen_id)
@@ -597,6 +703,14 @@ class VllmEngine(Engine):
                 self._retired.popitem(last=False)
 
     # -- introspection -------------------------------------------------------
+    def resume_counters(self) -> dict[str, int]:
+        return {"resumed_in_place": self.resumed_in_place, "resubmitted": self.resubmitted,
+                "released_held": self.released_held}
+
+    def set_hold_in_place(self, on: bool) -> bool:
+        self.park_busy = bool(on)
+        return True
+
     def speculation_counters(self) -> dict[str, int]:
         """vLLM's speculative-decoding counters (drafts, draft_tokens, accepted_tokens; process-wide: vLLM keeps
         them in one Prometheus registry, so take differences around a run); {} without speculation or with

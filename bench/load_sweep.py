@@ -17,6 +17,9 @@ fractional fleet, a generated workload itself, and the simulator's samples. Repo
 (Student t), the default policy's edge as the paired difference per seed; a point whose runs came out
 identical is reported as the one run it is, not as an interval.
 
+``--total`` adds Eq. 3 (first and later segments: what a degrading policy's plans left out cost) beside U/beta;
+``--pair-with P`` adds every policy's paired difference with P (e.g. the degrading policies with pud-shed).
+
 ``timelyllm-bench shed-audit`` runs pud-shed and pud on the same workloads and lists every task pud-shed shed
 with what pud made of it (issue 28: a shed task should be one that could not have earned anything).
 """
@@ -162,7 +165,11 @@ def run_point(wl: Workload, policy: str, args: argparse.Namespace) -> dict[str, 
         out[lvl] = r.utility_norm_all if r is not None else math.nan
         out[f"n_{lvl}"] = r.n if r is not None else 0
         out[f"shed_{lvl}"] = r.statuses.get("overdue", 0) if r is not None else 0
+        # Eq. 3 (TUF_0 + sum of TUF_1 of the segments run), all tasks, not done = 0: the figure that sees a plan's
+        # later segments, so the one that shows what degrading (a plan's rest left out) costs
+        out[f"total_{lvl}"] = r.total_utility_all if r is not None else math.nan
     out["shed"] = rows["all"].statuses.get("overdue", 0)
+    out["degraded"] = rows["all"].degraded
     out["not_done"] = rows["all"].failed
     return out
 
@@ -204,22 +211,28 @@ def sweep(kind: str, xs: Sequence[float], policies: Sequence[str], seeds: Sequen
                                   "n": statistics.fmean(r["n"] for r in rs)}
             for lvl in LEVELS:
                 pt[lvl], pt[f"{lvl}_ci"] = mean_ci([r[lvl] for r in uniq])
+                pt[f"total_{lvl}"], pt[f"total_{lvl}_ci"] = mean_ci([r.get(f"total_{lvl}", math.nan) for r in uniq])
                 pt[f"n_{lvl}"] = statistics.fmean(r[f"n_{lvl}"] for r in rs)  # a generated workload varies by seed
                 pt[f"shed_{lvl}"] = statistics.fmean(r[f"shed_{lvl}"] for r in rs)
             pt["shed"] = statistics.fmean(r["shed"] for r in rs)
             pt["not_done"] = statistics.fmean(r["not_done"] for r in rs)
+            pt["degraded"] = statistics.fmean(r.get("degraded", 0) for r in rs)
             pt["per_seed"] = rs
             points.append(pt)
-        base = policies[0]
-        for other in COMPARED:
-            if other == base or other not in policies:
-                continue
-            b = next(q for q in points if q["x"] == x and q["policy"] == base)
-            o = next(q for q in points if q["x"] == x and q["policy"] == other)
-            pairs = distinct(list(zip(b["per_seed"], o["per_seed"], strict=True)))  # paired by seed
-            b[f"diff_{other}_runs"] = len(pairs)
-            for lvl in LEVELS:
-                b[f"diff_{other}_{lvl}"], b[f"diff_{other}_{lvl}_ci"] = mean_ci([u[lvl] - v[lvl] for u, v in pairs])
+        # Paired differences of every policy with every other (the table shows the first policy's against
+        # ``compare``; results.json keeps them all, e.g. pud-degrade against pud-shed)
+        for base in policies:
+            for other in policies:
+                if other == base:
+                    continue
+                b = next(q for q in points if q["x"] == x and q["policy"] == base)
+                o = next(q for q in points if q["x"] == x and q["policy"] == other)
+                pairs = distinct(list(zip(b["per_seed"], o["per_seed"], strict=True)))  # paired by seed
+                b[f"diff_{other}_runs"] = len(pairs)
+                for lvl in LEVELS:
+                    for m in (lvl, f"total_{lvl}"):
+                        b[f"diff_{other}_{m}"], b[f"diff_{other}_{m}_ci"] = mean_ci(
+                            [u.get(m, math.nan) - v.get(m, math.nan) for u, v in pairs])
     return points
 
 
@@ -242,9 +255,14 @@ def _cell(m: float, ci: float) -> str:
     return f"{m:+.3f}" + (" (1 run)" if math.isnan(ci) else f" ±{ci:.3f}")
 
 
-def table(points: list[dict[str, Any]], policies: Sequence[str], xlabel: str) -> tuple[list[str], list[list[str]]]:
-    header = [xlabel, "level"] + list(policies) + [f"{policies[0]} shed"] + [
-        f"vs {o}" for o in COMPARED if o in policies and o != policies[0]]
+def table(points: list[dict[str, Any]], policies: Sequence[str], xlabel: str, metric: str = "",
+          compared: Sequence[str] = COMPARED) -> tuple[list[str], list[list[str]]]:
+    """``metric``: "" for U/beta all (TUF_0), "total_" for Eq. 3 all. A column of tasks degraded (ended with only
+    their mandatory part) per policy that degraded any."""
+    vs = [o for o in compared if o in policies and o != policies[0]]
+    degrading = [p for p in policies if any(q["policy"] == p and q.get("degraded") for q in points)]
+    header = [xlabel, "level"] + list(policies) + [f"{policies[0]} shed"] + [f"{p} degraded" for p in degrading] + [
+        f"vs {o}" for o in vs]
     rows = []
     for x in sorted({p["x"] for p in points}):
         by = {p["policy"]: p for p in points if p["x"] == x}
@@ -252,9 +270,24 @@ def table(points: list[dict[str, Any]], policies: Sequence[str], xlabel: str) ->
         for lvl in LEVELS:
             if base[f"n_{lvl}"] == 0:
                 continue
-            rows.append([f"{x:g}", lvl] + [_cell(by[p][lvl], by[p][f"{lvl}_ci"]) for p in policies]
+            m = f"{metric}{lvl}"
+            rows.append([f"{x:g}", lvl] + [_cell(by[p][m], by[p][f"{m}_ci"]) for p in policies]
                         + [f"{base[f'shed_{lvl}']:.0f}/{base[f'n_{lvl}']:.0f}"]
-                        + [_diff_cell(base, o, lvl) for o in COMPARED if o in policies and o != policies[0]])
+                        + [f"{by[p]['degraded']:.0f}" if lvl == "all" else "" for p in degrading]
+                        + [_diff_cell(base, o, m) for o in vs])
+    return header, rows
+
+
+def pair_table(points: list[dict[str, Any]], policies: Sequence[str], ref: str, xlabel: str
+               ) -> tuple[list[str], list[list[str]]]:
+    """Every policy's paired difference with ``ref`` per seed, over all tasks: U/beta (TUF_0) and Eq. 3."""
+    others = [p for p in policies if p != ref]
+    header = [xlabel] + [f"{p} - {ref} U/beta" for p in others] + [f"{p} - {ref} Eq. 3" for p in others]
+    rows = []
+    for x in sorted({p["x"] for p in points}):
+        by = {p["policy"]: p for p in points if p["x"] == x}
+        rows.append([f"{x:g}"] + [_diff_cell(by[p], ref, "all") for p in others]
+                    + [_diff_cell(by[p], ref, "total_all") for p in others])
     return header, rows
 
 
@@ -321,7 +354,8 @@ def cmd_load_sweep(args: argparse.Namespace) -> int:
                                "seeds_vary": vary, "load_scaling": f"{args.scale}: {SCALE_DOC[args.scale]}",
                                "metric": "mean TUF_0/beta over all tasks, a task not done (shed, failed) counting 0",
                                "sweeps": {}}
-    vs = ", ".join(o for o in COMPARED if o in policies and o != policies[0])
+    compared = [o for o in args.compare.split(",") if o]
+    vs = ", ".join(o for o in compared if o in policies and o != policies[0])
     md = [f"# Load sweep\n\nCommand: `{command}`\n\nLoad scaling: `{args.scale}` ({SCALE_DOC[args.scale]})\n\n",
           f"Seeds ({len(seeds)}) vary: {vary}. The burst sweep's workloads are generated anew per seed.\n\n",
           f"Mean U/beta over **all** tasks (a task not done, e.g. shed OVERDUE, counts 0) ± 95 % CI over the seeds; "
@@ -343,17 +377,29 @@ def cmd_load_sweep(args: argparse.Namespace) -> int:
         label = workload_label(wname, wl0)
         results["sweeps"][f"load-{label}"] = {"workload": wl0.name, "given_as": wname, "jobs": len(wl0.jobs),
                                               "points": pts}
-        header, rows = table(pts, policies, "load")
+        header, rows = table(pts, policies, "load", compared=compared)
         print_table(f"{wl0.name}: U/beta all tasks vs load factor", header, rows)
         md.append(f"\n## {label} ({wl0.name}, {len(wl0.jobs)} tasks): load factor\n\n")
         md.append(_md_table(header, rows))
+        if args.total:
+            header, rows = table(pts, policies, "load", metric="total_", compared=compared)
+            print_table(f"{wl0.name}: Eq. 3 utility (all tasks) vs load factor", header, rows)
+            md.append(f"\n### {label}: Eq. 3 utility per task (TUF_0 + sum of TUF_1 of the segments run; all "
+                      f"tasks, not done = 0)\n\n")
+            md.append(_md_table(header, rows))
+        if args.pair_with in policies:
+            header, rows = table_pair = pair_table(pts, policies, args.pair_with, "load")
+            print_table(f"{wl0.name}: paired difference with {args.pair_with}, all tasks", *table_pair)
+            md.append(f"\n### {label}: each policy - {args.pair_with}, paired per seed, all tasks (U/beta: TUF_0; "
+                      f"Eq. 3: first and later segments)\n\n")
+            md.append(_md_table(header, rows))
         plot(out / f"load_{label}.png", pts, policies, "load factor (x arrival rate)",
              f"{wl0.name}: utility vs load ({len(seeds)} seeds, 95 % CI)")
     if bursts:
         pts = sweep("burst", bursts, policies, seeds,
                     lambda b, s: _truncate(burst_workload(int(b), s), args.max_jobs), args, "burst")
         results["sweeps"]["burst-wid2"] = {"workload": "wid2 settings, generated", "points": pts}
-        header, rows = table(pts, policies, "max/event")
+        header, rows = table(pts, policies, "max/event", compared=compared)
         print_table("WID 2 settings (generated): U/beta all tasks vs burst size", header, rows)
         md.append("\n## Burst size (WID 2 settings, generated; U[max/2, max] tasks per event at 0.25 events/s)\n\n")
         md.append(_md_table(header, rows))
@@ -458,7 +504,14 @@ def add_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> N
     p.add_argument("--workloads", default="wid1,wid2,wid3",
                    help="comma list: wid2 (the published trace), wid1/wid3 (generated), a trace name or folder")
     p.add_argument("--policies", default=DEFAULT_POLICIES,
-                   help="comma list; the first is compared (paired) with pud and edf-seg")
+                   help="comma list; the first is compared (paired) with those of --compare")
+    p.add_argument("--compare", default=",".join(COMPARED),
+                   help="comma list: the policies the table compares the first one with (paired per seed; "
+                        "results.json holds every pair)")
+    p.add_argument("--pair-with", default="",
+                   help="a policy of --policies: also tabulate every other's paired difference with it (all tasks)")
+    p.add_argument("--total", action="store_true",
+                   help="also tabulate Eq. 3 utility (first and later segments; what degrading a plan costs)")
     p.add_argument("--loads", default=DEFAULT_LOADS, help="load factors (x the workload's arrival rate)")
     add_scale_argument(p)
     p.add_argument("--bursts", default=DEFAULT_BURSTS,

@@ -47,6 +47,9 @@ STATUS_CODE: dict[TaskStatus, int] = {
     TaskStatus.ROBOT_FAILED: 5,  # STATUS_ROBOT_FAILED
     TaskStatus.BUSY: 6,  # STATUS_BUSY
 }
+# How the reason of a degraded result starts (TaskResult.degraded): it ends DONE, since the robot ran what it was
+# sent, and the reason says which segments were left out.
+DEGRADED_PREFIX = "degraded:"
 STATUS_FROM_CODE: dict[int, TaskStatus] = {v: k for k, v in STATUS_CODE.items()}
 TERMINAL_STATUSES: tuple[TaskStatus, ...] = tuple(STATUS_CODE)
 
@@ -120,6 +123,13 @@ class TaskResult:
     meta: dict = field(default_factory=dict)
     robot_type: str = "drone"
     response_time_from_send: float | None = None  # W(s_0) measured from the robot's send stamp
+
+    @property
+    def degraded(self) -> bool:
+        """Ended DONE with only its mandatory part: the planner left the optional rest of the plan out under
+        overload (a degrading policy, sched/policies.py). Read from the status and reason, which every layer
+        carries (the action result's and /plan_results' message, the journal), so no wire change is needed."""
+        return self.status is TaskStatus.DONE and self.reason.startswith(DEGRADED_PREFIX)
 
 
 class Generation:

@@ -49,6 +49,11 @@ class Policy:
     segmented: bool = True  # suspend at segment boundaries
     streams: bool = True  # send each segment as soon as it is detected
     sheds: bool = False  # the scheduler asks :meth:`hopeless` about first segments (queued and running)
+    degrades: bool = False  # the scheduler asks :meth:`degradable` about later segments left waiting
+    # ... and, for an eager one, about later segments admitted ahead of a first segment left waiting
+    eager: bool = False
+    # (eager) only where that first segment would lose utility by waiting for the later one (pushed past its ERT)
+    at_risk: bool = True
 
     def gen_time(self, g: Generation, ctx: RankContext) -> float:
         """G(s_k): estimated generation time of the next segment."""
@@ -69,8 +74,21 @@ class Policy:
         :attr:`sheds` is set."""
         return False
 
+    def degradable(self, g: Generation, now: float, left_s: float, comm_s: float, ready: float,
+                   contended: bool) -> bool:
+        """Should the scheduler end ``g``'s optional rest now (the task ends DONE with the segments already sent,
+        its reason saying what was left out)? Asked only when :attr:`degrades` is set, and only about a generation
+        that has sent at least one segment and was left waiting at a decision (the engine could not take it), or,
+        with :attr:`eager`, was admitted while a first segment was left waiting.
+        ``left_s``: the best case of its next segment's generation time; ``ready``: the latest the robot can
+        finish the segment before it (its report, else the model's maximum); ``contended``: (eager) a first
+        segment that can still earn positive utility was left waiting at the same decision, and (with
+        :attr:`at_risk`) waiting for this generation's next segment would push it past its ERT."""
+        return False
+
     def describe(self) -> str:
-        return f"{self.name} (segmented={self.segmented}, streams={self.streams}, sheds={self.sheds})"
+        return (f"{self.name} (segmented={self.segmented}, streams={self.streams}, sheds={self.sheds}, "
+                f"degrades={self.degrades})")
 
 
 class PUD(Policy):
@@ -124,6 +142,57 @@ class PUDShed(PUD):
 
     def hopeless(self, g: Generation, now: float, left_s: float, comm_s: float) -> bool:
         return g.k == 0 and g.tuf.tuf0(now - g.arrival + left_s + comm_s) <= 0.0
+
+
+class PUDDegrade(PUDShed):
+    """pud-shed plus degrading (imprecise computation, RTDeepIoT; issue 28 item 3): under overload a task keeps
+    its mandatory part, the segments already sent (at least its first: an urgent task's evasive first move),
+    and its optional rest is ended explicitly instead of being served late.
+
+    Overload, precisely: at a decision, a generation that has sent a segment was left waiting (the batch had no
+    room for it or admission refused it), and its next segment cannot earn positive utility even at best, i.e.
+    TUF_1(now + left + comm - ready) <= 0 with ``left`` the fewest tokens a later segment of its robot type has
+    taken at the batch-1 step time and ``ready`` the latest the robot can finish the segment before it. PUD puts
+    such a segment last, so it is served only when nothing else waits, late (a negative term of Eq. 3) and in
+    batch slots and step time that first segments need. The task then ends DONE at once with the reason
+    ``degraded: ...`` (TaskResult.degraded): the robot runs what it got, then the end of plan. A first segment is
+    never degraded (nothing was sent: it is shed, or served, as under pud-shed), and with no overload nothing is
+    degraded and this is pud-shed exactly.
+    """
+
+    name = "pud-degrade"
+    degrades = True
+
+    def degradable(self, g: Generation, now: float, left_s: float, comm_s: float, ready: float,
+                   contended: bool) -> bool:
+        if g.k == 0:
+            return False  # nothing sent: no mandatory part to keep
+        wait = now + left_s + comm_s - ready  # W(s_k) at best: the robot ready as late as it can be, G at its least
+        if self.eager and contended:
+            return wait > 0.0  # already below full utility while a first segment that can earn waits
+        return g.tuf.tuf1(wait) <= 0.0
+
+
+class PUDDegradeEager(PUDDegrade):
+    """pud-degrade with a wider overload rule, decided at admission: a later segment admitted ahead of a first
+    segment that is left waiting, that can still earn, and that waiting for it would push past its ERT (best case
+    + the later segment's estimated generation time), gives up its optional rest when it is itself late (best-case
+    wait > 0, below full utility), and its place in the batch goes to the waiting ones. PUD ranks an overdue later
+    segment that still earns above almost any first segment (its slack at the floor), so under overload those
+    take the batch first; this trades them (Eq. 3 terms of tasks already answered) for first segments (the
+    response of tasks not answered yet)."""
+
+    name = "pud-degrade-eager"
+    eager = True
+
+
+class PUDDegradeWide(PUDDegradeEager):
+    """pud-degrade-eager without the at-risk test: any first segment that can still earn and is left waiting
+    counts, one well inside its ERT too (a burst's queue at normal load). Kept to measure the trade: it cuts more
+    plans, for more first-segment utility and less Eq. 3 (bench/results/degrade)."""
+
+    name = "pud-degrade-wide"
+    at_risk = False
 
 
 class PortExp(Policy):
@@ -193,6 +262,9 @@ class StaticPriority(Policy):
 POLICIES: dict[str, Callable[[], Policy]] = {
     "pud": PUD,
     "pud-shed": PUDShed,
+    "pud-degrade": PUDDegrade,
+    "pud-degrade-eager": PUDDegradeEager,
+    "pud-degrade-wide": PUDDegradeWide,
     "port-exp": PortExp,
     "fcfs": FCFS,
     "fcfs-stream": FCFSStream,

@@ -65,7 +65,7 @@ from typing import Any
 
 from timelyllm_ros.engines.base import Engine, EngineRequest, FinishReason, SegmentEvent, StepReport
 from timelyllm_ros.model.clock import Clock
-from timelyllm_ros.model.types import Generation, Segment, TaskResult, TaskSpec, TaskStatus
+from timelyllm_ros.model.types import DEGRADED_PREFIX, Generation, Segment, TaskResult, TaskSpec, TaskStatus
 from timelyllm_ros.sched.admission import Admission, AdmissionView, LatencyEstimator, LatencyGuided, make_admission
 from timelyllm_ros.sched.lengths import PlanLengths
 from timelyllm_ros.sched.policies import Policy, RankContext
@@ -859,22 +859,98 @@ class PlannerCore:
             stats = self.engine.stats()
             view = AdmissionView(list(self._running.values()), now, self.cfg.comm_s, stats.kv_cache_usage,
                                  self.estimator)
-            # Rank only as many as could join (cheaper than a full sort); re-rank if all were taken.
-            refused = False
-            while room > 0 and self._cands and not refused:
-                for g in self.best(now, min(room, 64)):
-                    if not self.admission.admit(view, g):
-                        refused = True
-                        break
-                    picked.append(g)
-                    view.running.append(g)
-                    self._running[g.task_id] = g
-                    del self._cands[g.task_id]
-                    room -= 1
+            while True:
+                room = self._admit(now, view, room, picked)
+                if not (self.policy.eager and self._cands and any(g.k > 0 for g in picked)):
+                    break
+                # Eager degrading: a later segment admitted ahead of a first segment that can still earn, and that
+                # its generation time would push past its ERT, gives up its optional rest; its place goes to the
+                # waiting ones.
+                cut = self._degrade(now, [g for g in picked if g.k > 0], True)
+                if not cut:
+                    break
+                for g in cut:
+                    picked.remove(g)
+                    view.running.remove(g)
+                    room += 1
+        if self.policy.degrades and self._cands:  # left waiting: the engine could not take them now (overload)
+            self._degrade(now, [g for g in self._cands.values() if g.k > 0], self.policy.eager)
         if self.cfg.record_decisions:
             self.decision_times.append(time.perf_counter() - t0)
         for g in picked:
             self._start(g, now)
+
+    def _admit(self, now: float, view: AdmissionView, room: int, picked: list[Generation]) -> int:
+        """Admit candidates in the policy's order while the batch has room and admission takes them; returns the
+        room left. Ranks only as many as could join (cheaper than a full sort), and re-ranks if all were taken."""
+        refused = False
+        while room > 0 and self._cands and not refused:
+            for g in self.best(now, min(room, 64)):
+                if not self.admission.admit(view, g):
+                    refused = True
+                    break
+                picked.append(g)
+                view.running.append(g)
+                self._running[g.task_id] = g
+                del self._cands[g.task_id]
+                room -= 1
+        return room
+
+    def _contended(self, now: float, delay_s: float | None) -> bool:
+        """Is a first segment left waiting that can still earn positive utility (at its best case) and that a wait
+        of ``delay_s`` more would make lose some (its best-case response then past its ERT)? One that stays inside
+        its ERT loses nothing by waiting (a burst's queue at normal load), and one that cannot earn is shed.
+        ``delay_s`` None: any first segment waiting that can still earn (Policy.at_risk off)."""
+        step1, comm = self.estimator.step_time(1), self.cfg.comm_s
+        for q in self._cands.values():
+            if q.k == 0:
+                best = now - q.arrival + self._prefill_best(q.spec) + self._tokens_best(q, 0) * step1 + comm
+                if q.tuf.tuf0(best) > 0.0 and (delay_s is None or q.tuf.tuf0(best + delay_s) < q.beta):
+                    return True
+        return False
+
+    def _degrade(self, now: float, gens: list[Generation], contended: bool) -> list[Generation]:
+        """Ask a degrading policy (Policy.degradable) about ``gens``, generations that have sent a segment and
+        were left waiting at this decision (an eager policy: also those admitted ahead of a first segment that can
+        still earn and was left waiting), and end the optional rest of those it names: the task ends DONE with
+        what was sent (its mandatory part, never less than its first segment) and a reason that names the
+        segments left out. Returns them. ``contended``: ask :meth:`_contended` about each (an eager policy).
+
+        The best case, as shedding's: the fewest tokens a later segment of its robot type has taken at the batch-1
+        step time (a resumed generation's prefill is what was evicted: nothing, at best), and the robot ready for
+        it at the latest it can finish the segment before (its report, else the model's maximum), so a segment
+        that could still earn is not cut because the robot was slower than the model's minimum."""
+        step1, comm = self.estimator.step_time(1), self.cfg.comm_s
+        cut = []
+        for g in gens:
+            last = g.segments[-1] if g.segments else None
+            if last is None or last.dispatch is None:  # nothing of it reached the robot yet: no mandatory part
+                continue
+            if self.hooks.validate_plan(g.robot_type, "".join(s.text for s in g.segments)) is not None:
+                continue  # what was sent is no whole plan (a block left open): the robot could not end there
+            ready = g.prev_end
+            if last.real_end is not None:
+                ready = last.real_end
+            elif last.pred_start is not None:
+                ready = max(ready, last.pred_start + last.max_exec_s)
+            left = self._tokens_best(g, 0) * step1
+            # the first segments waiting behind it lose its expected generation time (the ranking's G)
+            busy = contended is not False and self._contended(
+                now, g.tok_est * self.estimator.step_time(len(self._running) + 1) if self.policy.at_risk else None)
+            if self.policy.degradable(g, now, left, comm, ready, busy):
+                # (eager) admitted at this decision, not started: _finish releases its parked request as any suspended
+                self._running.pop(g.task_id, None)
+                self._finish(g, TaskStatus.DONE, self._degraded_reason(g, now + left + comm - ready))
+                cut.append(g)
+        return cut
+
+    def _degraded_reason(self, g: Generation, best_wait_s: float) -> str:
+        n = len(g.segments)
+        why = (f"could not earn utility (best-case wait {best_wait_s:.3f} s, TUF_1 <= 0 past "
+               f"{-g.beta / g.alpha:.3f} s)" if g.tuf.tuf1(best_wait_s) <= 0.0 else
+               f"was late (best-case wait {best_wait_s:.3f} s) while a first segment that can still earn waited")
+        return (f"{DEGRADED_PREFIX} optional rest (segments {n}..) left out under overload by {self.policy.name}; "
+                f"sent {n} segment{'s' if n != 1 else ''} (the mandatory part); segment {n} {why}")
 
     def _estimate_length(self, g: Generation) -> None:
         """Set ``g``'s next-segment and remaining token estimates for the segment it writes next (CoreConfig

@@ -49,6 +49,10 @@ class Summary:
     # Tasks per terminal status (TaskStatus values), every one present; "other": not terminal
     # (still pending, or cut off by the end of a recording).
     statuses: dict[str, int] = field(default_factory=dict)
+    # Of the done ones, those that ended with only their mandatory part (a degrading policy left the rest of the
+    # plan out under overload: TaskRecord.degraded). Their completion time is not a plan's: completion_mean
+    # leaves them out.
+    degraded: int = 0
 
 
 OTHER_STATUS = "other"
@@ -90,11 +94,11 @@ def summarize_group(name: str, recs: Sequence[TaskRecord]) -> Summary:
         utility=_mean(us), utility_norm=_mean(un), total_utility=_mean(tot),
         response_mean=_mean(rts), response_p50=percentile(rts, 0.5), response_p95=percentile(rts, 0.95),
         waiting_mean=_mean([r.robot_waiting for r in served]),
-        completion_mean=_mean([c for c in (r.completion_time for r in served) if c is not None]),
+        completion_mean=_mean([c for c in (r.completion_time for r in served if not r.degraded) if c is not None]),
         miss_rate=misses / n if n else math.nan,
         utility_norm_all=_mean([r.utility_all() for r in recs]),
         total_utility_all=_mean([r.total_utility_all() for r in recs]),
-        statuses=status_counts(recs))
+        statuses=status_counts(recs), degraded=sum(1 for r in recs if r.degraded))
 
 
 def summarize(records: Iterable[TaskRecord]) -> list[Summary]:
@@ -124,6 +128,9 @@ COLUMNS = [("group", "task"), ("n", "n"), ("utility", "U"), ("utility_norm", "U/
 LEGEND = ("U, U/beta, U total, resp, wait, completion: means over served tasks (a segment executed); "
           "U/beta all, U total all, miss: over all tasks (a task not done counts 0, an unserved one misses).")
 
+DEGRADED_LEGEND = (" degraded: of the done tasks, those that ended with only their mandatory part (the rest of the "
+                   "plan left out under overload); completion leaves them out.")
+
 
 def fmt(v: Any, spec: str = ".3f", unit: str = "") -> str:
     """A table cell; a figure with nothing to average over (no task of the row was served) is "-", never "nan"."""
@@ -151,14 +158,15 @@ def _status_columns(rows: Sequence[Summary]) -> list[str]:
 def to_markdown(rows: Sequence[Summary], extra_cols: dict[str, list[Any]] | None = None,
                 legend: bool = True) -> str:
     status_cols = _status_columns(rows)
-    cols = list(extra_cols or {}) + [h for _, h in COLUMNS] + status_cols
+    degraded = any(r.degraded for r in rows)  # a column only where a policy degraded: other tables stay as they were
+    cols = list(extra_cols or {}) + [h for _, h in COLUMNS] + status_cols + (["degraded"] if degraded else [])
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for i, r in enumerate(rows):
         vals = ([fmt(v[i]) for v in (extra_cols or {}).values()] + [fmt(getattr(r, k)) for k, _ in COLUMNS]
-                + [str(r.statuses.get(s, 0)) for s in status_cols])
+                + [str(r.statuses.get(s, 0)) for s in status_cols] + ([str(r.degraded)] if degraded else []))
         lines.append("| " + " | ".join(vals) + " |")
     if legend:
-        lines += ["", LEGEND]
+        lines += ["", LEGEND + (DEGRADED_LEGEND if degraded else "")]
     return "\n".join(lines) + "\n"
 
 

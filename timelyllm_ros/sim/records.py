@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from timelyllm_ros.model.tuf import TimeUtility
-from timelyllm_ros.model.types import TaskResult, TaskStatus
+from timelyllm_ros.model.types import DEGRADED_PREFIX, TaskResult, TaskStatus
 
 # One segment as the robot ran it: (start of execution, end of execution, holds a skill call).
 Span = tuple[float, float, bool]
@@ -152,6 +152,13 @@ class TaskRecord:
     @property
     def done(self) -> bool:
         return self.status == TaskStatus.DONE
+
+    @property
+    def degraded(self) -> bool:
+        """Ended done with only its mandatory part, the rest of its plan left out under overload
+        (TaskResult.degraded). It counts as done: its figures are those of the segments its robot ran, so Eq. 3
+        has no term for a segment left out, and TUF_0 cannot see the rest at all (the metrics count these)."""
+        return self.done and self.reason.startswith(DEGRADED_PREFIX)
 
     # -- derived metrics (robot-side times), all through the module's functions ----------------
     @property

@@ -38,7 +38,7 @@ class Stack:
 
     def __init__(self, policy: str = "pud", silent: tuple[str, ...] = (), robots: int = 4,
                  engine_time_scale: float = 1.0, fleet_time_scale: float = 0.2, engine=None,
-                 sim_fleet: bool = True) -> None:
+                 sim_fleet: bool = True, constrained: bool = False) -> None:
         self.ctx = rclpy.Context()
         rclpy.init(context=self.ctx)
         kw = {"context": self.ctx}
@@ -46,7 +46,7 @@ class Stack:
         # build_planner creates nodes in the default context: give them ours.
         self.planner, self.sched = build_planner(
             [Parameter("policy", value=policy), Parameter("admission", value="latency")], engine=self.engine,
-            context=self.ctx)
+            constrained=constrained, context=self.ctx)
         self.fleet = None if not sim_fleet else SimFleetNode(context=self.ctx, parameter_overrides=[
             Parameter("robots", value=[f"drone_{i}" for i in range(robots)] + list(silent)),
             Parameter("silent_robots", value=list(silent) or [""]),

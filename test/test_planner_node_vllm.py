@@ -20,7 +20,8 @@ pytestmark = [pytest.mark.ros, pytest.mark.engine]
 def vllm_engine():
     from timelyllm_ros.engines.factory import planner_engine
 
-    engine, _ = planner_engine("engine_vllm_cpu.yaml")
+    engine, constrained = planner_engine("engine_vllm_cpu.yaml")
+    assert constrained  # the default: each task's grammar
     yield engine
     engine.close()
 
@@ -30,7 +31,7 @@ BUSY_FIRST = ("Scene: [ball x:0.45 y:0.50 width:0.10 height:0.10] Task: [E] You 
 
 
 def test_real_engine_streams_valid_segments_and_serves_urgent_first(vllm_engine):
-    s = Stack(engine=vllm_engine, fleet_time_scale=1.0)
+    s = Stack(engine=vllm_engine, fleet_time_scale=1.0, constrained=True)  # as planner_engine says
     try:
         # warm-up: the first forward passes of a fresh engine are slow
         _, h = s.send("drone_3", CAT)
@@ -73,7 +74,7 @@ def test_real_engine_streams_valid_segments_and_serves_urgent_first(vllm_engine)
 
 
 def test_real_engine_cancel_frees_the_request(vllm_engine):
-    s = Stack(engine=vllm_engine, fleet_time_scale=1.0)
+    s = Stack(engine=vllm_engine, fleet_time_scale=1.0, constrained=True)
     try:
         fb, h = s.send("drone_2", CAT)
         assert _wait(lambda: fb, 60)
@@ -100,7 +101,7 @@ def test_engine_state_and_diagnostics_say_the_dtype_why_and_the_speculation(vllm
 
     info = vllm_engine.info
     assert info.dtype in ("bfloat16", "float32") and info.dtype_reason.startswith("auto: "), info
-    s = Stack(engine=vllm_engine)
+    s = Stack(engine=vllm_engine, constrained=True)
     try:
         states: list = []
         arrays: list = []

@@ -65,43 +65,70 @@ def _split(task_input: str) -> tuple[str, str]:
 _TAG_LETTER = re.compile(r"^\s*\[([A-Z])\]")
 
 
-def task_names(task_input: str, limit: int = MAX_NAMES) -> tuple[str, ...]:
-    """The names a task uses for things: its scene's objects (``countertop_1`` is ``countertop``), then each
-    run of words of its text between function words, verbs and punctuation (``the red box`` is ``red_box``,
-    ``the pen holder`` is ``pen_holder``: the whole name, not its parts), lower case, in order of
-    appearance, at most ``limit``."""
-    scene, task = _split(task_input)
-    out: dict[str, None] = {}
-    for entry in scene.split(","):
-        sm = _SCENE_NAME.match(entry)
-        if sm:
-            out[sm[1].lower()] = None
+_PLACE = frozenset("under on in near at behind beside between inside outside above below onto into over beneath "
+                   "underneath".split())
+_ARTICLE = frozenset("the a an my your this that these those".split())
+
+
+class TaskNames(tuple):
+    """The names of a task (a tuple of str), with ``objects``: those it asks about or to act on, i.e. not
+    introduced as a place (``the toy under the bed``: the toy; ``keys on the countertop``: the keys)."""
+
+    objects: tuple[str, ...]
+
+    def __new__(cls, names: Sequence[str], objects: Sequence[str]) -> TaskNames:
+        t = super().__new__(cls, names)
+        t.objects = tuple(objects) or tuple(names)  # a task that names only places: any of them
+        return t
+
+
+def _scan(task: str) -> list[tuple[str, bool]]:
+    """(name, introduced by a place word) for each run of words of a task text between function words,
+    verbs and punctuation, in order (``the red box`` is ``red_box``, three words at most)."""
+    out: list[tuple[str, bool]] = []
     run: list[str] = []
+    before = ""  # the word before the run, articles skipped
     for tok in [*_WORD.findall(_TAG.sub("", task)), "."]:
         w = tok.lower()
         if w[0].isalpha() and w not in STOPWORDS and len(w) > 1 and not any(c.isdigit() for c in w):
             run.append(w)
             continue
         if run:
-            out["_".join(run[:3])] = None
-        run = []
-    return tuple(out)[:limit]
+            out.append(("_".join(run[:3]), before in _PLACE))
+            run = []
+        if w not in _ARTICLE:
+            before = w
+    return out
+
+
+def task_names(task_input: str, limit: int = MAX_NAMES) -> TaskNames:
+    """The names a task uses for things: its scene's objects (``countertop_1`` is ``countertop``; places,
+    unless its text names them otherwise), then each run of words of its text (:func:`_scan`: the whole name,
+    ``pen_holder``, not its parts), lower case, in order of appearance, at most ``limit``."""
+    scene, task = _split(task_input)
+    names: dict[str, None] = {}
+    places: set[str] = set()
+    for entry in scene.split(","):
+        sm = _SCENE_NAME.match(entry)
+        if sm:
+            names[sm[1].lower()] = None
+            places.add(sm[1].lower())
+    scanned = _scan(task)
+    for name, _ in scanned:
+        names[name] = None
+    places |= {n for n, place in scanned if place}
+    places -= {n for n, place in scanned if not place}
+    kept = tuple(names)[:limit]
+    return TaskNames(kept, [n for n in kept if n not in places])
 
 
 def task_mentions(task_input: str) -> tuple[str, ...]:
     """The names of the task text (not its scene) in the order it mentions them, repeats kept (``Pick up
     the red box ... on the blue box. Then ... drop it on the red box``: red_box, blue_box, ..., red_box)."""
-    task = _split(task_input)[1]
     out: list[str] = []
-    run: list[str] = []
-    for tok in [*_WORD.findall(_TAG.sub("", task)), "."]:
-        w = tok.lower()
-        if w[0].isalpha() and w not in STOPWORDS and len(w) > 1 and not any(c.isdigit() for c in w):
-            run.append(w)
-            continue
-        if run and (not out or out[-1] != "_".join(run[:3])):
-            out.append("_".join(run[:3]))
-        run = []
+    for name, _ in _scan(_split(task_input)[1]):
+        if not out or out[-1] != name:
+            out.append(name)
     return tuple(out)
 
 
@@ -113,6 +140,14 @@ def leading_skills(ss: SkillSet, task_input: str) -> tuple[str, ...]:
     best = max(((len(p), sk.name) for sk in ss.skills for p in sk.phrases if (text + " ").startswith(p + " ")),
                default=None)
     return (best[1],) if best else ()
+
+
+def asked_skill(ss: SkillSet, task_input: str) -> str | None:
+    """The first skill the task asks for by its words anywhere (``... take a picture of it``: tp; a
+    skill's ``asked_by``), which the plan must call; None when it asks for none."""
+    text = " " + " ".join(w.lower() for w in _WORD.findall(_split(task_input)[1]) if w[0].isalnum()) + " "
+    hits = [(text.find(f" {p} "), sk.name) for sk in ss.skills for p in sk.asked_by if f" {p} " in text]
+    return min(hits)[1] if hits else None
 
 
 def task_units(ss: SkillSet, task_input: str) -> int:
@@ -199,7 +234,7 @@ def arg_regex(a: SkillArg, names: Sequence[str] | None = None) -> str | None:
     if a.type == "bool":
         return "(?:True|False)"
     if a.from_task and names is not None:
-        return _names_regex(a, names)
+        return _names_regex(a, getattr(names, "objects", names) if a.from_task == "object" else names)
     n = min(int(getattr(a, "max_length", None) or 32), 32)
     return f"'{_STR_BODY}{{0,{n - 1}}}'"
 
@@ -238,6 +273,9 @@ class _Grammar:
     max_units: int
     mentions: tuple[str, ...] | None = None  # plan_structure.order task: the names in the task's order
     exact: bool = False  # ... and exactly max_units units
+    need_skill: str | None = None  # a skill the plan must call (asked_skill)
+    need_call: str = ""  # its calls' regex
+    need_stmt: str = ""  # a statement that calls it
 
 
 _CACHE: OrderedDict[tuple[int, str | None], _Grammar] = OrderedDict()
@@ -247,7 +285,10 @@ def _grammar(ss: SkillSet, task: str | None) -> _Grammar:
     key = (id(ss), task)
     g = _CACHE.get(key)
     if g is None:
-        names = tuple(n for n in task_names(task) if n not in ss) if task is not None else None  # "plan mf,100"
+        names = None
+        if task is not None:
+            tn = task_names(task)  # not a skill's name: "plan mf,100"
+            names = TaskNames([n for n in tn if n not in ss], [n for n in tn.objects if n not in ss])
         units = task_units(ss, task) if task is not None else ss.plan_structure.max_units
         mentions = None
         if task is not None and ss.plan_structure.order == "task":
@@ -256,7 +297,8 @@ def _grammar(ss: SkillSet, task: str | None) -> _Grammar:
         first = ss.plan_structure.first_by_tag.get(tag[1], ()) if tag else ()
         if task is not None and not first:
             first = leading_skills(ss, task)
-        g = _CACHE[key] = _build(ss, names, units, mentions, first)
+        need = asked_skill(ss, task) if task is not None else None
+        g = _CACHE[key] = _build(ss, names, units, mentions, first, None if need in first else need)
         while len(_CACHE) > _CACHE_LEN:
             _CACHE.popitem(last=False)
     else:
@@ -264,8 +306,13 @@ def _grammar(ss: SkillSet, task: str | None) -> _Grammar:
     return g
 
 
+def _only(ss: SkillSet, skills: Sequence[str]) -> SkillSet:
+    return dataclasses.replace(ss, skills=tuple(sk for sk in ss.skills if sk.name in skills))
+
+
 def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
-           mentions: tuple[str, ...] | None = None, first: tuple[str, ...] = ()) -> _Grammar:
+           mentions: tuple[str, ...] | None = None, first: tuple[str, ...] = (), need: str | None = None
+           ) -> _Grammar:
     ps = ss.plan_structure
     call = call_regex(ss, names=names)
     if ss.grammar != "minispec":
@@ -283,12 +330,26 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
     boolcall = call_regex(ss, ("bool",), names)
     if boolcall:
         stmt += r"|\?" + boolcall + r"==(?:True|False)\{" + _rep(f"{call};", 1, ps.max_block_statements) + r"\};?"
-    top = _rep(stmt, 1, ps.max_statements)
+    n_max = ps.max_statements
+    need_call = call_regex(_only(ss, (need,)), names=names) if ss.grammar == "minispec" and need else ""
+    need_stmt = ""
+    if need_call:  # the statement that calls it: the call, or a conditional whose block does
+        m = ps.max_block_statements
+        need_stmt = f"{need_call};"
+        if boolcall:
+            around = _rep(f"{call};", 0, None if m is None else m - 1)
+            need_stmt += (r"|\?" + boolcall + r"==(?:True|False)\{" + around + f"{need_call};" + around + r"\};?")
+    head = ""
     if first:
-        only = dataclasses.replace(ss, skills=tuple(sk for sk in ss.skills if sk.name in first))
-        more = None if ps.max_statements is None else ps.max_statements - 1
-        top = f"{call_regex(only, names=names)};" + _rep(stmt, 0, more)
-    return _Grammar(call, stmt, top, names, units)
+        head = f"{call_regex(_only(ss, first), names=names)};"
+        n_max = None if n_max is None else n_max - 1
+    if need_stmt:  # anywhere among the statements (each side bounded, so the plan still ends)
+        gap = _rep(stmt, 0, None if n_max is None else max(0, n_max - 1))
+        top = head + gap + f"(?:{need_stmt})" + gap
+    else:
+        top = head + _rep(stmt, 0 if head else 1, n_max)
+    return _Grammar(call, stmt, top, names, units, need_skill=need if need_call else None, need_call=need_call,
+                    need_stmt=need_stmt)
 
 
 _MAX_ASSIGNMENTS = 400  # name assignments a unit enumerates before its variables are left untied
@@ -451,15 +512,25 @@ def _continuation(ss: SkillSet, plan_so_far: str, g: _Grammar) -> str:
     if ss.grammar == "minispec":
         top, depth, block = _progress(done)
         left = None if ps.max_statements is None else ps.max_statements - top
+        need = g.need_stmt if g.need_skill and g.need_skill not in _called(ss, done) else ""
         if depth <= 0:  # a call cut at its ')' ends the plan, or its ';' comes before the next statement
+            if need:
+                gap = _rep(g.stmt, 0, None if left is None else max(0, left - 1))
+                return (";" if cut else "") + gap + f"(?:{need})" + gap
             more = _rep(g.stmt, 0, left)
             return (f"(?:;{more})?" if more else ";?") if cut else more
         lead = ";" if cut else ""
         # inside a block: its calls left, its '}', then the statements left after it
         blk = None if ps.max_block_statements is None else ps.max_block_statements - block
-        rest = _rep(f"{g.call};", 0 if block else 1, blk) + r"\};?"
-        rest += (r"\};?" * (depth - 1))
-        return lead + rest + _rep(g.stmt, 0, None if left is None else left - 1)
+        close = r"\};?" * depth
+        after = None if left is None else left - 1
+        rest = _rep(f"{g.call};", 0 if block else 1, blk) + close + _rep(g.stmt, 0, after)
+        if need:  # the block calls it before it closes, or a later statement does
+            around = _rep(f"{g.call};", 0, blk)
+            gap = _rep(g.stmt, 0, None if after is None else max(0, after - 1))
+            rest = (f"(?:{around}{g.need_call};{around}{close}{_rep(g.stmt, 0, after)}"
+                    f"|{_rep(f'{g.call};', 0 if block else 1, blk)}{close}{gap}(?:{need}){gap})")
+        return lead + rest
     lead = ";" if cut else ""
     if ps.unit:
         tail = _unit_tail(ss, done, g)
@@ -468,6 +539,14 @@ def _continuation(ss: SkillSet, plan_so_far: str, g: _Grammar) -> str:
     n = _calls(ss, done)
     left = None if ps.max_statements is None or n is None else ps.max_statements - len(n)
     return lead + _rep(f"{g.call};", 0, left)
+
+
+def _called(ss: SkillSet, text: str) -> set[str]:
+    """The skills a plan so far calls (by the language's parser, an open block allowed)."""
+    try:
+        return {c.name for c in ss.parse(text if text.rstrip().endswith((";", "{", "}")) else text + ";")}
+    except SkillParseError:
+        return set()
 
 
 def _calls(ss: SkillSet, text: str) -> list | None:

@@ -66,9 +66,10 @@ class SkillArg:
     max_length: int = 100
     pattern: str | None = None  # strings: regex the whole value must match
     description: str = ""
-    # strings: an object or place, which constrained decoding draws from the names the task and its scene
-    # use (skills/grammar.py); the robot may still be sent other names by hand
-    from_task: bool = False
+    # strings: constrained decoding draws it from the names the task and its scene use (skills/grammar.py):
+    # "any" of them, or an "object" the task asks about (not one it names as a place: "the toy under the
+    # bed" is the toy); "" = a free string. The robot may still be sent other names by hand.
+    from_task: str = ""
 
     def check(self, value: ArgValue, skill: str) -> ArgValue:
         """Return the value normalised to the arg type, or raise ValueError."""
@@ -141,6 +142,8 @@ class SkillSpec:
     # How tasks say it ("move up"): a task that begins with one gets a plan that begins with this skill
     # (constrained decoding, skills/grammar.py)
     phrases: tuple[str, ...] = ()
+    # What a task says to ask for it anywhere ("take a picture"): the plan must call it (constrained decoding)
+    asked_by: tuple[str, ...] = ()
 
     @property
     def args(self) -> tuple[SkillArg, ...]:
@@ -570,16 +573,18 @@ def _skill(v: _V, s: Any, at: str) -> SkillSpec:
     if op_args and op is None:
         v.fail(f"{at}.op_args", "given without op")
     v.no_extra(s, {"name", "long_name", "description", "kind", "args", "signatures", "returns", "aliases",
-                   "exec_time", "op", "op_args", "phrases"}, at)
-    phrases = s.get("phrases", []) or []
-    if not isinstance(phrases, list) or not all(isinstance(p, str) and p.strip() for p in phrases):
-        v.fail(f"{at}.phrases", "expected a list of phrases")
+                   "exec_time", "op", "op_args", "phrases", "asked_by"}, at)
+    phrases, asked_by = s.get("phrases", []) or [], s.get("asked_by", []) or []
+    for key, val in (("phrases", phrases), ("asked_by", asked_by)):
+        if not isinstance(val, list) or not all(isinstance(p, str) and p.strip() for p in val):
+            v.fail(f"{at}.{key}", "expected a list of phrases")
     return SkillSpec(
         name=name, long_name=v.string(s, "long_name", at=f"{at}.long_name", default=name),
         description=str(s.get("description", "")).strip(), kind=v.string(s, "kind", at=f"{at}.kind", default="other"),
         signatures=sigs, exec_time=_exec_time(v, et, f"{at}.exec_time", sigs),
         returns=None if s.get("returns") is None else str(s["returns"]), aliases=tuple(aliases),
         op=op, op_args=dict(op_args), phrases=tuple(" ".join(p.lower().split()) for p in phrases),
+        asked_by=tuple(" ".join(p.lower().split()) for p in asked_by),
     )
 
 
@@ -612,10 +617,11 @@ def _arg(v: _V, a: Any, at: str) -> SkillArg:
     )
 
 
-def _from_task(v: _V, a: dict, typ: str, at: str) -> bool:
-    val = a.get("from_task", False)
-    if not isinstance(val, bool):
-        v.fail(f"{at}.from_task", f"must be true or false, got {val!r}")
+def _from_task(v: _V, a: dict, typ: str, at: str) -> str:
+    val = a.get("from_task", "")
+    val = {True: "any", False: ""}.get(val, val) if isinstance(val, bool) else val
+    if val not in ("", "any", "object"):
+        v.fail(f"{at}.from_task", f"must be any, object, true or false, got {val!r}")
     if val and typ != "str":
         v.fail(f"{at}.from_task", f"only string arguments name things, this one is {typ}")
     return val

@@ -525,11 +525,17 @@ def _continuation(ss: SkillSet, plan_so_far: str, g: _Grammar) -> str:
         close = r"\};?" * depth
         after = None if left is None else left - 1
         rest = _rep(f"{g.call};", 0 if block else 1, blk) + close + _rep(g.stmt, 0, after)
-        if need:  # the block calls it before it closes, or a later statement does
-            around = _rep(f"{g.call};", 0, blk)
+        if need:  # the block calls it before it closes (as need_stmt: up to m - 1 calls each side), or a later
+            # statement does
+            m = ps.max_block_statements
             gap = _rep(g.stmt, 0, None if after is None else max(0, after - 1))
-            rest = (f"(?:{around}{g.need_call};{around}{close}{_rep(g.stmt, 0, after)}"
-                    f"|{_rep(f'{g.call};', 0 if block else 1, blk)}{close}{gap}(?:{need}){gap})")
+            later = f"{_rep(f'{g.call};', 0 if block else 1, blk)}{close}{gap}(?:{need}){gap}"
+            if m is None or block <= m - 1:
+                side = None if m is None else m - 1
+                before = _rep(f"{g.call};", 0, None if m is None else m - 1 - block)
+                later = (f"{before}{g.need_call};{_rep(f'{g.call};', 0, side)}{close}{_rep(g.stmt, 0, after)}"
+                         f"|{later}")
+            rest = f"(?:{later})"
         return lead + rest
     lead = ";" if cut else ""
     if ps.unit:

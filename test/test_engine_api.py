@@ -4,6 +4,7 @@ core's warm-up. No weights, no ROS: a scripted backend stands in for a real engi
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
@@ -230,19 +231,31 @@ def test_renderer_for_a_real_engine_renders_the_chat_prompt_and_checks_the_conte
     assert r.builder("drone").tokenizer is r.engine.tokenizer
 
 
-def test_warm_up_prompts_cover_each_example_neighbourhood_and_a_burst_no_larger_than_the_batch():
+def test_warm_up_prompts_cover_every_example_set_a_task_can_draw_and_a_burst_no_larger_than_the_batch():
     r = PromptRenderer(_ScriptedEngine(max_batch=3))
     singles, burst = r.warm_up_prompts(["drone", "arm"])
-    # per robot type, the prompt a task like each library example gets (its examples then sit in the cache)
+    # per robot type, one prompt per set of example families a task can draw: then every task's prompt but
+    # its own turn is in the prefix cache
     for rt in ("drone", "arm"):
-        lib = r.builder(rt).library
-        assert lib.shots is not None and lib.shots < len(lib.examples)
+        b = r.builder(rt)
+        lib = b.library
+        assert lib.shots is not None and lib.shots < len(lib.families)
+        assert len(lib.combinations()) == math.comb(len(lib.families), lib.shots)
         warmed = [ids for t, ids in singles if t == rt]
-        assert all(r.token_ids(rt, ex["input"]) in warmed for ex in lib.examples)
+        assert len(warmed) == len(lib.combinations())
+        sets = [b.messages("x", examples=c)[:-1] for c in lib.combinations()]  # all turns but the task's
+        for ex in lib.examples:  # a task like any example draws a warmed set
+            assert b.messages(ex["input"])[:-1] in sets, ex["input"]
     assert [rt for rt, _ in singles] == sorted((rt for rt, _ in singles), key=["drone", "arm"].index)
     assert [rt for rt, _ in burst] == ["drone"] * 3
     assert len({tuple(ids) for _, ids in burst}) == 3  # different lengths
     assert len(PromptRenderer(_ScriptedEngine(max_batch=64)).warm_up_prompts(["arm"])[1]) == 8
+
+
+def test_warm_up_requests_carry_the_grammar_when_decoding_is_constrained():
+    assert PromptRenderer(_ScriptedEngine()).warm_up_extra("drone") == {}
+    extra = PromptRenderer(_ScriptedEngine(), constrained=True).warm_up_extra("arm")
+    assert callable(extra["regex"]) and extra["regex"]("")
 
 
 # -- the core's warm-up -------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ engine declares in its :class:`~timelyllm_ros.engines.base.EngineInfo`.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import threading
@@ -82,8 +83,8 @@ class PromptConfig:
         if unknown:
             raise PromptConfigError(f"{p}: unknown keys {sorted(unknown)}")
         for i, ex in enumerate(raw.get("examples") or []):
-            if not isinstance(ex, dict) or set(ex) != {"input", "plan"}:
-                raise PromptConfigError(f"{p}: examples[{i}] must have exactly 'input' and 'plan'")
+            if not isinstance(ex, dict) or not {"input", "plan"} <= set(ex) <= {"input", "plan", "family"}:
+                raise PromptConfigError(f"{p}: examples[{i}] must have 'input' and 'plan' (and a 'family')")
         raw["guidance"] = list(raw.get("guidance") or [])
         for i, g in enumerate(raw["guidance"]):
             if not isinstance(g, str):  # `- check it: ?iv(...)` is a YAML mapping, and its repr reached the prompt
@@ -122,12 +123,21 @@ def _terms(task_input: str) -> list[str]:
 
 
 class ExampleLibrary:
-    """Few-shot examples chosen per task: the ``shots`` examples whose task text is most similar to the task
-    (cosine of tf-idf word vectors; the tag [E]/[Q]/[A] is a word), returned in library order."""
+    """Few-shot examples chosen per task by similarity to it (cosine of tf-idf word vectors; the tag
+    [E]/[Q]/[A] is a word), returned in library order.
+
+    Examples come in families (``family:``, e.g. evasion, photo, question): a task gets every example of the
+    ``shots`` families whose best example is most similar to it. Choosing whole families keeps the prompts
+    few (one per set of families, :meth:`combinations`), so the planner's warm-up leaves every one of them in
+    the prefix cache and a task prefills only its own turn. Without families, ``shots`` is the number of
+    examples (None: all of them)."""
 
     def __init__(self, examples: list[dict[str, str]], shots: int | None) -> None:
         self.examples = examples
         self.shots = shots
+        self.families = list(dict.fromkeys(ex["family"] for ex in examples if "family" in ex))
+        if self.families and len(self.families) != len({ex.get("family") for ex in examples}):
+            raise PromptConfigError("examples: give every example a family, or none")
         docs = [Counter(_terms(ex["input"])) for ex in examples]
         df = Counter(w for d in docs for w in d)
         n = len(docs)
@@ -139,13 +149,30 @@ class ExampleLibrary:
         norm = math.sqrt(sum(x * x for x in v.values())) or 1.0
         return {w: x / norm for w, x in v.items()}
 
+    def _groups(self) -> list[list[int]]:
+        if self.families:
+            return [[i for i, ex in enumerate(self.examples) if ex["family"] == f] for f in self.families]
+        return [[i] for i in range(len(self.examples))]
+
     def select(self, task_input: str) -> list[dict[str, str]]:
-        if self.shots is None or self.shots >= len(self.examples):
+        groups = self._groups()
+        if self.shots is None or self.shots >= len(groups):
             return list(self.examples)
         q = self._vec(Counter(_terms(task_input)))
         score = [sum(q.get(w, 0.0) * x for w, x in v.items()) for v in self._vecs]
-        best = sorted(range(len(score)), key=lambda i: (-score[i], i))[:self.shots]
-        return [self.examples[i] for i in sorted(best)]
+        best = sorted(range(len(groups)), key=lambda g: (-max(score[i] for i in groups[g]), g))[:self.shots]
+        return [self.examples[i] for g in sorted(best) for i in groups[g]]
+
+    def combinations(self) -> list[list[dict[str, str]]]:
+        """Every example set :meth:`select` can return, with families (their number is bounded: C(families,
+        shots)); without families, the set each example's own task draws (a neighbourhood of each)."""
+        groups = self._groups()
+        if self.shots is None or self.shots >= len(groups):
+            return [list(self.examples)]
+        if not self.families:
+            return [self.select(ex["input"]) for ex in self.examples]
+        return [[self.examples[i] for g in combo for i in groups[g]]
+                for combo in itertools.combinations(range(len(groups)), self.shots)]
 
 
 class PromptBuilder:
@@ -178,23 +205,29 @@ class PromptBuilder:
             task = task_input.strip()
         return self.config.user_template.format(scene=scene or "[]", task=task).strip()
 
-    def messages(self, task_input: str, scene: str | None = None) -> list[dict[str, str]]:
+    def messages(self, task_input: str, scene: str | None = None,
+                 examples: list[dict[str, str]] | None = None) -> list[dict[str, str]]:
         msgs = [{"role": "system", "content": self.system_text()}]
-        for ex in self.library.select(task_input if scene is None else f"Scene: {scene} Task: {task_input}"):
+        if examples is None:
+            examples = self.library.select(task_input if scene is None else f"Scene: {scene} Task: {task_input}")
+        for ex in examples:
             msgs.append({"role": "user", "content": self.user_text(ex["input"])})
             msgs.append({"role": "assistant", "content": ex["plan"]})
         msgs.append({"role": "user", "content": self.user_text(task_input, scene)})
         return msgs
 
-    def render(self, task_input: str, scene: str | None = None, plan_so_far: str = "") -> str:
-        """Prompt text; ``plan_so_far`` becomes the start of the assistant's answer."""
-        text = self.tokenizer.apply_chat_template(self.messages(task_input, scene), tokenize=False,
+    def render(self, task_input: str, scene: str | None = None, plan_so_far: str = "",
+               examples: list[dict[str, str]] | None = None) -> str:
+        """Prompt text; ``plan_so_far`` becomes the start of the assistant's answer; ``examples``: these
+        instead of the library's choice."""
+        text = self.tokenizer.apply_chat_template(self.messages(task_input, scene, examples), tokenize=False,
                                                   add_generation_prompt=True)
         return text + plan_so_far
 
-    def token_ids(self, task_input: str, scene: str | None = None) -> list[int]:
+    def token_ids(self, task_input: str, scene: str | None = None,
+                  examples: list[dict[str, str]] | None = None) -> list[int]:
         """Prompt token ids (the plan so far, if any, is appended by the engine as token ids)."""
-        text = self.render(task_input, scene)
+        text = self.render(task_input, scene, examples=examples)
         # The chat template already contains the special tokens; do not add a BOS again.
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
@@ -276,21 +309,26 @@ class PromptRenderer:
             extra["regex"] = self.builder(robot_type).regex_for(task)  # a callable: re-evaluated at every resume
         return ids, extra
 
+    def warm_up_extra(self, robot_type: str) -> dict[str, Any]:
+        """Request extras of a warm-up prompt: the robot type's grammar when decoding is constrained, so the
+        engine's structured-output backend is set up before the first task, not during it."""
+        if self._engine.info.needs_plan_text or not self.constrained:
+            return {}
+        return {"regex": self.builder(robot_type).regex_for(WARM_UP_TASK)}
+
     def warm_up_prompts(self, robot_types: list[str], burst: int = 8,
                         ) -> tuple[list[tuple[str, list[int]]], list[tuple[str, list[int]]]]:
-        """Throw-away prompts for :meth:`PlannerCore.warm_up`: per robot type, the prompt of each example of its
-        library as a task (the examples a task like it draws, the skill catalogue first, then sit in the
-        prefix cache; one prompt when every task gets every example), and a burst of up to ``burst`` (never
-        more than the engine's batch) of the first robot type, of different lengths. None for a simulated
-        engine: it has no prompt to warm."""
+        """Throw-away prompts for :meth:`PlannerCore.warm_up`: per robot type, one for each example set a task
+        can draw (:meth:`ExampleLibrary.combinations`: the skill catalogue and those examples then sit in the
+        prefix cache), and a burst of up to ``burst`` (never more than the engine's batch) of the first robot
+        type, of different lengths. None for a simulated engine: it has no prompt to warm."""
         if self._engine.info.needs_plan_text or not robot_types:
             return [], []
         singles = []
         for rt in robot_types:
-            lib = self.builder(rt).library
-            tasks = [ex["input"] for ex in lib.examples] if lib.shots is not None else []
+            b = self.builder(rt)
             singles += [(rt, ids) for ids in dict.fromkeys(
-                tuple(self.token_ids(rt, t)) for t in [*tasks, WARM_UP_TASK])]
+                tuple(b.token_ids(WARM_UP_TASK, examples=exs)) for exs in b.library.combinations())]
         rt = robot_types[0]
         n = min(burst, max(1, int(self._engine.stats().max_batch)))
         batch = [(rt, self.token_ids(rt, f"{WARM_UP_TASK} {i}: " + "look around " * i)) for i in range(n)]

@@ -385,7 +385,7 @@ class PlannerNode(LifecycleNode):
         if not prompts:
             return  # the simulated engine has no prompt to warm
         t0 = time.monotonic()
-        self.core.warm_up(prompts, burst)
+        self.core.warm_up(prompts, burst, extra=self._prompts.warm_up_extra)
         self.get_logger().info(f"warmed the prompts of {self._robot_types} in {time.monotonic() - t0:.2f} s")
 
     # -- parameters ---------------------------------------------------------------

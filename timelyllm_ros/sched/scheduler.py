@@ -564,12 +564,15 @@ class PlannerCore:
             self._warm_prompts.clear()  # the old engine's prefix cache went with it
         self.wake.set()
 
-    def warm_up(self, prompts: list[tuple[str, list[int]]], burst: list[tuple[str, list[int]]] | None = None) -> int:
+    def warm_up(self, prompts: list[tuple[str, list[int]]], burst: list[tuple[str, list[int]]] | None = None,
+                extra: Callable[[str], dict] | None = None) -> int:
         """Throw-away generations before serving, so the first tasks pay neither for a fresh engine's slow
         first passes nor for prefilling a shared prompt: each of ``prompts`` (robot type, prompt ids) alone
         for one token, then ``burst`` together for a few (the backend's first multi-request batch is slow to
-        set up). Engine thread only, before :meth:`serve_forever` (it steps the engine itself); the steps
-        are not fed to the latency estimator. Returns the engine steps taken."""
+        set up). ``extra``: each robot type's request extras (its grammar: the engine's structured-output
+        backend is set up here, not in the first task). Engine thread only, before :meth:`serve_forever` (it
+        steps the engine itself); the steps are not fed to the latency estimator. Returns the engine steps
+        taken."""
         with self._lock:
             if self._running or self.engine.has_work():
                 raise RuntimeError("warm_up: the engine is already serving")
@@ -580,7 +583,7 @@ class PlannerCore:
             for wave in waves:
                 for gid, rt, ids, n, suspend in wave:
                     engine.add(EngineRequest(gid, list(ids), self.hooks.stop_checker(rt), max_new_tokens=n,
-                                             suspend_at_boundary=suspend))
+                                             suspend_at_boundary=suspend, extra=dict(extra(rt)) if extra else {}))
                 while engine.has_work():
                     engine.step()
                     steps += 1

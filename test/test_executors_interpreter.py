@@ -191,6 +191,7 @@ def test_skill_operations_are_checked_when_the_interpreter_is_built(change, matc
 def test_arm_operations_come_from_the_skill_set():
     raw = yaml.safe_load((skills_dir() / "arm.yaml").read_text())
     next(s for s in raw["skills"] if s["name"] == "pick").update(name="grab", long_name="grab", aliases=[])
+    raw["plan_structure"]["unit"] = [u.replace("pick(", "grab(") for u in raw["plan_structure"]["unit"]]
     sent = []
     arm = ArmExecutor(skill_set_from_dict(raw), ScriptedScene("Scene: [red_box x:0.40 y:0.10]"),
                       lambda plan, stop: sent.append(plan), time_scale=0.01)

@@ -102,6 +102,8 @@ def test_a_renamed_skill_set_flies_the_same_and_the_backend_times_it_the_same():
     for s in raw["skills"]:
         if s["name"] in names:
             s.update(name=names[s["name"]], long_name=names[s["name"]], aliases=[])
+    tags = raw["plan_structure"]["first_by_tag"]  # the grammar names skills too
+    raw["plan_structure"]["first_by_tag"] = {t: [names.get(n, n) for n in ns] for t, ns in tags.items()}
     renamed = skill_set_from_dict(raw)
     motions = [("forward", 500), ("up", 30), ("cw", 360), ("ccw", 45), ("down", 20)]
     with emulated_drones(1, speed=SPEED) as (drone,):

@@ -278,6 +278,8 @@ class _Grammar:
     need_stmt: str = ""  # a statement that calls it
     head: int = 0  # statements the plan must begin with (first_by_tag, leading_skills)
     need_gap: int | None = None  # statements allowed before and after the need statement (each side)
+    stmt_nn: str = ""  # a statement that does not call it
+    call_nn: str = ""  # a call of any other skill
 
 
 _CACHE: OrderedDict[tuple[int, str | None], _Grammar] = OrderedDict()
@@ -334,25 +336,32 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
         stmt += r"|\?" + boolcall + r"==(?:True|False)\{" + _rep(f"{call};", 1, ps.max_block_statements) + r"\};?"
     n_max = ps.max_statements
     need_call = call_regex(_only(ss, (need,)), names=names) if ss.grammar == "minispec" and need else ""
-    need_stmt = ""
-    if need_call:  # the statement that calls it: the call, or a conditional whose block does
+    need_stmt = stmt_nn = call_nn = ""
+    if need_call:
+        # Unambiguous, so a resumed plan's grammar (continuation_regex) is exactly what is left of this one:
+        # the statements before the first one that calls the asked-for skill call it nowhere.
         m = ps.max_block_statements
+        others = [sk.name for sk in ss.skills if sk.name != need]
+        call_nn = call_regex(_only(ss, others), names=names)
+        bool_nn = call_regex(_only(ss, others), ("bool",), names)
+        stmt_nn = f"{call_nn};"
         need_stmt = f"{need_call};"
-        if boolcall:
-            around = _rep(f"{call};", 0, None if m is None else m - 1)
-            need_stmt += (r"|\?" + boolcall + r"==(?:True|False)\{" + around + f"{need_call};" + around + r"\};?")
+        if bool_nn:
+            cond = r"|\?" + bool_nn + r"==(?:True|False)\{"
+            stmt_nn += cond + _rep(f"{call_nn};", 1, m) + r"\};?"
+            side = None if m is None else m - 1
+            need_stmt += cond + _rep(f"{call_nn};", 0, side) + f"{need_call};" + _rep(f"{call};", 0, side) + r"\};?"
     head = ""
     if first:
         head = f"{call_regex(_only(ss, first), names=names)};"
         n_max = None if n_max is None else n_max - 1
+    gap_n = None if n_max is None else max(0, n_max - 1)
     if need_stmt:  # anywhere among the statements (each side bounded, so the plan still ends)
-        gap = _rep(stmt, 0, None if n_max is None else max(0, n_max - 1))
-        top = head + gap + f"(?:{need_stmt})" + gap
+        top = head + _rep(stmt_nn, 0, gap_n) + f"(?:{need_stmt})" + _rep(stmt, 0, gap_n)
     else:
         top = head + _rep(stmt, 0 if head else 1, n_max)
     return _Grammar(call, stmt, top, names, units, need_skill=need if need_call else None, need_call=need_call,
-                    need_stmt=need_stmt, head=1 if head else 0,
-                    need_gap=None if n_max is None else max(0, n_max - 1))
+                    need_stmt=need_stmt, head=1 if head else 0, need_gap=gap_n, stmt_nn=stmt_nn, call_nn=call_nn)
 
 
 _MAX_ASSIGNMENTS = 400  # name assignments a unit enumerates before its variables are left untied
@@ -515,14 +524,9 @@ def _continuation(ss: SkillSet, plan_so_far: str, g: _Grammar) -> str:
     if ss.grammar == "minispec":
         top, depth, block = _progress(done)
         left = None if ps.max_statements is None else ps.max_statements - top
-        need = g.need_stmt if g.need_skill and g.need_skill not in _called(ss, done) else ""
-        # Before the asked-for call: every statement written but the head is one of the gap before it.
-        G = g.need_gap
-        gap_left = None if G is None else G - max(0, top - g.head)
-        post = _rep(g.stmt, 0, G)
+        if g.need_skill:
+            return _need_rest(ps, g, done, cut)
         if depth <= 0:  # a call cut at its ')' ends the plan, or its ';' comes before the next statement
-            if need:
-                return (";" if cut else "") + _rep(g.stmt, 0, gap_left) + f"(?:{need})" + post
             more = _rep(g.stmt, 0, left)
             return (f"(?:;{more})?" if more else ";?") if cut else more
         lead = ";" if cut else ""
@@ -530,20 +534,7 @@ def _continuation(ss: SkillSet, plan_so_far: str, g: _Grammar) -> str:
         blk = None if ps.max_block_statements is None else ps.max_block_statements - block
         close = r"\};?" * depth
         after = None if left is None else left - 1
-        rest = _rep(f"{g.call};", 0 if block else 1, blk) + close + _rep(g.stmt, 0, after)
-        if need:  # the block calls it before it closes (as need_stmt: up to m - 1 calls each side), or it closes
-            # as one more statement of the gap and a later statement does
-            m = ps.max_block_statements
-            alts = []
-            if m is None or block <= m - 1:
-                side = None if m is None else m - 1
-                before = _rep(f"{g.call};", 0, None if m is None else m - 1 - block)
-                alts.append(f"{before}{g.need_call};{_rep(f'{g.call};', 0, side)}{close}{post}")
-            if gap_left is None or gap_left >= 1:
-                alts.append(f"{_rep(f'{g.call};', 0 if block else 1, blk)}{close}"
-                            f"{_rep(g.stmt, 0, None if gap_left is None else gap_left - 1)}(?:{need}){post}")
-            rest = "(?:" + "|".join(alts) + ")" if alts else rest
-        return lead + rest
+        return lead + _rep(f"{g.call};", 0 if block else 1, blk) + close + _rep(g.stmt, 0, after)
     lead = ";" if cut else ""
     if ps.unit:
         tail = _unit_tail(ss, done, g)
@@ -554,12 +545,78 @@ def _continuation(ss: SkillSet, plan_so_far: str, g: _Grammar) -> str:
     return lead + _rep(f"{g.call};", 0, left)
 
 
-def _called(ss: SkillSet, text: str) -> set[str]:
-    """The skills a plan so far calls (by the language's parser, an open block allowed)."""
-    try:
-        return {c.name for c in ss.parse(text if text.rstrip().endswith((";", "{", "}")) else text + ";")}
-    except SkillParseError:
-        return set()
+def _need_rest(ps, g: _Grammar, done: str, cut: bool) -> str:
+    """The rest of a plan that must call ``g.need_skill`` (:func:`_build`'s need grammar, exactly: the statements
+    before the first that calls it call it nowhere, at most ``need_gap`` on each side of it)."""
+    stmts, p, depth, b, in_blk, after_need = _need_scan(done, g.need_skill or "", g.head)
+    G, m = g.need_gap, ps.max_block_statements
+    dec = lambda x, k: None if x is None else x - k  # noqa: E731
+    post_any = _rep(g.stmt, 0, G)
+    if depth <= 0:
+        if p is not None:  # written: the statements after it are the rest of the gap after it
+            more = _rep(g.stmt, 0, dec(G, stmts - p - 1))
+            return (f"(?:;{more})?" if more else ";?") if cut else more
+        rest = _rep(g.stmt_nn, 0, dec(G, stmts)) + f"(?:{g.need_stmt})" + post_any
+        return (";" if cut else "") + rest
+    lead = ";" if cut else ""
+    close = r"\}" + r";?"
+    if p is not None:  # the open block is one more statement after it
+        return (lead + _rep(f"{g.call};", 0 if b else 1, dec(m, b)) + close
+                + _rep(g.stmt, 0, dec(G, stmts - p)))
+    if in_blk:  # the open block calls it: it is the need statement
+        return lead + _rep(f"{g.call};", 0, dec(m, 1 + after_need)) + close + post_any
+    alts = []
+    if m is None or b <= m - 1:  # the block calls it before it closes
+        alts.append(_rep(f"{g.call_nn};", 0, dec(m, 1 + b)) + f"{g.need_call};" + _rep(f"{g.call};", 0, dec(m, 1))
+                    + close + post_any)
+    if G is None or stmts + 1 <= G:  # or it closes without it, and a later statement calls it
+        alts.append(_rep(f"{g.call_nn};", 0 if b else 1, dec(m, b)) + close + _rep(g.stmt_nn, 0, dec(G, stmts + 1))
+                    + f"(?:{g.need_stmt})" + post_any)
+    return lead + "(?:" + "|".join(alts) + ")"
+
+
+def _need_scan(text: str, need: str, head: int) -> tuple[int, int | None, int, int, bool, int]:
+    """For a MiniSpec plan so far: (statements written after the ``head`` ones, index among them of the first
+    that calls ``need`` or None, blocks open, calls in the open block, whether the open block calls ``need``,
+    calls in it after that call). A call cut at its ``)`` counts as written."""
+    lx = Lexer()
+    toks = [t for t in lx.feed(text) + lx.end() if t.kind != "eof"]
+    done, first = 0, None
+    depth = b = after = 0
+    cur = in_blk = False  # the current top-level statement calls need / the open block does
+    prev = None
+    for i, t in enumerate(toks):
+        is_call = t.kind == "ident" and i + 1 < len(toks) and toks[i + 1].value == "("
+        if is_call and t.value == need:
+            cur = True
+            if depth > 0:
+                in_blk, after = True, -1
+        if t.kind == "op" and t.value == "{":
+            depth, b, after = depth + 1, 0, 0
+        elif t.kind == "op" and t.value == "}":
+            depth -= 1
+            if depth == 0:
+                done, first, cur, in_blk = _end_stmt(done, first, cur, head)
+        elif t.kind == "op" and t.value == ";":
+            if depth > 0:
+                b += 1
+                after += 1 if in_blk else 0
+            elif not (prev is not None and prev.kind == "op" and prev.value == "}"):
+                done, first, cur, in_blk = _end_stmt(done, first, cur, head)
+        prev = t
+    if text.rstrip().endswith(")"):  # a call cut before its ';'
+        if depth > 0:
+            b += 1
+            after += 1 if in_blk else 0
+        else:
+            done, first, cur, in_blk = _end_stmt(done, first, cur, head)
+    return max(0, done - head), (None if first is None else first - head), depth, b, in_blk, max(0, after)
+
+
+def _end_stmt(done: int, first: int | None, cur: bool, head: int) -> tuple[int, int | None, bool, bool]:
+    if cur and first is None and done >= head:
+        first = done
+    return done + 1, first, False, False
 
 
 def _calls(ss: SkillSet, text: str) -> list | None:

@@ -36,6 +36,7 @@ from timelyllm_ros.skills.schema import SkillArg, SkillParseError, SkillSet
 
 _STR_BODY = "[a-z][a-z0-9_ ]"
 MAX_NAMES = 32  # names offered per task: bounds the regex (and the model's choice)
+NEED_GAP = 1  # statements allowed before, and after, the statement that makes an asked-for call
 _CACHE_LEN = 256  # grammars kept (per skill set and task names)
 
 # Words that name nothing: function words, and the verbs and words of tasks and their failure reports (an
@@ -356,7 +357,10 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
         head = f"{call_regex(_only(ss, first), names=names)};"
         n_max = None if n_max is None else n_max - 1
     gap_n = None if n_max is None else max(0, n_max - 1)
-    if need_stmt:  # anywhere among the statements (each side bounded, so the plan still ends)
+    if need_stmt:
+        # Close to the start, and the plan ends soon after it: with the whole bound on each side, a model that
+        # left the call out of its first statements wandered (20 segments of scans) before it was made to.
+        gap_n = NEED_GAP if gap_n is None else min(gap_n, NEED_GAP)
         top = head + _rep(stmt_nn, 0, gap_n) + f"(?:{need_stmt})" + _rep(stmt, 0, gap_n)
     else:
         top = head + _rep(stmt, 0 if head else 1, n_max)

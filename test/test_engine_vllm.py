@@ -102,6 +102,24 @@ def test_drone_prompt_segments_parse(eng, pb, constrained):
     assert pb.skillset.validate(plan, complete=True) is None
 
 
+@engine
+def test_the_engine_does_not_spin_while_vllm_compiles_a_grammar(eng, pb):
+    """vLLM compiles a request's grammar in its own thread pool, and a step before it is ready runs no model. An
+    engine that steps again at once holds the GIL, and the compiling thread waited out a switch interval (5 ms)
+    at each call into Python: about 70 empty steps (~15 ms) before the first token, for a grammar llguidance
+    builds in ~2 ms. The engine yields instead (vllm_engine.YIELD_S)."""
+    task = "Scene: [] Task: [A] Could you find the kettle? If so, go to it."  # a grammar vLLM has not seen
+    r = _req(pb, "grammar-wait", task=task, extra={"regex": pb.regex_for(task)})
+    eng.add(r)
+    steps = 0
+    while not r.output_token_ids and eng.has_work() and steps < 1000:
+        eng.step()
+        steps += 1
+    eng.abort(r.gen_id)
+    assert r.output_token_ids, "no token in 1000 steps"
+    assert steps < 40, f"{steps} engine steps before the first token"
+
+
 @pytest.fixture
 def resubmitting(eng):
     """Every suspension aborts its vLLM request and every resume resubmits, even on an idle engine."""

@@ -88,6 +88,28 @@ def test_normal_admitted_once_the_urgent_is_nearly_done():
     assert adm.admit(v, normal)
 
 
+def test_a_prefill_budget_spreads_new_prompts_over_steps_but_never_holds_back_one_that_cannot_wait():
+    """prefill_step_s: a step cannot be cut, so an urgent goal arriving during it waits for all of it; the
+    budget keeps the prompts one step prefills short. Normal tasks with time to spare go one step later."""
+    adm = LatencyGuided(prefill_step_s=0.05)
+    first = gen("normal", arrival=0.0, seq=1, prefill=0.03)
+    second = gen("normal", arrival=0.0, seq=2, prefill=0.03)
+    assert adm.admit(view([], now=0.0), first)  # an idle engine takes any prompt, however long
+    assert not adm.admit(view([first], now=0.0), second)  # 60 ms of prefill in one step: wait a step
+    assert LatencyGuided().admit(view([first], now=0.0), second)  # without the budget: the same step
+    first.req = type("R", (), {"output_token_ids": [0]})()  # its prompt is through: nothing prefills
+    first.seg_start_len = 0
+    assert adm.admit(view([first], now=0.0), second)
+    long = gen("normal", arrival=0.0, seq=3, prefill=0.4)
+    assert adm.admit(view([first], now=0.0), long)  # a prompt over the budget goes alone, not never
+    # an urgent candidate that cannot wait a step for a normal prompt is admitted beside it
+    normal = gen("normal", arrival=0.0, seq=4, prefill=0.03)
+    urgent = gen("urgent", arrival=0.0, seq=5, prefill=0.03, tok=12.0)
+    assert adm.admit(view([normal], now=0.0), urgent)
+    with pytest.raises(ValueError, match="prefill_step_s"):
+        LatencyGuided(prefill_step_s=0)
+
+
 def test_resumed_segment_with_tight_slack_is_not_starved():
     urgent = gen("urgent", arrival=0.0, seq=1)
     # a normal generation resuming s_1: its robot finishes s_0 in 60 ms, so it cannot wait

@@ -77,10 +77,12 @@ class Run:
 
     def until(self, tid: str, limit_s: float = 20.0) -> None:
         end = time.monotonic() + limit_s
-        while tid not in self.first and time.monotonic() < end:
+        while tid not in self.first and self.core.result(tid) is None and time.monotonic() < end:
             self.core.run_once()
         if tid not in self.first:
-            print("[urgent_burst] no first segment:", self.core.snapshot(), self.core.queue_view()[:3], flush=True)
+            r = self.core.result(tid)
+            print(f"[urgent_burst] no first segment: {r.status.name} {r.reason}" if r else
+                  "[urgent_burst] no first segment within the limit", flush=True)
 
     def drain(self) -> None:
         """End every task (no robot ever reports here) and let the engine finish the aborts."""

@@ -209,6 +209,21 @@ def test_the_decision_log_keeps_the_most_recent_decisions_only(monkeypatch):
     assert core.step_count > 5
 
 
+def test_the_first_task_shares_its_prefix_with_whichever_warmed_prompt_it_continues():
+    """The planner warms one prompt per set of few-shot families; a task continues one of them. Keeping only
+    the last warmed prompt, a fresh pud-shed planner counted an emergency task as a near-cold prompt and shed
+    it (bench/results/urgent_burst)."""
+    core, _, _ = make_core()
+    system = list(range(1000, 1040))
+    families = [system + list(range(k * 100, k * 100 + 60)) for k in range(3)]
+    for p in families:
+        core.note_warm_prompt("drone", p)
+    task = spec(0)
+    task.prompt_token_ids = families[0] + [7, 8, 9]  # the first warmed prompt's families, then its own turn
+    core.submit(task)
+    assert core._cache_hit["drone"] == len(families[0])
+
+
 def test_a_warmed_prompt_counts_for_the_first_task_of_its_robot_type_only():
     core, _, _ = make_core()
     warm = list(range(100, 200))

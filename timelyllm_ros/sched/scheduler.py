@@ -120,6 +120,7 @@ class CoreConfig:
 
 
 LENGTH_MODELS = ("learned", "ewma")
+WARM_PROMPTS_KEPT = 64  # per robot type: the planner warms one prompt per set of few-shot families (21 for a drone)
 
 
 SegmentCallback = Callable[[TaskResult, Segment], None]
@@ -244,7 +245,9 @@ class PlannerCore:
         # not yet through their prompt, [task id, best-case tokens left, admitted at], drained by the steps' reports.
         self._prefill_queue: list[list[Any]] = []
         self._prefill_step_max = 0  # the most prefill tokens one step has carried (at most the engine's budget)
-        self._warm_prompts: dict[str, list[int]] = {}  # robot type -> a prompt warm_up left in the prefix cache
+        # robot type -> the prompts warm_up left in the prefix cache (one per few-shot family set: a task shares
+        # its prefix with one of them only), the last WARM_PROMPTS_KEPT
+        self._warm_prompts: dict[str, deque[list[int]]] = {}
         self._outbox: list[tuple[str, Any, Any]] = []  # callbacks to fire outside the lock
         # seconds, one per decision with candidates: the most recent DECISION_LOG_LEN (a planner runs for days)
         self.decision_times: deque[float] = deque(maxlen=self.DECISION_LOG_LEN)
@@ -598,11 +601,13 @@ class PlannerCore:
 
     def note_warm_prompt(self, robot_type: str, prompt_ids: list[int]) -> None:
         """``prompt_ids`` sits in the engine's prefix cache (warm_up, or a simulator's warmed prefix): the first
-        task of this robot type is estimated with the prefix it shares with it as cached, not as a cold
-        prompt (with which pud-shed shed urgent tasks it could serve, before the first hit was seen)."""
+        task of this robot type is estimated with the longest prefix it shares with one of these as cached, not
+        as a cold prompt (with which pud-shed shed urgent tasks it could serve, before the first hit was seen;
+        with only the last warmed prompt kept, it shed an urgent task whose few-shot families were another's)."""
         if self.engine.info.supports_prefix_cache and prompt_ids:
             with self._lock:
-                self._warm_prompts[robot_type] = list(prompt_ids)
+                kept = self._warm_prompts.setdefault(robot_type, deque(maxlen=WARM_PROMPTS_KEPT))
+                kept.append(list(prompt_ids))
 
     def _take_warm_prompt(self, spec: TaskSpec) -> None:
         ids = spec.prompt_token_ids
@@ -611,7 +616,8 @@ class PlannerCore:
         warm = self._warm_prompts.pop(spec.robot_type)
         if spec.robot_type in self._cache_hit:  # a hit was already measured
             return
-        n = min(common_prefix_len(warm, ids), len(ids) - 1)  # the last prompt token is always computed
+        # the last prompt token is always computed
+        n = min(max(common_prefix_len(w, ids) for w in warm), len(ids) - 1)
         self._cache_hit[spec.robot_type] = float(n)
         self._cache_hit_max[spec.robot_type] = max(self._cache_hit_max.get(spec.robot_type, 0), n)
 

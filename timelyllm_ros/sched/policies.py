@@ -54,6 +54,8 @@ class Policy:
     eager: bool = False
     # (eager) only where that first segment would lose utility by waiting for the later one (pushed past its ERT)
     at_risk: bool = True
+    # (segmented) suspend at a boundary only when it pays, else write on in place (PlannerCore._decide_boundaries)
+    adaptive: bool = False
 
     def gen_time(self, g: Generation, ctx: RankContext) -> float:
         """G(s_k): estimated generation time of the next segment."""
@@ -88,7 +90,7 @@ class Policy:
 
     def describe(self) -> str:
         return (f"{self.name} (segmented={self.segmented}, streams={self.streams}, sheds={self.sheds}, "
-                f"degrades={self.degrades})")
+                f"degrades={self.degrades}, adaptive={self.adaptive})")
 
 
 class PUD(Policy):
@@ -133,15 +135,30 @@ class PUDShed(PUD):
     how EDF (and PUD, which still serves such tasks, last) collapse. The estimate is a best case, not an
     average, so a task that could still earn is not shed (the mean segment length shed urgent 4-token
     segments that PUD served inside their cutoff: issue 28). Later segments are never shed: the robot is
-    mid-plan, and the answer it already got counts. With no overload nothing is hopeless and this is PUD
-    exactly.
+    mid-plan, and the answer it already got counts. With no overload nothing is hopeless and this is PUD's
+    order exactly.
+
+    Segment when it pays, stream when it does not (issue 28): a generation suspends at a boundary only when a
+    waiting generation gains more from its place than the resume costs, and otherwise writes on in place, each
+    segment still sent as it is written (``PlannerCore._decide_boundaries``). Resumes come back alone, a step per
+    token: suspending at every boundary halved the engine's batching on the 12-step arm trace under overload and
+    lost to streaming whole plans there (bench/results/load_sweep/segment-or-stream). ``pud-shed-seg`` is the rule
+    before, suspending at every boundary, kept to compare.
     """
 
     name = "pud-shed"
     sheds = True
+    adaptive = True
 
     def hopeless(self, g: Generation, now: float, left_s: float, comm_s: float) -> bool:
         return g.k == 0 and g.tuf.tuf0(now - g.arrival + left_s + comm_s) <= 0.0
+
+
+class PUDShedSeg(PUDShed):
+    """pud-shed suspending at every boundary, as PUD does (the default before issue 28 item 1); kept to compare."""
+
+    name = "pud-shed-seg"
+    adaptive = False
 
 
 class PUDDegrade(PUDShed):
@@ -157,11 +174,13 @@ class PUDDegrade(PUDShed):
     batch slots and step time that first segments need. The task then ends DONE at once with the reason
     ``degraded: ...`` (TaskResult.degraded): the robot runs what it got, then the end of plan. A first segment is
     never degraded (nothing was sent: it is shed, or served, as under pud-shed), and with no overload nothing is
-    degraded and this is pud-shed exactly.
+    degraded and this is pud-shed-seg exactly (it suspends at every boundary: degrading acts on the later segments
+    suspension leaves waiting, which a plan streamed in place never is).
     """
 
     name = "pud-degrade"
     degrades = True
+    adaptive = False
 
     def degradable(self, g: Generation, now: float, left_s: float, comm_s: float, ready: float,
                    contended: bool) -> bool:
@@ -262,6 +281,7 @@ class StaticPriority(Policy):
 POLICIES: dict[str, Callable[[], Policy]] = {
     "pud": PUD,
     "pud-shed": PUDShed,
+    "pud-shed-seg": PUDShedSeg,
     "pud-degrade": PUDDegrade,
     "pud-degrade-eager": PUDDegradeEager,
     "pud-degrade-wide": PUDDegradeWide,

@@ -52,6 +52,7 @@ slow every other generation) to produce a segment nobody needs yet.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import logging
@@ -94,6 +95,7 @@ class CoreConfig:
     length_urgent_beta: float = 1.5
     length_max_keys: int = 1024  # memory bound of the learned model: keys kept (LRU), ~2.5 kB each
     prefill_tokens_default: int = 64  # prefill estimate when a prompt is not tokenized yet
+    kv_block_tokens: int = 16  # the engine's KV block: a resubmission recomputes what its last full block leaves
     learn_exec_times: bool = True  # feed robot reports into the exec-time model
     record_decisions: bool = True
     # Finished results are kept this long / at most this many (then the task id can be used again).
@@ -121,6 +123,7 @@ class CoreConfig:
 
 LENGTH_MODELS = ("learned", "ewma")
 WARM_PROMPTS_KEPT = 64  # per robot type: the planner warms one prompt per set of few-shot families (21 for a drone)
+KV_TIGHT = 0.9  # KV cache usage from which a suspended generation's own blocks count as evicted by its resume
 
 
 SegmentCallback = Callable[[TaskResult, Segment], None]
@@ -241,6 +244,7 @@ class PlannerCore:
         self._cache_hit_max: dict[str, int] = {}  # robot type -> the largest hit seen (a best case, for shedding)
         # (robot type, first segment?) -> the fewest tokens such a segment has taken (a best case, for shedding)
         self._tok_min: dict[tuple[str, bool], int] = {}
+        self._exec_min: dict[str, float] = {}  # robot type -> the least predicted execution of a segment with a skill
         # Shedding's model of the engine's chunked prefill, first come first served: first segments admitted and
         # not yet through their prompt, [task id, best-case tokens left, admitted at], drained by the steps' reports.
         self._prefill_queue: list[list[Any]] = []
@@ -252,6 +256,8 @@ class PlannerCore:
         # seconds, one per decision with candidates: the most recent DECISION_LOG_LEN (a planner runs for days)
         self.decision_times: deque[float] = deque(maxlen=self.DECISION_LOG_LEN)
         self.step_count = 0
+        # segment boundaries a generation suspended at / wrote on past in place (Policy.adaptive decides which)
+        self.boundaries = {"suspended": 0, "streamed": 0}
 
     # -- thread-safe API ------------------------------------------------------
     def submit(self, spec: TaskSpec) -> str:
@@ -701,6 +707,8 @@ class PlannerCore:
                     "tasks": len(self._tasks), "done": len(self._done), "policy": self.policy.name,
                     "waiting_for_robot": self.waiting_for_robot(),
                     "admission": self.admission.name, "length_model": self.cfg.length_model,
+                    "boundaries_suspended": self.boundaries["suspended"],
+                    "boundaries_streamed": self.boundaries["streamed"],
                     "per_token_s": self.estimator.step_time(max(1, len(self._running)))}
 
     def set_policy(self, policy: Policy) -> None:
@@ -708,6 +716,9 @@ class PlannerCore:
         the core was given 'auto')."""
         with self._lock:
             self.policy = policy
+            for g in self._running.values():  # a plan written on in place suspends again under a segmented policy
+                if g.req is not None:
+                    g.req.suspend_at_boundary = policy.segmented
             if self._admission_spec is not None:
                 self.admission = make_admission(self._admission_spec, segmented=policy.segmented)
         self.wake.set()
@@ -772,6 +783,8 @@ class PlannerCore:
             self._apply_aborts()
             self._schedule(now)
             self._apply_aborts()  # of suspended tasks the decision itself ended
+            if self.policy.segmented and self.policy.adaptive:
+                self._decide_boundaries(now)
         self._flush()
         if not self.engine.has_work():
             return None
@@ -904,6 +917,115 @@ class PlannerCore:
                 del self._cands[g.task_id]
                 room -= 1
         return room
+
+    def _decide_boundaries(self, now: float) -> None:
+        """Segment when it pays, stream when it does not (issue 28; policies with :attr:`Policy.adaptive`): for each
+        generation in the batch, whether it suspends at its next boundary or writes on in place.
+
+        Why: a suspension is worth only what its place is worth to waiting work, and a resume is not free. A plan
+        written on in place shares every step with the batch, where a token costs a small share of a step; its
+        resumes each come back alone or nearly so, paying a prefill of what the engine's cache lacks and a step per
+        token. Suspending at every boundary on the arm trace at 3x ran the engine twice as long for fewer tokens
+        (mean batch 7.9 against 27.4) and lost 0.29 of beta to writing on in place. So ``g`` suspends only where
+        the best waiting generation (the engine's own queue first, else the policy's order) gains more utility by
+        taking its place at its boundary than by waiting for the next plan in the batch to end, and that gain
+        exceeds the resume's cost: its prefill (none where the engine holds requests in place) on the late work in
+        the batch, and its own robot idling where the segments it was sent do not cover the pause. Where there is
+        room in the batch, the place counts only if admission turns the waiting generation away because of ``g``.
+        With nothing waiting a plan is never suspended."""
+        running = [g for g in self._running.values() if g.req is not None and not g.pending_abort]
+        for g in running:
+            g.req.suspend_at_boundary = False
+        if not running:
+            return
+        stats = self.engine.stats() if self._cands or len(running) > 1 else None
+        places = self.admission.max_batch()
+        queued: list[Generation] = []  # admitted by the core, queued by the engine for a place in its batch
+        if stats is not None:
+            if stats.max_batch:
+                places = min(places, stats.max_batch)
+            if stats.waiting > 0:  # the latest added that have written nothing yet (the engine takes them in order)
+                queued = [g for g in running if g.seg_tokens() == 0][-stats.waiting:]
+        if not self._cands and not queued:
+            return  # nothing waits: every generation streams on
+        step = self.estimator.step_time(len(running))
+        comm, lead = self.cfg.comm_s, self.cfg.resume_lead_s
+        tight = stats is not None and (stats.kv_cache_usage >= KV_TIGHT or stats.waiting > 0)
+        late = sum(-h.alpha for h in running if self._losing(h, now, step))
+        skip = {g.task_id for g in queued}
+        # when a place frees without a suspension: the earliest end of a plan in the batch
+        free = min((now + max(1.0, h.rem_tok_est - h.seg_tokens()) * step for h in running if h.task_id not in skip),
+                   default=now)
+        offers = []
+        for g in running:
+            if g.task_id in skip:
+                continue  # not started yet: nothing to suspend
+            t_b = now + max(1.0, g.tok_est - g.seg_tokens()) * step  # its boundary
+            cover = self._robot_cover(g, t_b)
+            resume = self._resume_cost(g, tight)
+            idle = max(0.0, g.tok_est * step + comm + resume + lead - cover)  # its robot waits this long for it
+            offers.append((-g.alpha * idle + late * resume, t_b, g))
+        if not offers:
+            return
+        offers.sort(key=lambda x: (x[0], x[1]))
+        no_place = len(running) >= places or bool(queued)
+        # who gets the place: the engine's own queue first (it admits in order), else the policy's best candidates
+        waiting = queued or self.best(now, min(len(offers), 8))
+        view = None
+        for q in waiting[:len(offers)]:
+            for i, (cost, t_b, g) in enumerate(offers):
+                if self._start_gain(q, t_b, free, step) <= cost:
+                    continue
+                if not no_place:  # there is a place: q waits for admission, which g's leaving must change
+                    if view is None:
+                        view = AdmissionView(running, now, comm, stats.kv_cache_usage, self.estimator)
+                    if self.admission.admit(view, q) or not self.admission.admit(
+                            dataclasses.replace(view, running=[h for h in running if h is not g]), q):
+                        continue
+                g.req.suspend_at_boundary = True
+                del offers[i]
+                break
+
+    def _losing(self, g: Generation, now: float, step: float) -> bool:
+        """Is ``g``'s current segment already past full utility at its expected end (loses utility every step)?"""
+        end = now + max(1.0, g.tok_est - g.seg_tokens()) * step + self.cfg.comm_s
+        return (end - g.arrival > g.ert) if g.k == 0 else (end > g.prev_end)
+
+    def _start_gain(self, q: Generation, t_b: float, t_free: float, step: float) -> float:
+        """What ``q`` gains by starting at ``t_b`` instead of ``t_free`` (its utility at each start)."""
+        if t_free <= t_b:
+            return 0.0
+        G = q.tok_est * step + (q.prefill_est_s if q.k == 0 and not (q.req and q.req.output_token_ids) else 0.0)
+        if q.k == 0:
+            return q.tuf.tuf0(t_b + G + self.cfg.comm_s - q.arrival) - q.tuf.tuf0(t_free + G + self.cfg.comm_s
+                                                                                 - q.arrival)
+        return q.tuf.tuf1(t_b + G + self.cfg.comm_s - q.prev_end) - q.tuf.tuf1(t_free + G + self.cfg.comm_s
+                                                                              - q.prev_end)
+
+    def _robot_cover(self, g: Generation, t_b: float) -> float:
+        """How long after ``t_b`` (its boundary) ``g``'s robot still has sent segments to run: its queue's end (the
+        last sent segment's reported or predicted end), then the segment being written at the least the robot's
+        shortest skill-bearing segment has taken."""
+        last = g.segments[-1] if g.segments else None
+        q_end = last.end if last is not None and last.end is not None else t_b
+        start = max(q_end, t_b + self.cfg.comm_s)
+        return start + self._exec_min.get(g.robot_type, 0.0) - t_b
+
+    def _resume_cost(self, g: Generation, tight: bool) -> float:
+        """Prefill time of a resume: what the cache lacks of a resubmission, times the share of resumes the engine
+        does not hold in place (Engine.resume_counters). The cache lacks the tokens past the last full KV block; with
+        the KV cache ``tight`` (full, or requests queued for room) everything but the prefix its robot type's prompts
+        share, as its own blocks are the ones evicted while it is out."""
+        n = len(g.req.prompt_token_ids) + len(g.req.output_token_ids)
+        miss = n % self.cfg.kv_block_tokens + 1
+        if tight:
+            miss = max(miss, n - int(self._cache_hit.get(g.robot_type, 0.0)))
+        return self.estimator.prefill_time(miss) * (1.0 - self._in_place_share())
+
+    def _in_place_share(self) -> float:
+        c = self.engine.resume_counters()
+        done = c.get("resumed_in_place", 0) + c.get("resubmitted", 0)
+        return c.get("resumed_in_place", 0) / done if done else 0.0
 
     def _contended(self, now: float, delay_s: float | None) -> bool:
         """Is a first segment left waiting that can still earn positive utility (at its best case) and that a wait
@@ -1138,13 +1260,17 @@ class PlannerCore:
         if adds:
             self._add_segment(g, ev, now, calls, times)
         if ev.reason is FinishReason.SEGMENT:
+            self.boundaries["suspended" if ev.suspended else "streamed"] += 1
             if ev.suspended:
                 self._running.pop(g.task_id, None)
                 g.status = TaskStatus.SUSPENDED
                 g.k = len(g.segments)
                 self._requeue(g, now)
-            else:
+            else:  # streamed on in place: the next segment is now the one being written
                 g.seg_start_len = len(g.req.output_token_ids)
+                g.k = len(g.segments)
+                if g.segments and g.segments[-1].end is not None:
+                    g.prev_end = g.segments[-1].end
             return
         # final event
         self._running.pop(g.task_id, None)
@@ -1188,6 +1314,8 @@ class PlannerCore:
             self.lengths.observe_segment(g.spec, seg.index, n)
             if self.cfg.length_model == "learned":
                 self._estimate_length(g)
+        if calls and est > 0:  # the shortest skill-bearing segment: how little of the robot's time a segment covers
+            self._exec_min[g.robot_type] = min(est, self._exec_min.get(g.robot_type, est))
         if n:  # every segment, a skill-less closer such as '};' too: the shortest is the best case
             key = (g.robot_type, seg.index == 0)
             self._tok_min[key] = min(n, self._tok_min.get(key, n))

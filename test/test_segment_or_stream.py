@@ -4,6 +4,7 @@ boundary only when a waiting generation gains more from its place than the resum
 detected."""
 
 import pytest
+from test_pud_shed_rule import step
 from test_scheduler import drain
 
 from timelyllm_ros.engines.sim_engine import SimEngine, SimEngineConfig
@@ -48,13 +49,6 @@ def core_for(policy, max_batch=256):
     core = PlannerCore(engine, make_policy(policy), clock, on_result=results.append,
                        on_segment=lambda t, s: segs.append((t.task_id, s.index, clock.now())))
     return core, engine, clock, results, segs
-
-
-def step(core, clock):
-    rep = core.start_step()
-    assert rep is not None
-    clock.advance(rep.duration_s)
-    core.complete_step(rep)
 
 
 def test_the_default_segments_when_it_pays_and_pud_suspends_at_every_boundary():

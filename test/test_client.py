@@ -386,7 +386,11 @@ def test_planner_killed_mid_task_restarts_and_the_client_still_gets_the_result(t
     from timelyllm_ros.ros.sim_fleet_node import SimFleetNode
 
     state = tmp_path / "state"
-    planner_args = ["-p", "engine_config:=engine_sim.yaml", "-p", "warm_up:=false", "-p", f"state_dir:={state}"]
+    # pud-shed-seg: generation paced by the robot (suspended at every boundary), so the planner dies with the plan
+    # half written; the default pud-shed writes a plan with nothing waiting to its end at once, and the restarted
+    # planner then only hands over a finished result
+    planner_args = ["-p", "engine_config:=engine_sim.yaml", "-p", "warm_up:=false", "-p", f"state_dir:={state}",
+                    "-p", "policy:=pud-shed-seg"]
     # A domain of its own: the module's in-process planner must not answer this test's goals.
     domain = (int(os.environ.get("ROS_DOMAIN_ID", "0")) + 17) % 100 + 1
     procs = procs_mod.Procs(tmp_path / "logs", env={**os.environ, "ROS_DOMAIN_ID": str(domain)})

@@ -531,11 +531,18 @@ def run(args: argparse.Namespace) -> int:
                     rec.first_segment_hop = obs.first_hop.get(rec.task_id, math.nan)
                 if h.t_first_segment is not None:
                     rec.first_segment_client = h.t_first_segment - (t_start + (rec.sent_wall - t_start_wall))
-                reps = obs.reports.get(rec.task_id, [])
+                # executions: a segment the robot refused without starting it (a preempted task's rest) is
+                # reported failed with a zero start, and is no execution
+                reps = [r for r in obs.reports.get(rec.task_id, []) if r[0] > 0]
                 runs = sorted({(start, finish, i) for start, finish, i, _ in reps})  # one per execution
                 rec.re_reports = len(reps) - len(runs)
                 rec.done_indices = [i for _, _, i in runs]
-                rec.exactly_once_in_order = rec.n_segments > 0 and rec.done_indices == list(range(rec.n_segments))
+                # every segment the robot ran, once and in order: the whole plan for a task done, a prefix for one
+                # ended early (a preempted task's robot stops, and segments written ahead of it are not run)
+                ran = rec.done_indices
+                whole = rec.status == TaskStatus.DONE
+                rec.exactly_once_in_order = rec.n_segments > 0 and ran == list(range(len(ran))) and (
+                    len(ran) == rec.n_segments if whole else len(ran) <= rec.n_segments)
                 rec.on_plan_results = len(obs.results.get(rec.task_id, ()))
         extra = {"goals_poisson": args.goals, "goals_burst": args.burst, "duration_s": args.duration,
                  "wall_s": wall_s, "send_s": send_s, "client_stats": dict(pc.stats),

@@ -31,13 +31,15 @@ S = PlanTask.Result
 class Managed:
     """A planner with autostart off, a simulated fleet and a 'manager + robot' node, in one process."""
 
-    def __init__(self, engine_config: str, fleet_time_scale: float = 0.2, drain_timeout_s: float = 30.0) -> None:
+    def __init__(self, engine_config: str, fleet_time_scale: float = 0.2, drain_timeout_s: float = 30.0,
+                 policy: str | None = None) -> None:
         self.ctx = rclpy.Context()
         rclpy.init(context=self.ctx)
-        self.planner, self.sched = build_planner(
-            [Parameter("autostart", value=False), Parameter("engine_config", value=engine_config),
-             Parameter("warm_up", value=False), Parameter("drain_timeout_s", value=drain_timeout_s)],
-            context=self.ctx)
+        params = [Parameter("autostart", value=False), Parameter("engine_config", value=engine_config),
+                  Parameter("warm_up", value=False), Parameter("drain_timeout_s", value=drain_timeout_s)]
+        if policy is not None:
+            params.append(Parameter("policy", value=policy))
+        self.planner, self.sched = build_planner(params, context=self.ctx)
         self.fleet = SimFleetNode(context=self.ctx, parameter_overrides=[
             Parameter("robots", value=["drone_0", "drone_1"]), Parameter("time_scale", value=fleet_time_scale)])
         self.node = rclpy.create_node("lifecycle_manager", context=self.ctx)
@@ -148,8 +150,11 @@ def test_configure_activate_deactivate_cleanup_through_the_lifecycle_services():
 
 
 def test_deactivate_drains_open_tasks_and_ends_the_rest_with_a_result():
-    # A slow fleet (robots take ~20x their modelled time): the task is still open when deactivate comes.
-    m = Managed(str(config_dir() / "engine_sim.yaml"), fleet_time_scale=20.0, drain_timeout_s=0.5)
+    # A slow fleet (robots take ~20x their modelled time) and a policy that paces the plan's generation by the
+    # robot (suspending at every boundary): the task is still open when deactivate comes. The default pud-shed
+    # writes a plan with nothing waiting to its end at once, and the task was done before the drain ran out.
+    m = Managed(str(config_dir() / "engine_sim.yaml"), fleet_time_scale=20.0, drain_timeout_s=0.5,
+                policy="pud-shed-seg")
     try:
         assert m.transition(Transition.TRANSITION_CONFIGURE) and m.transition(Transition.TRANSITION_ACTIVATE)
         assert m.action.wait_for_server(timeout_sec=30)

@@ -95,9 +95,10 @@ class LatencyGuided(Admission):
 
     ``prefill_step_s`` (protect mode; None: off) bounds the new prompts one step prefills: a candidate whose
     prompt would take the prompts still to prefill past it waits for the next decision when it can afford
-    one more step. A step cannot be cut once it runs, so an urgent goal that arrives during a step waits for
-    all of it: 9 normal prompts admitted together made one ~0.5 s prefill step on this CPU, and an urgent
-    first segment that arrived in it came ~0.3 s after one alone (bench/results/urgent_burst). A prompt is
+    one more step. Why: a step cannot be cut once it runs, so an urgent goal that arrives during a step waits
+    for all of it (9 normal prompts just admitted: ~0.58 s to its first segment against ~0.2 alone on this
+    CPU). It is off by default: in bench/results/urgent_burst it changed nothing beyond noise, as vLLM
+    prefills prompts admitted together in different steps anyway (each waits for its grammar). A prompt is
     never held back when nothing else is prefilling (a long one still goes through, alone).
 
     ``mode="cutoff"`` (the previous rule, kept for comparison): refuse only when a

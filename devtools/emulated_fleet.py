@@ -22,8 +22,9 @@ import rclpy
 from std_msgs.msg import String
 
 from devtools.netns import EmulatedDrone, emulated_drones
-from timelyllm_ros.ros.drone_executor_node import SCENE_QOS, DroneExecutorNode, build_drone_executors, scene_topic
+from timelyllm_ros.ros.drone_executor_node import DroneExecutorNode, build_drone_executors
 from timelyllm_ros.ros.spin import PooledExecutor, Spinner
+from timelyllm_ros.ros.topics import SCENE_QOS, scene_topic
 
 
 @dataclass

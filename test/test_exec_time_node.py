@@ -10,8 +10,9 @@ from waiting import wait_until
 rclpy = pytest.importorskip("rclpy")
 from timelyllm_ros.msg import PlanSegment, SegmentDone, SkillCall  # noqa: E402
 from timelyllm_ros.ros.convert import skill_call_msg, time_msg  # noqa: E402
-from timelyllm_ros.ros.exec_time_node import ALL_SEGMENTS_TOPIC, ExecTimeNode  # noqa: E402
+from timelyllm_ros.ros.exec_time_node import ExecTimeNode  # noqa: E402
 from timelyllm_ros.ros.spin import PooledExecutor  # noqa: E402
+from timelyllm_ros.ros.topics import ALL_SEGMENTS as ALL_SEGMENTS_TOPIC  # noqa: E402
 from timelyllm_ros.ros.topics import RELIABLE  # noqa: E402
 from timelyllm_ros.skills.schema import load_skill_set  # noqa: E402
 from timelyllm_ros.srv import EstimateExecTime  # noqa: E402

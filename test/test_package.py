@@ -66,8 +66,9 @@ def test_core_never_imports_rclpy():
 
 # Lower layers never import higher ones (imports inside functions included; TYPE_CHECKING-only annotations
 # excepted), and the product never imports the developer tooling outside the package.
-LAYERS = {"paths": 0, "yamlfile": 0, "model": 0, "skills": 1, "engines": 2, "sched": 3, "sim": 4, "robots": 4,
-          "bags": 5, "ros": 6, "msg": 6, "srv": 6, "action": 6, "demo": 7, "cli": 7, "launch_graph": 7, "__init__": 0}
+LAYERS = {"paths": 0, "yamlfile": 0, "interfaces": 0, "model": 0, "skills": 1, "engines": 2, "sched": 3, "sim": 4,
+          "robots": 4, "bags": 5, "ros": 6, "msg": 6, "srv": 6, "action": 6, "demo": 7, "cli": 7, "launch_graph": 7,
+          "__init__": 0}
 
 
 def _runtime_imports(py: Path) -> list[str]:
@@ -96,6 +97,37 @@ def test_no_upward_imports_and_no_tooling_in_the_package():
                 offenders.append(f"{py.relative_to(ROOT)} imports tooling {mod}")
             elif top[0] == "timelyllm_ros" and len(top) > 1 and LAYERS[top[1]] > layer:
                 offenders.append(f"{py.relative_to(ROOT)} imports {mod} from a higher layer")
+    assert not offenders, offenders
+
+
+def test_graph_names_have_one_home():
+    """Topic, service and action names are written once, in interfaces.py: no other module of the package spells
+    one (nor a robot's own names, ``/<robot_id>/...``), so a rename cannot leave a node or a bag reader behind."""
+    from timelyllm_ros import interfaces
+
+    assert not any(n.split(".")[0] == "rclpy" for n in _runtime_imports(ROOT / "timelyllm_ros" / "interfaces.py"))
+    names = {v for k, v in vars(interfaces).items() if k.isupper() and isinstance(v, str) and v.startswith("/")}
+    assert {"/plan_task", "/plan_segments", "/segment_acks", "/diagnostics"} <= names
+    robot_suffixes = {f("x").removeprefix("/x") for f in (interfaces.segment_topic, interfaces.scene_topic,
+                                                        interfaces.trajectory_topic,
+                                                        interfaces.trajectory_status_topic,
+                                                        interfaces.emergency_stop_service,
+                                                        interfaces.reset_emergency_service)}
+    labels = {("client.py", "plan_results"), ("client.py", "get_plan_result")}  # PlanHandle.source values, not names
+    offenders = []
+    for py in (ROOT / "timelyllm_ros").rglob("*.py"):
+        if py.name == "interfaces.py":
+            continue
+        for node in ast.walk(ast.parse(py.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                text = node.value
+                if (py.name, text) in labels:
+                    continue
+                # relative spellings too ("plan_task"), where they cannot be an ordinary word ("plan")
+                if text in names or "_" in text and "/" + text in names:
+                    offenders.append(f"{py.relative_to(ROOT)}:{node.lineno} {text!r}")
+                elif any(text == suffix for suffix in robot_suffixes):
+                    offenders.append(f"{py.relative_to(ROOT)}:{node.lineno} {text!r}")
     assert not offenders, offenders
 
 

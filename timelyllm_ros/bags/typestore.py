@@ -17,6 +17,7 @@ from typing import Any
 from rosbags.interfaces import Qos, QosDurability, QosHistory, QosLiveliness, QosReliability, QosTime
 from rosbags.typesys import Stores, get_types_from_msg, get_typestore
 
+from timelyllm_ros import interfaces as names
 from timelyllm_ros import paths
 
 PACKAGE = "timelyllm_ros"
@@ -72,15 +73,15 @@ class TopicSpec:
         return _qos(self.reliable, self.depth)
 
 
-REQUESTS = TopicSpec("/plan_requests", f"{PACKAGE}/msg/TaskRequest")
-SEGMENTS = TopicSpec("/plan_segments", f"{PACKAGE}/msg/PlanSegment")
-SEGMENT_DONE = TopicSpec("/segment_done", f"{PACKAGE}/msg/SegmentDone")
-RESULTS = TopicSpec("/plan_results", f"{PACKAGE}/msg/PlanResult")
-SCHEDULER_STATE = TopicSpec("/scheduler_state", f"{PACKAGE}/msg/SchedulerState", reliable=False, depth=5)
-ENGINE_STATE = TopicSpec("/engine_state", f"{PACKAGE}/msg/EngineState", reliable=False, depth=5)
+REQUESTS = TopicSpec(names.PLAN_REQUESTS, f"{PACKAGE}/msg/TaskRequest")
+SEGMENTS = TopicSpec(names.ALL_SEGMENTS, f"{PACKAGE}/msg/PlanSegment")
+SEGMENT_DONE = TopicSpec(names.SEGMENT_DONE, f"{PACKAGE}/msg/SegmentDone")
+RESULTS = TopicSpec(names.PLAN_RESULTS, f"{PACKAGE}/msg/PlanResult")
+SCHEDULER_STATE = TopicSpec(names.SCHEDULER_STATE, f"{PACKAGE}/msg/SchedulerState", reliable=False, depth=5)
+ENGINE_STATE = TopicSpec(names.ENGINE_STATE, f"{PACKAGE}/msg/EngineState", reliable=False, depth=5)
 # LRTrace side channel: the job record (JSON) of each request of a converted workload, so
 # JSON -> bag -> JSON is lossless (trace id, agent id, measured skill times, exact trigger time).
-LRTRACE_JOBS = TopicSpec("/lrtrace/jobs", "std_msgs/msg/String")
+LRTRACE_JOBS = TopicSpec(names.LRTRACE_JOBS, "std_msgs/msg/String")
 
 # What the recorder takes by default: every goal (as a request), every segment fleet-wide,
 # robot reports, how each task ended, and the two telemetry streams. The per-robot segment

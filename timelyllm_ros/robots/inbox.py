@@ -17,7 +17,7 @@ stream into what an executor may act on:
   reason naming the missing segment, and its later segments are refused at
   once;
 * **end of plan**: a segment with ``is_final`` closes the plan; an end marker
-  (``is_final`` with empty text, see ``topics.is_end_marker``) says the plan
+  (``is_final`` with empty text, see ``interfaces.is_end_marker``) says the plan
   ended after ``index - 1``. The marker is released in order like a segment
   (the caller closes the task when it reaches it, runs nothing and reports
   nothing); a segment beyond the end is refused;
@@ -36,6 +36,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from timelyllm_ros.interfaces import is_end_marker
+
 # As long as the planner's default delivery_timeout_s: the planner keeps re-sending a missing segment that
 # long, so a robot that gave up sooner refused plans that were still on their way (seen with 5 s on a busy host).
 DEFAULT_REORDER_TIMEOUT_S = 30.0
@@ -44,7 +46,7 @@ DEFAULT_MAX_PER_TASK = 1024
 
 
 @dataclass(frozen=True)
-class Segment:
+class ReceivedSegment:
     """One segment as released by the inbox.
 
     ``refused`` empty: run it now (in the order released; an end marker closes
@@ -61,14 +63,14 @@ class Segment:
 
     @property
     def is_end_marker(self) -> bool:
-        """is_final with no text: the plan ended after the previous segment (same rule as topics.is_end_marker)."""
-        return self.is_final and not self.text
+        """is_final with no text: the plan ended after the previous segment."""
+        return is_end_marker(self.text, self.is_final)
 
 
 @dataclass
 class _Task:
     next_index: int = 0  # every index below it has been released (or refused while the task ended)
-    held: dict[int, Segment] = field(default_factory=dict)  # early arrivals, waiting for the gap to fill
+    held: dict[int, ReceivedSegment] = field(default_factory=dict)  # early arrivals, waiting for the gap to fill
     hold_since: float | None = None  # when the current gap started being waited on
     end: int | None = None  # indexes >= end are after the plan's end
     ended: str = ""  # why the task ended (its new segments are refused with this reason)
@@ -92,7 +94,7 @@ class SegmentInbox:
         self.max_tasks = max_tasks
         self.max_per_task = max_per_task
         self._tasks: OrderedDict[str, _Task] = OrderedDict()  # least recently offered first
-        self._forgotten: list[Segment] = []  # held segments of evicted tasks, refused by the next expired()
+        self._forgotten: list[ReceivedSegment] = []  # held segments of evicted tasks, refused by the next expired()
 
     # -- queries ----------------------------------------------------------------------------
     def is_duplicate(self, task_id: str, index: int) -> bool:
@@ -121,12 +123,12 @@ class SegmentInbox:
 
     # -- arrivals ------------------------------------------------------------------------------
     def offer(self, task_id: str, index: int, text: str = "", is_final: bool = False, now: float = 0.0,
-              payload: Any = None) -> list[Segment]:
+              payload: Any = None) -> list[ReceivedSegment]:
         """One received segment; returns what can be acted on now, in order.
 
         Empty list: a duplicate, or held (an earlier segment is missing). Otherwise the
         segments now ready (this one and held ones it unblocked, by index) and/or
-        refused ones (``Segment.refused`` set: the task has ended, the segment is after
+        refused ones (``ReceivedSegment.refused`` set: the task has ended, the segment is after
         the plan's end, or too many are held).
         """
         index = int(index)
@@ -135,12 +137,12 @@ class SegmentInbox:
         if self.is_duplicate(task_id, index):
             return []
         st = self._task(task_id)
-        seg = Segment(task_id, index, text, bool(is_final), payload)
+        seg = ReceivedSegment(task_id, index, text, bool(is_final), payload)
         if st.ended:
             return [self._refuse_new(st, seg, st.ended)]
         if st.end is not None and index >= st.end:
             return [self._refuse_new(st, seg, _after_end(task_id, index, st.end))]
-        out: list[Segment] = []
+        out: list[ReceivedSegment] = []
         if seg.is_final:  # the plan's end is known now: held segments beyond it can never run
             st.end = index if seg.is_end_marker else index + 1
             for k in sorted(k for k in st.held if k >= st.end):
@@ -164,7 +166,7 @@ class SegmentInbox:
         return out
 
     # -- endings ---------------------------------------------------------------------------------
-    def expired(self, now: float) -> list[Segment]:
+    def expired(self, now: float) -> list[ReceivedSegment]:
         """Held segments whose gap did not fill within ``reorder_timeout_s``: report them failed.
 
         Their task ends (its later segments are refused with the same reason); the
@@ -179,14 +181,14 @@ class SegmentInbox:
                 out.extend(self._end(st, reason))
         return out
 
-    def end_task(self, task_id: str, reason: str) -> list[Segment]:
+    def end_task(self, task_id: str, reason: str) -> list[ReceivedSegment]:
         """The caller ended the task (preempted, failed, emergency stop): returns its held segments, refused.
 
         Its later segments are refused with ``reason`` (the first reason given is kept).
         """
         return self._end(self._task(task_id), reason)
 
-    def refuse(self, task_id: str, index: int, reason: str) -> list[Segment]:
+    def refuse(self, task_id: str, index: int, reason: str) -> list[ReceivedSegment]:
         """The caller refused (task_id, index) without offering it (wrong robot, emergency stop active).
 
         Records it (its copies become duplicates) and ends the task with ``reason``;
@@ -205,18 +207,18 @@ class SegmentInbox:
             while len(self._tasks) > self.max_tasks:
                 old_id, old = self._tasks.popitem(last=False)
                 reason = f"task {old_id} forgotten: more than {self.max_tasks} tasks in this robot's memory"
-                self._forgotten.extend(Segment(s.task_id, s.index, s.text, s.is_final, s.payload, reason)
+                self._forgotten.extend(ReceivedSegment(s.task_id, s.index, s.text, s.is_final, s.payload, reason)
                                        for _, s in sorted(old.held.items()))
         else:
             self._tasks.move_to_end(task_id)
         return st
 
-    def _refuse_new(self, st: _Task, seg: Segment, reason: str) -> Segment:
+    def _refuse_new(self, st: _Task, seg: ReceivedSegment, reason: str) -> ReceivedSegment:
         if len(st.refused) < self.max_per_task:  # beyond: a copy may be refused (reported) again
             st.refused.add(seg.index)
-        return Segment(seg.task_id, seg.index, seg.text, seg.is_final, seg.payload, reason)
+        return ReceivedSegment(seg.task_id, seg.index, seg.text, seg.is_final, seg.payload, reason)
 
-    def _end(self, st: _Task, reason: str) -> list[Segment]:
+    def _end(self, st: _Task, reason: str) -> list[ReceivedSegment]:
         if not st.ended:
             st.ended = reason
         held = [self._refuse_new(st, s, st.ended) for _, s in sorted(st.held.items())]

@@ -29,20 +29,11 @@ from timelyllm_ros.robots.base import ExecutionError, StopSignal
 from timelyllm_ros.robots.perception import ScriptedScene
 from timelyllm_ros.ros.convert import time_msg
 from timelyllm_ros.ros.diagnostics import RobotLink
-from timelyllm_ros.ros.drone_executor_node import SCENE_QOS, scene_topic
 from timelyllm_ros.ros.executor_base import RobotExecutorNode
 from timelyllm_ros.ros.params import all_of, declare, distinct, non_empty
 from timelyllm_ros.ros.spin import run_nodes
-from timelyllm_ros.ros.topics import RELIABLE
+from timelyllm_ros.ros.topics import RELIABLE, SCENE_QOS, scene_topic, trajectory_status_topic, trajectory_topic
 from timelyllm_ros.skills.schema import load_skill_set
-
-
-def trajectory_topic(robot_id: str) -> str:
-    return f"/{robot_id}/joint_trajectory"
-
-
-def status_topic(robot_id: str) -> str:
-    return f"/{robot_id}/trajectory_status"
 
 
 def trajectory_msg(plan: TrajectoryPlan, stamp: float) -> JointTrajectory:
@@ -91,7 +82,7 @@ class ArmExecutorNode(RobotExecutorNode):
         self._traj_pub = self.create_publisher(JointTrajectory, trajectory_topic(robot_id), RELIABLE)
         self._status: dict[tuple[int, int], str] = {}
         self._status_cv = threading.Condition()
-        self.create_subscription(Header, status_topic(robot_id), self._on_status, RELIABLE)
+        self.create_subscription(Header, trajectory_status_topic(robot_id), self._on_status, RELIABLE)
         self.create_subscription(String, scene_topic(robot_id), lambda m: self.scene.set_scene(m.data), SCENE_QOS)
         self.runner = _ArmRunner(self, time_scale, seed)
         self.start_executor()
@@ -122,7 +113,7 @@ class ArmExecutorNode(RobotExecutorNode):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise ExecutionError(f"{plan.label}: no answer from the arm controller on "
-                                         f"{status_topic(self.robot_id)} within {budget:.1f} s")
+                                         f"{trajectory_status_topic(self.robot_id)} within {budget:.1f} s")
                 self._status_cv.wait(min(left, 0.05))
             status = self._status.pop(key)
         stop.check()

@@ -860,7 +860,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--beta", type=float, default=0.0)
     ap.add_argument("--ert", type=float, default=0.0)
     ap.add_argument("--task-id", default="", help="reuse an id (a retry of the same request); default: a uuid")
-    ap.add_argument("--action", default="plan_task", help="PlanTask action name")
+    ap.add_argument("--action", default=topics.PLAN_TASK_ACTION, help="PlanTask action name")
     ap.add_argument("--timeout", type=float, default=120.0)
     args = ap.parse_args(remove_ros_args(argv)[1:])
 

@@ -61,11 +61,11 @@ from rclpy.node import Node
 from rclpy.qos import QoSDurabilityPolicy, QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
 
 from timelyllm_ros.engines.pool import PoolStats
+from timelyllm_ros.interfaces import DIAGNOSTICS as DIAGNOSTICS_TOPIC
 
 OK, WARN, ERROR, STALE = 0, 1, 2, 3
 LEVEL_NAMES = {OK: "OK", WARN: "WARN", ERROR: "ERROR", STALE: "STALE"}
 
-DIAGNOSTICS_TOPIC = "/diagnostics"
 # RELIABLE + VOLATILE: what diagnostic_updater publishes with; readers of either reliability match.
 DIAGNOSTICS_QOS = QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE,
                              history=QoSHistoryPolicy.KEEP_LAST, durability=QoSDurabilityPolicy.VOLATILE)

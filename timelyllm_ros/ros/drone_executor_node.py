@@ -17,7 +17,6 @@ publishes on the same topic.
 from __future__ import annotations
 
 from rclpy.node import Node
-from rclpy.qos import QoSDurabilityPolicy, QoSProfile, QoSReliabilityPolicy
 from std_msgs.msg import String
 
 from timelyllm_ros.robots.base import Interrupted, StopSignal
@@ -28,14 +27,8 @@ from timelyllm_ros.ros.diagnostics import RobotLink
 from timelyllm_ros.ros.executor_base import RobotExecutorNode
 from timelyllm_ros.ros.params import all_of, declare, distinct, non_empty
 from timelyllm_ros.ros.spin import run_nodes
+from timelyllm_ros.ros.topics import SCENE_QOS, scene_topic
 from timelyllm_ros.skills.schema import SkillSet, load_skill_set
-
-SCENE_QOS = QoSProfile(depth=1, reliability=QoSReliabilityPolicy.RELIABLE,
-                       durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
-
-
-def scene_topic(robot_id: str) -> str:
-    return f"/{robot_id}/scene"
 
 
 class _DroneRunner:

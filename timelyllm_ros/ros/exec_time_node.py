@@ -25,12 +25,10 @@ from timelyllm_ros.msg import PlanSegment, SegmentDone
 from timelyllm_ros.ros.convert import time_s
 from timelyllm_ros.ros.params import declare, on_change
 from timelyllm_ros.ros.spin import run_nodes
-from timelyllm_ros.ros.topics import RELIABLE
+from timelyllm_ros.ros.topics import ALL_SEGMENTS, ESTIMATE_EXEC_TIME_SERVICE, RELIABLE, SEGMENT_DONE
 from timelyllm_ros.skills.exec_model import ExecTimeModel
 from timelyllm_ros.skills.schema import load_skill_set
 from timelyllm_ros.srv import EstimateExecTime
-
-ALL_SEGMENTS_TOPIC = "/plan_segments"
 
 
 class ExecTimeNode(Node):
@@ -47,10 +45,10 @@ class ExecTimeNode(Node):
         # Segments seen, and what became of the SegmentDone reports (diagnostics, tests).
         self.stats = {"segments": 0, "segments_without_skills": 0,
                       "learned": 0, "unmatched": 0, "skipped": 0, "failed": 0}
-        self.create_service(EstimateExecTime, "estimate_exec_time", self._estimate)
+        self.create_service(EstimateExecTime, ESTIMATE_EXEC_TIME_SERVICE, self._estimate)
         if models is None:  # a shared model already learns inside the planner core
-            self.create_subscription(PlanSegment, ALL_SEGMENTS_TOPIC, self._segment, RELIABLE)
-            self.create_subscription(SegmentDone, "/segment_done", self._done, RELIABLE)
+            self.create_subscription(PlanSegment, ALL_SEGMENTS, self._segment, RELIABLE)
+            self.create_subscription(SegmentDone, SEGMENT_DONE, self._done, RELIABLE)
         on_change(self, {"learn": self._set_learn})
 
     def _set_learn(self, value: bool) -> None:

@@ -53,19 +53,22 @@ from std_srvs.srv import Trigger
 
 from timelyllm_ros.msg import PlanSegment, SegmentAck, SegmentDone
 from timelyllm_ros.robots.base import ExecutionError, Interrupted, RefusedError, StopSignal
-from timelyllm_ros.robots.inbox import DEFAULT_REORDER_TIMEOUT_S, ReportCache, Segment, SegmentInbox
+from timelyllm_ros.robots.inbox import DEFAULT_REORDER_TIMEOUT_S, ReceivedSegment, ReportCache, SegmentInbox
 from timelyllm_ros.ros.convert import segment_ack_msg, segment_done_msg
 from timelyllm_ros.ros.diagnostics import ExecutorState, RobotLink, Status, attach_executor_diagnostics, executor_status
 from timelyllm_ros.ros.params import declare
 from timelyllm_ros.ros.topics import (
     DEFAULT_HEARTBEAT_PERIOD_S,
+    PLANNER_NODE,
     RELIABLE,
     REPORTS,
     REPORTS_KEPT,
     SEGMENT_ACKS,
     SEGMENT_DONE,
+    emergency_stop_service,
     is_end_marker,
     publish_or_log,
+    reset_emergency_service,
     segment_topic,
 )
 
@@ -101,7 +104,7 @@ class RobotExecutorNode(Node):
             "running=true this often, so the planner tells a slow skill from a dead robot (0 = off; keep it well "
             "below the planner's robot_timeout_s)", read_only=True, min=0.0))
         self.planner_node = str(declare(
-            self, "planner_node", "/planner", "fully qualified name of the planner node whose segments this robot "
+            self, "planner_node", PLANNER_NODE, "fully qualified name of the planner node whose segments this robot "
             "runs ('' = any node on the domain)", read_only=True))
         self._senders: dict[bytes, str] = {}  # publisher GID -> its node's name, for writers the graph named
         self.refused_segments = 0  # segments from other nodes than planner_node (/diagnostics)
@@ -133,8 +136,8 @@ class RobotExecutorNode(Node):
         self.create_timer(min(0.1, self.reorder_timeout_s / 4), self._expire, callback_group=segments)
         if self.heartbeat_period_s > 0:
             self.create_timer(self.heartbeat_period_s, self._heartbeat, callback_group=MutuallyExclusiveCallbackGroup())
-        self.create_service(Trigger, f"/{self.robot_id}/emergency_stop", self._emergency_srv, callback_group=group)
-        self.create_service(Trigger, f"/{self.robot_id}/reset_emergency", self._reset_srv, callback_group=group)
+        self.create_service(Trigger, emergency_stop_service(self.robot_id), self._emergency_srv, callback_group=group)
+        self.create_service(Trigger, reset_emergency_service(self.robot_id), self._reset_srv, callback_group=group)
         self._worker = threading.Thread(target=self._work, name=f"exec-{self.robot_id}", daemon=True)
         self._worker.start()
 
@@ -206,7 +209,7 @@ class RobotExecutorNode(Node):
         for seg in self.inbox.offer(task, index, msg.text, msg.is_final, now, payload=msg):
             self._accept(seg)
 
-    def _accept(self, seg: Segment) -> None:
+    def _accept(self, seg: ReceivedSegment) -> None:
         """A segment released by the inbox, in order (caller holds the lock)."""
         msg: PlanSegment = seg.payload
         if seg.refused:
@@ -249,7 +252,7 @@ class RobotExecutorNode(Node):
                 self._report(m, None, now, False, reason)
         self._queue.clear()
 
-    def _refuse_all(self, segs: list[Segment]) -> None:
+    def _refuse_all(self, segs: list[ReceivedSegment]) -> None:
         for seg in segs:
             self._refuse(seg.payload, seg.refused)
 

@@ -69,7 +69,7 @@ from timelyllm_ros.ros.convert import (
 from timelyllm_ros.ros.delivery import RejectedMessages
 from timelyllm_ros.ros.diagnostics import PlannerHealth, attach_planner_diagnostics
 from timelyllm_ros.ros.spin import run_nodes
-from timelyllm_ros.ros.topics import LATCHED, RELIABLE, TELEMETRY, segment_topic  # noqa: F401 - re-exported
+from timelyllm_ros.ros.topics import TELEMETRY
 from timelyllm_ros.sched.hygiene import check_text, check_token_count
 from timelyllm_ros.sched.journal import ACTIVE, Journal
 from timelyllm_ros.sched.policies import DEFAULT_POLICY, POLICIES, make_policy
@@ -179,7 +179,7 @@ class PlannerNode(LifecycleNode):
             self.engine_restarts = 0
             self.lifecycle_error: str | None = None  # why the last transition failed
             # The report publishers live as long as the node: a drained task's result still goes out.
-            self._engine_pub = self.create_publisher(EngineState, "engine_state", topics.TELEMETRY)
+            self._engine_pub = self.create_publisher(EngineState, topics.ENGINE_STATE, topics.TELEMETRY)
             self._all_segments = self.create_publisher(PlanSegment, topics.ALL_SEGMENTS, topics.REPORTS)
             self._requests = self.create_publisher(TaskRequest, topics.PLAN_REQUESTS, topics.REPORTS)
             self._results = self.create_publisher(PlanResult, topics.PLAN_RESULTS, topics.RESULTS_QOS)
@@ -1173,7 +1173,7 @@ class SchedulerNode(Node):
             description="SchedulerState period, s", read_only=True,
             floating_point_range=[FloatingPointRange(from_value=0.01, to_value=3600.0, step=0.0)])).value
         self.add_on_set_parameters_callback(self._on_params)
-        self._pub = self.create_publisher(SchedulerState, "scheduler_state", TELEMETRY)
+        self._pub = self.create_publisher(SchedulerState, topics.SCHEDULER_STATE, TELEMETRY)
         self._timer: Timer | None = None
 
     def attach(self, core: PlannerCore) -> None:
@@ -1220,11 +1220,6 @@ class SchedulerNode(Node):
 
 def _finite(x: float) -> float:
     return float(x) if math.isfinite(x) else 0.0
-
-
-def _utility_estimate(core: PlannerCore, task_id: str) -> float:
-    r = core.result(task_id)
-    return float(r.utility) if r is not None and r.utility is not None else float("nan")
 
 
 def build_planner(parameter_overrides: list[Parameter] | None = None, engine: Any = None, constrained: bool = False,
@@ -1286,4 +1281,4 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["PlannerNode", "SchedulerNode", "build_planner", "main", "segment_topic"]
+__all__ = ["PlannerNode", "SchedulerNode", "build_planner", "main"]

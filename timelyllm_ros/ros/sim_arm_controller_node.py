@@ -20,10 +20,9 @@ from rclpy.node import Node
 from std_msgs.msg import Header
 from trajectory_msgs.msg import JointTrajectory
 
-from timelyllm_ros.ros.arm_executor_node import status_topic, trajectory_topic
 from timelyllm_ros.ros.params import all_of, declare, distinct, non_empty
 from timelyllm_ros.ros.spin import run_nodes
-from timelyllm_ros.ros.topics import RELIABLE
+from timelyllm_ros.ros.topics import RELIABLE, trajectory_status_topic, trajectory_topic
 
 
 @dataclass
@@ -43,7 +42,7 @@ class SimArmControllerNode(Node):
                               read_only=True, check=all_of(non_empty, distinct), constraints="non-empty, distinct"))
         self.arms = {r: _Arm(r) for r in robots}
         self._lock = threading.Lock()
-        self._pubs = {r: self.create_publisher(Header, status_topic(r), RELIABLE) for r in robots}
+        self._pubs = {r: self.create_publisher(Header, trajectory_status_topic(r), RELIABLE) for r in robots}
         for r in robots:
             self.create_subscription(JointTrajectory, trajectory_topic(r), lambda m, r=r: self._received(r, m),
                                      RELIABLE)

@@ -31,7 +31,7 @@ from timelyllm_ros.engines.factory import (
     planner_engine,
 )
 from timelyllm_ros.engines.prompts import PromptRenderer, TaskPromptError
-from timelyllm_ros.engines.sim_engine import SimEngine
+from timelyllm_ros.engines.sim_engine import SimEngine, SimEngineConfig
 from timelyllm_ros.engines.sim_realtime import RealtimeSimEngine, sim_plan_for
 from timelyllm_ros.model.clock import SimClock
 from timelyllm_ros.sched.policies import make_policy
@@ -92,7 +92,8 @@ class _ScriptedEngine(Engine):
 def test_simulated_engines_declare_what_they_are():
     for eng in (SimEngine(), RealtimeSimEngine()):
         assert dataclasses.replace(eng.info, step_model=None) == EngineInfo(
-            "sim", "simulated", max_model_len=None, needs_plan_text=True, supports_prefix_cache=True)
+            "sim", "simulated", max_model_len=None, needs_plan_text=True, supports_prefix_cache=True,
+            kv_block_tokens=16)
         m = eng.info.step_model  # their step time is their own model: the scheduler's estimate starts exact
         assert (m.decode_s, m.batch_slowdown, m.prefill_s_per_token) == (
             eng.cfg.decode_s, eng.cfg.batch_slowdown, eng.cfg.prefill_s_per_token)
@@ -105,6 +106,8 @@ def test_simulated_engines_declare_what_they_are():
 
 def test_info_is_frozen_and_a_backend_without_a_log_still_has_one():
     info = SimEngine().info
+    assert info.kv_block_tokens == SimEngine().cfg.block_size == 16
+    assert SimEngine(SimEngineConfig(block_size=32)).info.kv_block_tokens == 32
     with pytest.raises(dataclasses.FrozenInstanceError):
         info.model = "other"  # type: ignore[misc]
     assert isinstance(SimEngine().submissions, SubmissionLog) and len(SimEngine().submissions) == 0

@@ -211,6 +211,7 @@ def test_a_pool_runs_generations_like_one_engine_and_reports_each_member():
     assert isinstance(st, PoolStats) and st.members_up == 2 and st.failovers == 0 and st.max_batch == 4
     assert [(s.index, s.backend, s.up, s.owned) for s in st.members] == [(0, "sim", True, 0), (1, "sim", True, 0)]
     assert pool.info.name == "pool" and pool.info.model == "simulated" and pool.info.needs_plan_text
+    assert pool.info.kv_block_tokens == members[0].info.kv_block_tokens == 16
 
 
 # -- failover ---------------------------------------------------------------------------------------------------

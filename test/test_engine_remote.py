@@ -83,7 +83,7 @@ def test_start_up_reads_the_server(eng, server):
     info = eng.info
     assert (info.name, info.model, info.max_model_len) == ("remote", SERVED, 2048)
     assert info.supports_prefix_cache and not info.needs_plan_text
-    assert eng.block_size == 32 and eng.reports_cached_tokens
+    assert eng.block_size == info.kv_block_tokens == 32 and eng.reports_cached_tokens
     assert eng.url == server.url
 
 

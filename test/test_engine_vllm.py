@@ -57,6 +57,7 @@ def test_info_declares_the_loaded_model(eng):
     assert info.name == "vllm" and Path(info.model).name == Path(args["model"]).name
     assert info.max_model_len == args["max_model_len"]
     assert info.supports_prefix_cache and not info.needs_plan_text
+    assert info.kv_block_tokens == eng.block_size > 0  # the scheduler's resume cost counts in these blocks
     if load_engine_config(CFG).get("step_model"):  # the CPU config names this machine's fitted figures
         assert info.step_model is not None and info.step_model.source.startswith("fitted: ")
 

@@ -95,6 +95,8 @@ class EngineInfo:
     dtype_reason: str = ""
     # Speculative decoding in use, e.g. "ngram: up to 4 draft tokens per step, prompt lookup 2-4"; "" = none.
     speculative: str = ""
+    # Tokens per KV-cache block (a prefix is reused in whole blocks); None where the backend does not say.
+    kv_block_tokens: int | None = None
 
 
 SUBMISSION_LOG_LEN = 4096  # per-(re)submission records an engine keeps (a long-running node must not grow)

@@ -80,6 +80,7 @@ from timelyllm_ros.engines.base import (
     StepReport,
 )
 from timelyllm_ros.engines.latency import LatencyEstimator
+from timelyllm_ros.model.tokens import common_prefix_len
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +213,7 @@ class EnginePool(Engine):
             raise PoolMismatchError(f"engine pool: every member must serve the same model; {', '.join(bad)}")
         return EngineInfo(name="pool", model=first.model, max_model_len=first.max_model_len,
                           needs_plan_text=first.needs_plan_text, supports_prefix_cache=first.supports_prefix_cache,
-                          step_model=first.step_model)
+                          step_model=first.step_model, kv_block_tokens=first.kv_block_tokens)
 
     def _mismatch(self, ref: EngineInfo, m: Engine, ref_name: str) -> str:
         info = m.info
@@ -378,7 +379,7 @@ class EnginePool(Engine):
             if m.index == last:
                 return 0
             seen = self._prompts.get((key, m.index))
-            return context - (_common_prefix(seen, req.prompt_token_ids) if seen else 0)
+            return context - (common_prefix_len(seen, req.prompt_token_ids) if seen else 0)
 
         return [m.index for m in sorted((m for m in self._members if m.up and m.index not in exclude),
                                         key=lambda m: self._rank(m, len(m.owned), uncached(m)))]
@@ -637,14 +638,6 @@ class EnginePool(Engine):
 
     def _backend_abort(self, gen_id: str) -> None:
         raise AssertionError("EnginePool aborts on its members")
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class PoolLatencyEstimator(LatencyEstimator):

@@ -266,7 +266,8 @@ class RemoteEngine(Engine):
                         "--enable-prompt-tokens-details): prefix-cache hits will read as unknown", self.url)
         self.info = EngineInfo(name="remote", model=self.model,
                                max_model_len=int(max_len) if isinstance(max_len, int) else None,
-                               needs_plan_text=False, supports_prefix_cache=True, streamed=True)
+                               needs_plan_text=False, supports_prefix_cache=True, streamed=True,
+                               kv_block_tokens=self.block_size or None)
 
     def _load_tokenizer(self, tokenizer: str | None, root: str | None) -> tuple[Any, str]:
         from transformers import AutoTokenizer

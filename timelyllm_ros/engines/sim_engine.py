@@ -122,7 +122,8 @@ class SimEngine(Engine):
         # The KV capacity bounds the context (a request that does not fit is refused in add), not a model.
         self.info = EngineInfo(name="sim", model="simulated", max_model_len=None, needs_plan_text=True,
                                supports_prefix_cache=self.cfg.prefix_caching,
-                               step_model=self.cfg.step_model("the simulated engine's own step model"))
+                               step_model=self.cfg.step_model("the simulated engine's own step model"),
+                               kv_block_tokens=self.cfg.block_size)
         self._run: dict[str, _SimReq] = {}
         self._wait: list[_SimReq] = []  # no batch slot or KV room yet (FIFO)
         self._cache: OrderedDict[int, None] = OrderedDict()  # unpinned cached blocks, LRU first

@@ -366,7 +366,7 @@ class VllmEngine(Engine):
                                max_model_len=int(cfg.model_config.max_model_len), needs_plan_text=False,
                                supports_prefix_cache=bool(cfg.cache_config.enable_prefix_caching),
                                dtype=self.dtype_choice.dtype, dtype_reason=self.dtype_choice.reason,
-                               speculative=speculative)
+                               speculative=speculative, kv_block_tokens=int(self.block_size))
         gen_cfg = cfg.model_config.try_get_generation_config() or {}
         eos = gen_cfg.get("eos_token_id", self.tokenizer.eos_token_id)
         self.eos_token_ids: set[int] = set(eos if isinstance(eos, list) else [eos]) - {None}

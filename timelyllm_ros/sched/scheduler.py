@@ -66,6 +66,7 @@ from typing import Any
 
 from timelyllm_ros.engines.base import Engine, EngineRequest, FinishReason, SegmentEvent, StepReport
 from timelyllm_ros.model.clock import Clock
+from timelyllm_ros.model.tokens import common_prefix_len
 from timelyllm_ros.model.types import DEGRADED_PREFIX, Generation, Segment, TaskResult, TaskSpec, TaskStatus
 from timelyllm_ros.sched.admission import Admission, AdmissionView, LatencyEstimator, LatencyGuided, make_admission
 from timelyllm_ros.sched.lengths import PlanLengths
@@ -95,7 +96,9 @@ class CoreConfig:
     length_urgent_beta: float = 1.5
     length_max_keys: int = 1024  # memory bound of the learned model: keys kept (LRU), ~2.5 kB each
     prefill_tokens_default: int = 64  # prefill estimate when a prompt is not tokenized yet
-    kv_block_tokens: int = 16  # the engine's KV block: a resubmission recomputes what its last full block leaves
+    # Tokens per KV block: a resubmission recomputes what its last full block leaves. None: the engine's own
+    # (EngineInfo.kv_block_tokens: 16 in the simulator, the vLLM build's block size, e.g. 32 on CPU), else 16.
+    kv_block_tokens: int | None = None
     learn_exec_times: bool = True  # feed robot reports into the exec-time model
     record_decisions: bool = True
     # Finished results are kept this long / at most this many (then the task id can be used again).
@@ -119,6 +122,8 @@ class CoreConfig:
             raise ValueError("CoreConfig.length_quantile_urgent must be in (0, 1)")
         if self.length_max_keys < 3:
             raise ValueError("CoreConfig.length_max_keys must be >= 3")
+        if self.kv_block_tokens is not None and self.kv_block_tokens < 1:
+            raise ValueError("CoreConfig.kv_block_tokens must be >= 1 (or None: the engine's)")
 
 
 LENGTH_MODELS = ("learned", "ewma")
@@ -192,11 +197,6 @@ def _drain(queue: list[list[Any]], tokens: int) -> None:
         take = min(tokens, e[1])
         e[1] -= take
         tokens -= take
-
-
-def common_prefix_len(a: list[int], b: list[int]) -> int:
-    """How many leading token ids two prompts share."""
-    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 class PlannerCore:
@@ -781,10 +781,14 @@ class PlannerCore:
         with self._lock:
             now = self.clock.now()
             self._apply_aborts()
-            self._schedule(now)
+            spent = self._schedule(now)
             self._apply_aborts()  # of suspended tasks the decision itself ended
             if self.policy.segmented and self.policy.adaptive:
-                self._decide_boundaries(now)
+                t0 = time.perf_counter()
+                if self._decide_boundaries(now):  # part of the decision whenever it weighed anything
+                    spent = (spent or 0.0) + time.perf_counter() - t0
+            if spent is not None and self.cfg.record_decisions:
+                self.decision_times.append(spent)
         self._flush()
         if not self.engine.has_work():
             return None
@@ -866,12 +870,13 @@ class PlannerCore:
             return [cands[i]]
         return [cands[i] for i in heapq.nlargest(n, range(len(pri)), key=pri.__getitem__)]
 
-    def _schedule(self, now: float) -> None:
+    def _schedule(self, now: float) -> float | None:
+        """Rank and admit; returns the seconds the decision took (None: nothing waited, nothing was decided)."""
         self._promote(now)
         if self.policy.sheds:
             self._shed(now)
         if not self._cands:
-            return
+            return None
         t0 = time.perf_counter()
         if self.cfg.overdue == "reject":
             self._reject_hopeless(now)
@@ -897,10 +902,10 @@ class PlannerCore:
                     room += 1
         if self.policy.degrades and self._cands:  # left waiting: the engine could not take them now (overload)
             self._degrade(now, [g for g in self._cands.values() if g.k > 0], self.policy.eager)
-        if self.cfg.record_decisions:
-            self.decision_times.append(time.perf_counter() - t0)
+        spent = time.perf_counter() - t0
         for g in picked:
             self._start(g, now)
+        return spent
 
     def _admit(self, now: float, view: AdmissionView, room: int, picked: list[Generation]) -> int:
         """Admit candidates in the policy's order while the batch has room and admission takes them; returns the
@@ -918,7 +923,7 @@ class PlannerCore:
                 room -= 1
         return room
 
-    def _decide_boundaries(self, now: float) -> None:
+    def _decide_boundaries(self, now: float) -> bool:
         """Segment when it pays, stream when it does not (issue 28; policies with :attr:`Policy.adaptive`): for each
         generation in the batch, whether it suspends at its next boundary or writes on in place.
 
@@ -932,12 +937,12 @@ class PlannerCore:
         exceeds the resume's cost: its prefill (none where the engine holds requests in place) on the late work in
         the batch, and its own robot idling where the segments it was sent do not cover the pause. Where there is
         room in the batch, the place counts only if admission turns the waiting generation away because of ``g``.
-        With nothing waiting a plan is never suspended."""
+        With nothing waiting a plan is never suspended. Returns whether anything was weighed (something waited)."""
         running = [g for g in self._running.values() if g.req is not None and not g.pending_abort]
         for g in running:
             g.req.suspend_at_boundary = False
         if not running:
-            return
+            return False
         stats = self.engine.stats() if self._cands or len(running) > 1 else None
         places = self.admission.max_batch()
         queued: list[Generation] = []  # admitted by the core, queued by the engine for a place in its batch
@@ -947,7 +952,7 @@ class PlannerCore:
             if stats.waiting > 0:  # the latest added that have written nothing yet (the engine takes them in order)
                 queued = [g for g in running if g.seg_tokens() == 0][-stats.waiting:]
         if not self._cands and not queued:
-            return  # nothing waits: every generation streams on
+            return False  # nothing waits: every generation streams on
         step = self.estimator.step_time(len(running))
         comm, lead = self.cfg.comm_s, self.cfg.resume_lead_s
         tight = stats is not None and (stats.kv_cache_usage >= KV_TIGHT or stats.waiting > 0)
@@ -966,7 +971,7 @@ class PlannerCore:
             idle = max(0.0, g.tok_est * step + comm + resume + lead - cover)  # its robot waits this long for it
             offers.append((-g.alpha * idle + late * resume, t_b, g))
         if not offers:
-            return
+            return True
         offers.sort(key=lambda x: (x[0], x[1]))
         no_place = len(running) >= places or bool(queued)
         # who gets the place: the engine's own queue first (it admits in order), else the policy's best candidates
@@ -985,6 +990,7 @@ class PlannerCore:
                 g.req.suspend_at_boundary = True
                 del offers[i]
                 break
+        return True
 
     def _losing(self, g: Generation, now: float, step: float) -> bool:
         """Is ``g``'s current segment already past full utility at its expected end (loses utility every step)?"""
@@ -1017,7 +1023,7 @@ class PlannerCore:
         the KV cache ``tight`` (full, or requests queued for room) everything but the prefix its robot type's prompts
         share, as its own blocks are the ones evicted while it is out."""
         n = len(g.req.prompt_token_ids) + len(g.req.output_token_ids)
-        miss = n % self.cfg.kv_block_tokens + 1
+        miss = n % (self.cfg.kv_block_tokens or self.engine.info.kv_block_tokens or 16) + 1
         if tight:
             miss = max(miss, n - int(self._cache_hit.get(g.robot_type, 0.0)))
         return self.estimator.prefill_time(miss) * (1.0 - self._in_place_share())

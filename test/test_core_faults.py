@@ -306,6 +306,9 @@ def test_slow_acknowledgements_extend_the_silence_a_robot_is_allowed():
     d.heard("slow", 25.0)
     assert d.due(31.0, lambda r: True) == []  # quiet: 31 s silent, but acks take 25 s
     assert d.due(56.0, lambda r: True) == [("q", 0, "quiet")]
+    # the reason says what delivery knew: copies sent, the robot's silence (and a lag it allowed for)
+    assert d.given_up_detail("q", 0) == "sent 1 time over 56.0 s; robot never heard"  # the lag is 31 s old
+    assert d.given_up_detail("s", 0) == ""  # acknowledged: never given up on
     # no lag known: 30 s of silence is enough
     d2 = SegmentDelivery(lambda robot, msg: None, give_up_s=30.0)
     d2.send("quiet", M("q", 0), 0.0, matched=True)

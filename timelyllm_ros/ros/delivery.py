@@ -15,6 +15,7 @@ Pure Python (no rclpy): the node passes a ``send`` callable and calls
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,7 @@ class SegmentDelivery:
         self._ack_lag, self._ack_lag_at = 0.0, float("-inf")
         self._lock = threading.Lock()
         self.resends = 0  # total re-sends (telemetry)
+        self._given_up: OrderedDict[tuple[str, int], str] = OrderedDict()  # why, for the latest give-ups (bounded)
 
     def send(self, robot_id: str, msg: Any, now: float, *, matched: bool = False) -> None:
         """Send now and keep re-sending until :meth:`ack`.
@@ -147,6 +149,12 @@ class SegmentDelivery:
                 if (age > wait and silent) or age > 4 * self.give_up_s:
                     self._drop(key)
                     lost.append((key[0], key[1], p.robot_id))
+                    heard = self._heard.get(p.robot_id)
+                    self._given_up[key] = (f"sent {p.sends} time{'s' if p.sends > 1 else ''} over {age:.1f} s; robot "
+                                           + ("never heard" if heard is None else f"last heard {now - heard:.1f} s ago")
+                                           + (f"; acks lag {lag:.1f} s" if lag else ""))
+                    while len(self._given_up) > 1000:
+                        self._given_up.popitem(last=False)
                 elif now >= p.next_send:
                     p.period = max(p.period, min(p.period * 2, p.cap))
                     p.next_send = now + p.period
@@ -159,6 +167,11 @@ class SegmentDelivery:
         for robot_id, msg in resend:
             self._send(robot_id, msg)
         return lost
+
+    def given_up_detail(self, task_id: str, index: int) -> str:
+        """What delivery knew when it gave up on a segment (copies sent, the robot's silence); '' if unknown."""
+        with self._lock:
+            return self._given_up.get((task_id, int(index)), "")
 
     def forget(self, task_id: str, keep: Callable[[Any], bool] = lambda msg: False) -> int:
         """Stop re-sending ``task_id``'s unacknowledged copies (except those ``keep`` accepts); returns how many.

@@ -893,6 +893,8 @@ class PlannerNode(LifecycleNode):
         for tid, index, robot_id in delivery.due(time.monotonic(), self._robot_reachable):
             if self._robot_reachable(robot_id):
                 why = f"robot {robot_id} never acknowledged segment {index} within {delivery.give_up_s:g} s"
+                detail = delivery.given_up_detail(tid, index)
+                why += f" ({detail})" if detail else ""
             else:
                 why = (f"robot {robot_id} unreachable: no executor subscribed to {topics.segment_topic(robot_id)} "
                        f"within {4 * delivery.give_up_s:g} s")

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from timelyllm_ros.engines.sim_engine import SimEngineConfig
-from timelyllm_ros.sim import metrics
+from timelyllm_ros.measure import metrics
 from timelyllm_ros.sim.simulator import SimConfig, SimResult, Simulator
 from timelyllm_ros.sim.workloads import Workload, load_workload
 

@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from timelyllm_ros.measure import metrics
 from timelyllm_ros.sched.admission import Admission, AdmissionView, make_admission
 from timelyllm_ros.sched.policies import Policy, RankContext, make_policy
-from timelyllm_ros.sim import metrics
 from timelyllm_ros.sim.simulator import SimConfig, Simulator
 from timelyllm_ros.sim.workloads import Workload, load_workload
 

@@ -9,7 +9,7 @@ f times as many robots, each getting its tasks at the trace's own pace (:func:`s
 the workload is wid2) arrive f times as densely, each robot's too. The burst sweep
 generates WID 2-like workloads (Table 3 arrivals at 0.25 events/s) with a different maximum number of
 tasks per event. Every figure counts all tasks: U/beta all is TUF_0 / beta of a task that ended done
-and 0 for one that did not (shed OVERDUE, failed, ...), see :mod:`timelyllm_ros.sim.metrics`. Repeats:
+and 0 for one that did not (shed OVERDUE, failed, ...), see :mod:`timelyllm_ros.measure.metrics`. Repeats:
 ``--seeds`` per point, each varying (:data:`SEEDS_VARY`) the arrival of every event of every robot group by
 U(0, ``--jitter-ms``) (20 ms by default: copies of a fleet are not synchronised to the millisecond, and
 without it a fixed trace gave every seed the same run at whole load factors), which robots make up a
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.cli import _progress, _results_root, print_table, run_policy
-from timelyllm_ros.sim import metrics
+from timelyllm_ros.measure import metrics
 from timelyllm_ros.sim.workloads import SETTINGS, Workload, generate, load_workload
 
 DEFAULT_LOADS = "0.5,0.75,1,1.5,2,2.5,3"

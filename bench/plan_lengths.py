@@ -37,12 +37,12 @@ from pathlib import Path
 from typing import Any
 
 from timelyllm_ros.engines.sim_engine import SimEngineConfig, bpe_pieces
+from timelyllm_ros.measure import metrics
 from timelyllm_ros.model.plans import plan_templates
 from timelyllm_ros.model.tuf import LEVELS
 from timelyllm_ros.model.types import TaskSpec
 from timelyllm_ros.sched.lengths import PlanLengths
 from timelyllm_ros.sched.scheduler import CoreConfig, _SkillHooks
-from timelyllm_ros.sim import metrics
 from timelyllm_ros.sim.simulator import Replay, SimConfig, Simulator
 from timelyllm_ros.sim.workloads import Job, Workload, load_workload
 

@@ -53,8 +53,8 @@ from bench.load_sweep import SCALE_DOC, SCALINGS, _md_table, _truncate, add_scal
 from timelyllm_ros.engines.base import Engine, StepReport
 from timelyllm_ros.engines.pool import EnginePool
 from timelyllm_ros.engines.sim_engine import SimEngine, SimEngineConfig
-from timelyllm_ros.sim import metrics
-from timelyllm_ros.sim.records import TaskRecord
+from timelyllm_ros.measure import metrics
+from timelyllm_ros.measure.records import TaskRecord
 from timelyllm_ros.sim.simulator import SimConfig, Simulator
 from timelyllm_ros.sim.workloads import Workload, load_workload
 

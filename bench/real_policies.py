@@ -48,8 +48,8 @@ from bench.load_sweep import line_fit, mean_ci
 from bench.pool_bench import _ci
 from timelyllm_ros.engines.sim_engine import SimEngineConfig
 from timelyllm_ros.launch_graph import resolve_config
-from timelyllm_ros.sim import metrics
-from timelyllm_ros.sim.records import SegRecord, TaskRecord
+from timelyllm_ros.measure import metrics
+from timelyllm_ros.measure.records import SegRecord, TaskRecord
 from timelyllm_ros.sim.simulator import Replay, SimConfig, Simulator
 from timelyllm_ros.sim.workloads import Job, Workload
 

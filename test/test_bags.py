@@ -26,7 +26,7 @@ from timelyllm_ros.bags.typestore import (
     msg_dir,
     typestore,
 )
-from timelyllm_ros.sim.metrics import summarize
+from timelyllm_ros.measure.metrics import summarize
 from timelyllm_ros.sim.workloads import generate, load_trace
 
 ROOT = Path(__file__).resolve().parent.parent

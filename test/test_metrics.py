@@ -2,11 +2,11 @@ import math
 
 import pytest
 
+from timelyllm_ros.measure import records
+from timelyllm_ros.measure.metrics import not_done_text, percentile, summarize, summary_dicts, to_markdown
+from timelyllm_ros.measure.records import SegRecord, TaskRecord
 from timelyllm_ros.model.tuf import TimeUtility
 from timelyllm_ros.model.types import TERMINAL_STATUSES, Segment, TaskResult, TaskStatus
-from timelyllm_ros.sim import records
-from timelyllm_ros.sim.metrics import not_done_text, percentile, summarize, summary_dicts, to_markdown
-from timelyllm_ros.sim.records import SegRecord, TaskRecord
 
 
 def rec(job, level, arrival, starts, execs, beta=1.0, alpha=-2.0, ert=1.0):
@@ -34,7 +34,7 @@ def test_percentile():
     assert math.isnan(percentile([], 0.5))
 
 
-# -- one definition of each figure (sim/records.py) --------------------------------------------------
+# -- one definition of each figure (measure/records.py) --------------------------------------------------
 def unserved(job, status, level="normal", beta=1.0, alpha=-2.0, ert=1.0):
     return TaskRecord(job, 0, "t", "drone", level, 0, 0.0, alpha, beta, ert, status=status)
 
@@ -120,7 +120,7 @@ def test_tables_carry_all_tasks_and_status_columns():
 def test_timeline_rows_are_what_each_robot_started_with_misses_marked(tmp_path):
     """The demo's timeline: per robot, tasks in arrival order, only segments the robot started, a
     miss where the first segment started after arrival + ERT or never started."""
-    from timelyllm_ros.sim.metrics import timeline_plot, timeline_rows
+    from timelyllm_ros.measure.metrics import timeline_plot, timeline_rows
 
     on_time = rec(0, "urgent", 10.0, [10.5, 12.0], [1.0, 0.5])  # ERT 1: starts 0.5 s after arrival
     late = rec(1, "normal", 11.0, [12.5], [1.0])  # 1.5 s after arrival: missed

@@ -163,7 +163,7 @@ def test_an_urgent_first_segment_left_waiting_is_never_degraded():
 
 def test_simulation_degrades_under_overload_loses_nothing_and_counts_degraded_tasks():
     from bench.load_sweep import jitter, scale_fleet
-    from timelyllm_ros.sim import metrics
+    from timelyllm_ros.measure import metrics
     from timelyllm_ros.sim.simulator import SimConfig, Simulator
     from timelyllm_ros.sim.workloads import load_workload
 

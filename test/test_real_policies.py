@@ -22,7 +22,7 @@ from bench.real_policies import (
     service_step_times,
 )
 from timelyllm_ros.engines.sim_engine import SimEngineConfig, bpe_pieces
-from timelyllm_ros.sim.records import SegRecord, TaskRecord
+from timelyllm_ros.measure.records import SegRecord, TaskRecord
 from timelyllm_ros.sim.simulator import Replay, SimConfig, Simulator
 from timelyllm_ros.sim.workloads import Workload, load_workload
 

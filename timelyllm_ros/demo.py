@@ -28,8 +28,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from timelyllm_ros.sim import metrics
-from timelyllm_ros.sim.records import SegRecord, TaskRecord
+from timelyllm_ros.measure import metrics
+from timelyllm_ros.measure.records import SegRecord, TaskRecord
 from timelyllm_ros.sim.workloads import Job, Workload, load_workload
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 130)

@@ -52,7 +52,7 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _metrics(args: argparse.Namespace) -> int:
-    from timelyllm_ros.sim.metrics import summary_dicts, to_markdown, write_csv
+    from timelyllm_ros.measure.metrics import summary_dicts, to_markdown, write_csv
 
     from .records import bag_metrics
 

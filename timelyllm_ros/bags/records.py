@@ -2,9 +2,9 @@
 
 One :class:`RecordBuilder` turns the planner's messages (TaskRequest,
 PlanSegment, SegmentDone; rclpy messages or rosbags dataclasses alike) into
-the core's :class:`~timelyllm_ros.sim.records.TaskRecord`, and
-:func:`timelyllm_ros.sim.metrics.summarize` computes the report (every figure as
-:mod:`timelyllm_ros.sim.records` defines it, as for the simulator and the live demo). The live
+the core's :class:`~timelyllm_ros.measure.records.TaskRecord`, and
+:func:`timelyllm_ros.measure.metrics.summarize` computes the report (every figure as
+:mod:`timelyllm_ros.measure.records` defines it, as for the simulator and the live demo). The live
 collector (``timelyllm_ros.ros.live_metrics``) and the bag reader feed the
 same builder, so a bag's numbers equal the live numbers of the same run.
 
@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from timelyllm_ros.measure.metrics import Summary, summarize
+from timelyllm_ros.measure.records import SegRecord, TaskRecord
 from timelyllm_ros.model.plans import template_by_text
 from timelyllm_ros.model.tuf import LEVELS
 from timelyllm_ros.model.types import STATUS_CODE, STATUS_FROM_CODE, TaskStatus
-from timelyllm_ros.sim.metrics import Summary, summarize
-from timelyllm_ros.sim.records import SegRecord, TaskRecord
 from timelyllm_ros.skills.schema import load_skill_set
 
 from .io import read_bag, stamp_ns

@@ -15,10 +15,10 @@ from rclpy.qos import QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
 
 from timelyllm_ros.bags.records import RecordBuilder
 from timelyllm_ros.bags.typestore import REQUESTS, SEGMENT_DONE, SEGMENTS
+from timelyllm_ros.measure.metrics import Summary, summarize
+from timelyllm_ros.measure.records import TaskRecord
 from timelyllm_ros.msg import PlanSegment, SegmentDone, TaskRequest
 from timelyllm_ros.ros.topics import REPORTS_KEPT
-from timelyllm_ros.sim.metrics import Summary, summarize
-from timelyllm_ros.sim.records import TaskRecord
 
 _QOS = QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE, history=QoSHistoryPolicy.KEEP_LAST)
 

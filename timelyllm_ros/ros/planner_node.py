@@ -40,6 +40,7 @@ from rclpy.timer import Timer
 from timelyllm_ros.action import PlanTask
 from timelyllm_ros.engines.factory import planner_engine
 from timelyllm_ros.engines.prompts import PromptRenderer, TaskPromptError
+from timelyllm_ros.measure.records import result_robot_waiting
 from timelyllm_ros.model.clock import RealClock
 from timelyllm_ros.model.types import Segment, TaskResult, TaskSpec, TaskStatus
 from timelyllm_ros.msg import (
@@ -74,7 +75,6 @@ from timelyllm_ros.sched.hygiene import check_text, check_token_count
 from timelyllm_ros.sched.journal import ACTIVE, Journal
 from timelyllm_ros.sched.policies import DEFAULT_POLICY, POLICIES, make_policy
 from timelyllm_ros.sched.scheduler import CoreConfig, PlannerCore
-from timelyllm_ros.sim.records import result_robot_waiting
 from timelyllm_ros.srv import GetPlanResult, Plan
 
 

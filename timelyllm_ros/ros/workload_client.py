@@ -15,13 +15,13 @@ from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.node import Node
 
 from timelyllm_ros.action import PlanTask
+from timelyllm_ros.measure.records import SegRecord, TaskRecord
 from timelyllm_ros.model.plans import plan_templates
 from timelyllm_ros.model.types import TaskStatus
 from timelyllm_ros.msg import PlanResult, SegmentDone
 from timelyllm_ros.ros.actions import SafeActionClient
 from timelyllm_ros.ros.convert import ClockBridge, started, status_from_code, tuf_to_msg
 from timelyllm_ros.ros.topics import PLAN_RESULTS, PLAN_TASK_ACTION, RELIABLE, RESULTS_QOS, SEGMENT_DONE
-from timelyllm_ros.sim.records import SegRecord, TaskRecord
 from timelyllm_ros.sim.workloads import Job
 
 

@@ -1,3 +1,3 @@
-"""Discrete-event simulation of a fleet against the planner core, workloads (generated and
-published traces), task/segment records and the metrics tables built from them.
+"""Discrete-event simulation of a fleet against the planner core, and the workloads (generated and published
+traces) it runs; what a run is worth is measured by ``timelyllm_ros.measure``.
 """

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from timelyllm_ros.engines.sim_engine import SimEngine, SimEngineConfig
+from timelyllm_ros.measure.records import SegRecord, TaskRecord
 from timelyllm_ros.model.clock import SimClock
 from timelyllm_ros.model.plans import plan_templates
 from timelyllm_ros.model.tokens import common_prefix_len
@@ -40,7 +41,6 @@ from timelyllm_ros.model.types import Segment, TaskResult, TaskSpec, TaskStatus
 from timelyllm_ros.sched.admission import Admission, make_admission
 from timelyllm_ros.sched.policies import Policy, make_policy
 from timelyllm_ros.sched.scheduler import CoreConfig, PlannerCore
-from timelyllm_ros.sim.records import SegRecord, TaskRecord
 from timelyllm_ros.sim.workloads import Job, Workload
 
 

@@ -1,6 +1,6 @@
 """Metrics per task type, per urgency level and overall (design §8), as tables (markdown, CSV) and PNG plots.
 
-Every per-task figure is defined once, in :mod:`timelyllm_ros.sim.records`; this module only aggregates.
+Every per-task figure is defined once, in :mod:`timelyllm_ros.measure.records`; this module only aggregates.
 Each row reports all tasks: served-only means next to all-tasks means (a task not done counts 0) and
 the number of tasks per terminal status.
 """
@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from timelyllm_ros.measure.records import TaskRecord
 from timelyllm_ros.model.types import TERMINAL_STATUSES, TaskStatus
-from timelyllm_ros.sim.records import TaskRecord
 
 
 @dataclass
@@ -28,7 +28,7 @@ class Summary:
     meaning predates the all-tasks ones; a policy that refuses tasks drops them from these).
     The ``*_all`` figures average over every task, one that did not end done counting 0, so
     refusing a task never looks better than serving it with utility >= 0. Per-task figures come
-    from :mod:`timelyllm_ros.sim.records` (response time, robot waiting, Eq. 3 utility).
+    from :mod:`timelyllm_ros.measure.records` (response time, robot waiting, Eq. 3 utility).
     """
 
     group: str  # task type, urgency level, or "all"

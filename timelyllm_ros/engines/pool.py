@@ -251,7 +251,7 @@ class EnginePool(Engine):
         return set(self._owner) | {e.gen_id for e in self._pending}
 
     def suspended_ids(self) -> set[str]:
-        return set().union(*(m.engine.suspended_ids() for m in self._up()))
+        return set().union(*(m.engine.suspended_ids() for m in self.members_up()))
 
     def has_work(self) -> bool:
         return bool(self._owner or self._pending)
@@ -382,25 +382,25 @@ class EnginePool(Engine):
             return context - (common_prefix_len(seen, req.prompt_token_ids) if seen else 0)
 
         return [m.index for m in sorted((m for m in self._members if m.up and m.index not in exclude),
-                                        key=lambda m: self._rank(m, len(m.owned), uncached(m)))]
+                                        key=lambda m: self.placement_rank(m, len(m.owned), uncached(m)))]
 
-    def _rank(self, m: _Member, load: int, uncached_tokens: int = 0) -> tuple:
+    def placement_rank(self, m: _Member, load: int, uncached_tokens: int = 0) -> tuple:
         """Placement's key for ``m`` carrying ``load`` generations (least first), for a generation of which
         ``uncached_tokens`` are not in ``m``'s prefix cache."""
-        est = self._pricing(m)
+        est = self.pricing(m)
         # the time it adds on that member, to every generation there: all wait for its prefill, and each
         # decode step of the segment's expected length gets longer for all of them
         decode = (load + 1) * est.step_time(load + 1) - load * est.step_time(load)
         cost = (load + 1) * est.prefill_time(uncached_tokens) + self.segment_tokens * decode
         return (load >= m.max_batch, cost, load, m.index)
 
-    def _pricing(self, m: _Member) -> LatencyEstimator:
+    def pricing(self, m: _Member) -> LatencyEstimator:
         """The estimate ``m`` is priced with: its own once it has measured a step or declares a step model;
         before that the most measured member's (the same model served elsewhere), not the default prior, whose
         GPU figures would make an unmeasured CPU server look ten times faster than a measured one."""
         if m.est.decode_samples or m.engine.info.step_model is not None:
             return m.est
-        best = max(self._up(), key=lambda x: x.est.decode_samples, default=m)
+        best = max(self.members_up(), key=lambda x: x.est.decode_samples, default=m)
         return best.est if best.est.decode_samples else m.est
 
     def _place(self, req: EngineRequest, seg: list[int], exclude: frozenset[int] = frozenset()) -> None:
@@ -568,7 +568,7 @@ class EnginePool(Engine):
                     st = m.engine.stats()
             out.append(MemberStats(m.index, m.name, m.engine.info.name, m.up, m.down_reason, len(m.owned),
                                    m.max_batch, m.step_s, m.failovers, m.rejoins, st,
-                                   self._pricing(m).step_time(len(m.owned)) if m.up else None))
+                                   self.pricing(m).step_time(len(m.owned)) if m.up else None))
         return out
 
     def latency_estimator(self) -> PoolLatencyEstimator:
@@ -578,7 +578,8 @@ class EnginePool(Engine):
         """Member ``index``'s own step-time estimate (learned from its steps in this pool)."""
         return self._members[index].est
 
-    def _up(self) -> list[_Member]:
+    def members_up(self) -> list[_Member]:
+        """The members serving now (placement, pricing and the pool's latency estimate choose among these)."""
         return [m for m in self._members if m.up]
 
     def warm_up_targets(self) -> list[Engine]:
@@ -663,10 +664,10 @@ class PoolLatencyEstimator(LatencyEstimator):
 
     def _placed(self, batch: int) -> tuple[_Member, int] | None:
         """The member the ``batch``-th generation would be placed on and its load there; None: none is up."""
-        up = self._pool._up()
+        up = self._pool.members_up()
         if not up:
             return None
-        rank = self._pool._rank
+        rank = self._pool.placement_rank
         load = dict.fromkeys((m.index for m in up), 0)
         for _ in range(max(1, batch)):
             m = min(up, key=lambda m: rank(m, load[m.index]))
@@ -675,27 +676,27 @@ class PoolLatencyEstimator(LatencyEstimator):
 
     def _next(self) -> _Member | None:
         """The member a new generation would be placed on now (its current load, no affinity)."""
-        up = self._pool._up()
-        return min(up, key=lambda m: self._pool._rank(m, len(m.owned))) if up else None
+        up = self._pool.members_up()
+        return min(up, key=lambda m: self._pool.placement_rank(m, len(m.owned))) if up else None
 
     def step_time(self, batch: int) -> float:
         placed = self._placed(batch)
         if placed is None:
             return super().step_time(batch)
         m, load = placed
-        return self._pool._pricing(m).step_time(load)
+        return self._pool.pricing(m).step_time(load)
 
     def prefill_time(self, tokens: int) -> float:
         m = self._next()
-        return self._pool._pricing(m).prefill_time(tokens) if m is not None else super().prefill_time(tokens)
+        return self._pool.pricing(m).prefill_time(tokens) if m is not None else super().prefill_time(tokens)
 
     def describe(self) -> dict[str, Any]:
         """The estimate of the member a new generation would go to now; samples summed over the members."""
         m = self._next()
         if m is None:
             return {**super().describe(), "seed": f"{self.source} (no pool member up)"}
-        d = self._pool._pricing(m).describe()
-        ests = [x.est.describe() for x in self._pool._up()]
+        d = self._pool.pricing(m).describe()
+        ests = [x.est.describe() for x in self._pool.members_up()]
         d["seed"] = f"per pool member ({m.name}: {d['seed']})"
         d["decode_samples"] = sum(e["decode_samples"] for e in ests)
         d["prefill_samples"] = sum(e["prefill_samples"] for e in ests)

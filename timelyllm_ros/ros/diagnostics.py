@@ -49,6 +49,7 @@ import socket
 import threading
 import time
 import traceback
+import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -552,11 +553,13 @@ class PlannerDiagnostics:
 def attach_planner_diagnostics(planner: Node) -> PlannerDiagnostics:
     """Publish the planner's statuses on /diagnostics (module doc). Call once the planner node has its engine and
     core; a second call returns the first handle (one publisher, one timer per node)."""
-    h = getattr(planner, "_planner_diagnostics", None)
+    h = _ATTACHED.get(planner)
     if h is None:
-        h = PlannerDiagnostics(planner)
-        planner._planner_diagnostics = h
+        h = _ATTACHED[planner] = PlannerDiagnostics(planner)
     return h
+
+
+_ATTACHED: weakref.WeakKeyDictionary[Node, PlannerDiagnostics] = weakref.WeakKeyDictionary()  # one per node
 
 
 # -- executors -------------------------------------------------------------------------------------------------------

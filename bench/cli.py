@@ -26,37 +26,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from timelyllm_ros.engines.sim_engine import SimEngineConfig
+from bench.common import print_table, progress, results_root, run_policy
 from timelyllm_ros.measure import metrics
-from timelyllm_ros.sim.simulator import SimConfig, SimResult, Simulator
+from timelyllm_ros.sim.simulator import SimResult
 from timelyllm_ros.sim.workloads import Workload, load_workload
 
 DEFAULT_POLICIES = "fcfs,fcfs-stream,fcfs-seg,edf-seg,pud"
-
-
-def _results_root() -> Path:
-    return Path(__file__).resolve().parents[1] / "bench" / "results"
-
-
-def _progress(iterable: Sequence[Any], desc: str) -> Any:
-    try:
-        from tqdm import tqdm
-
-        return tqdm(iterable, desc=desc, leave=False, file=sys.stderr)
-    except ImportError:  # pragma: no cover
-        return iterable
-
-
-def run_policy(wl: Workload, policy: str, admission: str | int | None, args: argparse.Namespace) -> SimResult:
-    from timelyllm_ros.sched.policies import make_policy
-
-    pol = make_policy(policy)
-    eng = SimEngineConfig.from_yaml(args.engine_config) if getattr(args, "engine_config", None) else SimEngineConfig()
-    cfg = SimConfig(policy=policy, admission="auto" if admission is None else admission, seed=args.seed, engine=eng,
-                    prompt_context_tokens=args.context_tokens,
-                    prompt_shared_tokens=max(0, 2884 - args.context_tokens))
-    cfg.core.resume_lead_s = args.resume_lead
-    return Simulator(wl, cfg, policy=pol).run()
 
 
 def _label(r: SimResult) -> str:
@@ -76,23 +51,6 @@ def side_by_side(results: Sequence[SimResult]) -> tuple[list[str], list[list[str
         rows.append(cells)
     rows.append(["not done"] + [metrics.not_done_text(s[-1]) for s in summaries])  # the overall row's statuses
     return header, rows
-
-
-def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
-    try:
-        from rich.console import Console
-        from rich.table import Table
-
-        t = Table(title=title)
-        for h in header:
-            t.add_column(h, justify="left" if h == "task" else "right")
-        for r in rows:
-            t.add_row(*r)
-        Console().print(t)
-    except ImportError:  # pragma: no cover
-        print(title)
-        for r in [header, *rows]:
-            print("  ".join(f"{c:>22}" for c in r))
 
 
 def save_results(out: Path, results: Sequence[SimResult], wl: Workload, command: str) -> None:
@@ -125,7 +83,7 @@ def save_results(out: Path, results: Sequence[SimResult], wl: Workload, command:
 def cmd_sim(args: argparse.Namespace) -> int:
     wl = load_workload(args.workload, seed=args.seed)
     runs = [(p, a) for a in str(args.admission).split(",") for p in args.policies.split(",")]
-    results = [run_policy(wl, p, a, args) for p, a in _progress(runs, "policies")]
+    results = [run_policy(wl, p, a, args) for p, a in progress(runs, "policies")]
     header, rows = side_by_side(results)
     print_table(f"{wl.name}: {len(wl.jobs)} tasks (mean utility/beta of served tasks | of all tasks, a task not "
                 f"done counting 0 | mean response of served tasks)", header, rows)
@@ -133,7 +91,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
         print(f"  {_label(r):<32} {r.speedup:7.0f}x real time, decision "
               f"{metrics.decision_stats(r.decision_times_s)['mean_ms']:.4f} ms mean")
     name = args.name or f"{args.workload}-sim"
-    out = Path(args.out) if args.out else _results_root() / name
+    out = Path(args.out) if args.out else results_root() / name
     save_results(out, results, wl, " ".join(["timelyllm-bench", *sys.argv[1:]]))
     print(f"results in {out}")
     return 0
@@ -147,7 +105,7 @@ def _series(results: dict[str, SimResult], field: str) -> tuple[list[str], dict[
 
 
 def cmd_figures(args: argparse.Namespace) -> int:
-    root = Path(args.out) if args.out else _results_root()
+    root = Path(args.out) if args.out else results_root()
     root.mkdir(parents=True, exist_ok=True)
     only = set(args.only.split(",")) if args.only else {"fig5", "fig7", "fig8", "fig9"}
     notes: list[str] = []
@@ -155,7 +113,7 @@ def cmd_figures(args: argparse.Namespace) -> int:
     if "fig5" in only:
         for load, wname in (("low", "wid1"), ("high", "wid2")):
             wl = load_workload(wname, seed=args.seed)
-            res = {p: run_policy(wl, p, None, args) for p in _progress(["fcfs", "fcfs-stream", "pud"], f"fig5 {load}")}
+            res = {p: run_policy(wl, p, None, args) for p in progress(["fcfs", "fcfs-stream", "pud"], f"fig5 {load}")}
             groups, _ = _series(res, "utility_norm")
             for field, yl in (("utility_norm", "utility / beta"), ("response_mean", "response time (s)"),
                               ("waiting_mean", "robot waiting time (s)")):
@@ -169,7 +127,7 @@ def cmd_figures(args: argparse.Namespace) -> int:
         wl = load_workload("wid2", seed=args.seed)
         caps = [1, 2, 4, 6, 8, 10, 12, 14, 16]
         ser: dict[str, list[float]] = {"vLLM (fcfs)": [], "TimelyLLM (pud)": []}
-        for c in _progress(caps, "fig7 caps"):
+        for c in progress(caps, "fig7 caps"):
             for key, pol in (("vLLM (fcfs)", "fcfs"), ("TimelyLLM (pud)", "pud")):
                 r = run_policy(wl, pol, c, args)
                 ser[key].append(metrics.summarize(r.records)[-1].utility_norm)
@@ -182,7 +140,7 @@ def cmd_figures(args: argparse.Namespace) -> int:
         notes.append("fig7_batch_caps: overall utility/beta vs fixed batch cap, fcfs and pud, with adaptive pud")
     if "fig8" in only:
         wl = load_workload("wid2", seed=args.seed)
-        res = {p: run_policy(wl, p, None, args) for p in _progress(["fcfs-seg", "edf-seg", "pud"], "fig8")}
+        res = {p: run_policy(wl, p, None, args) for p in progress(["fcfs-seg", "edf-seg", "pud"], "fig8")}
         groups, ser = _series(res, "utility_norm")
         metrics.bar_plot(root / "fig8_policies.png", groups, ser, "utility / beta",
                          "Fig. 8: segmented FCFS / EDF / PUD (WID 2)")
@@ -190,7 +148,7 @@ def cmd_figures(args: argparse.Namespace) -> int:
         notes.append("fig8_policies: fcfs-seg, edf-seg, pud on WID 2, same admission (adaptive)")
     if "fig9" in only:
         wl = load_workload("wid3", seed=args.seed)
-        res = {p: run_policy(wl, p, None, args) for p in _progress(["fcfs", "fcfs-stream", "pud"], "fig9")}
+        res = {p: run_policy(wl, p, None, args) for p in progress(["fcfs", "fcfs-stream", "pud"], "fig9")}
         for field, yl in (("utility_norm", "utility / beta"), ("waiting_mean", "robot waiting time (s)")):
             groups, ser = _series(res, field)
             metrics.bar_plot(root / f"fig9_arm_{field}.png", groups, ser, yl, f"Fig. 9: robot arm (WID 3): {yl}")
@@ -245,7 +203,7 @@ def cmd_overhead(args: argparse.Namespace) -> int:
                 f"Python {platform.python_version()})", header,
                 [[r["policy"], str(r["n"]), f"{r['median_ms']:.4f}", f"{r['p99_ms']:.4f}", f"{r['mean_ms']:.4f}"]
                  for r in rows])
-    out = Path(args.out) if args.out else _results_root() / "overhead"
+    out = Path(args.out) if args.out else results_root() / "overhead"
     out.mkdir(parents=True, exist_ok=True)
     metrics.write_csv(out / "overhead.csv", rows)
     metrics.line_plot(out / "overhead.png", sizes,

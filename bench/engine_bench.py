@@ -42,7 +42,7 @@ from typing import Any
 
 import yaml
 
-from bench.load_sweep import line_fit
+from bench.common import line_fit
 from timelyllm_ros import paths
 from timelyllm_ros.engines import driver
 from timelyllm_ros.engines.base import Engine, EngineRequest, FinishReason

@@ -30,7 +30,6 @@ import argparse
 import dataclasses
 import json
 import math
-import random
 import re
 import statistics
 import sys
@@ -38,7 +37,23 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.cli import _progress, _results_root, print_table, run_policy
+from bench.common import (  # noqa: F401 - scale_load, t95, line_fit: part of the sweep's API
+    SCALE_DOC,
+    SCALINGS,
+    add_scale_argument,
+    jitter,
+    line_fit,
+    md_table,
+    mean_ci,
+    print_table,
+    progress,
+    results_root,
+    run_policy,
+    scale_fleet,
+    scale_load,
+    t95,
+    truncate,
+)
 from timelyllm_ros.measure import metrics
 from timelyllm_ros.sim.workloads import SETTINGS, Workload, generate, load_workload
 
@@ -52,100 +67,6 @@ SEEDS_VARY = ("each event's arrival, per robot group (a copy of the fleet), move
               "skill times the trace lacks")
 LEVELS = ("urgent", "normal", "all")
 Y_FLOOR = -1.5  # plots clip utility below this
-# Student t, two-sided 95 %, by degrees of freedom (more than 30: normal).
-_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-        15: 2.131, 20: 2.086, 30: 2.042}
-
-
-def t95(df: int) -> float:
-    if df <= 0:
-        return math.nan
-    key = max(k for k in _T95 if k <= df) if df <= 30 else None
-    return _T95[key] if key is not None else 1.96
-
-
-def mean_ci(xs: Sequence[float]) -> tuple[float, float]:
-    """Mean and the half-width of its 95 % confidence interval (NaN with fewer than 2 values)."""
-    xs = [x for x in xs if not math.isnan(x)]
-    if not xs:
-        return math.nan, math.nan
-    m = statistics.fmean(xs)
-    if len(xs) < 2:
-        return m, math.nan
-    return m, t95(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
-
-
-def line_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
-    """Least-squares line y = intercept + slope * x (slope 0 when every x is the same)."""
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
-    return my - slope * mx, slope
-
-
-def scale_load(wl: Workload, factor: float) -> Workload:
-    """The same tasks arriving ``factor`` times as densely (every arrival time divided by it)."""
-    if not factor > 0:
-        raise ValueError(f"load factor must be > 0, got {factor}")
-    jobs = [dataclasses.replace(j, trigger_time=j.trigger_time / factor) for j in wl.jobs]
-    return Workload(f"{wl.name}-x{factor:g}", jobs, {**wl.config, "load_factor": factor})
-
-
-def scale_fleet(wl: Workload, factor: float, seed: int = 0) -> Workload:
-    """``factor`` times the fleet: each robot's own task stream as the trace has it, on ``factor`` times as
-    many robots (whole copies of the fleet, then a seeded share of its robots for the fraction; below 1, that
-    share alone). The arrival rate grows by ``factor`` as with :func:`scale_load`, but no robot gets its tasks
-    faster: a robot runs one task at a time, so compressing its arrivals measures robots queueing behind
-    their own plans (and preempting their own tasks), not the planner under load."""
-    if not factor > 0:
-        raise ValueError(f"load factor must be > 0, got {factor}")
-    agents = sorted({j.agent_id for j in wl.jobs})
-    stride = max(agents) + 1
-    copies, frac = int(factor), factor - int(factor)
-    extra = sorted(random.Random(f"fleet-{seed}-{factor}").sample(agents, round(frac * len(agents))))
-    fleet = [(c, a) for c in range(copies) for a in agents] + [(copies, a) for a in extra]
-    by_agent: dict[int, list] = {}
-    for j in wl.jobs:
-        by_agent.setdefault(j.agent_id, []).append(j)
-    jobs = [dataclasses.replace(j, agent_id=a + c * stride) for c, a in fleet for j in by_agent[a]]
-    jobs.sort(key=lambda j: (j.trigger_time, j.agent_id, j.job_id))
-    jobs = [dataclasses.replace(j, job_id=i) for i, j in enumerate(jobs)]
-    return Workload(f"{wl.name}-fleet{factor:g}", jobs,
-                    {**wl.config, "load_factor": factor, "load_scaling": "fleet", "fleet_stride": stride})
-
-
-SCALINGS = {"fleet": scale_fleet, "rate": lambda wl, factor, seed=0: scale_load(wl, factor)}
-
-
-SCALE_DOC = {"fleet": "f times as many robots, each at the trace's pace",
-             "rate": "every arrival time divided by f, each robot's too"}
-
-
-def add_scale_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scale", choices=sorted(SCALINGS), default="fleet",
-                   help="how a load factor f is made: 'fleet' (default) f times as many robots, each at the "
-                        "trace's pace; 'rate' every arrival time divided by f (each robot gets tasks f times as "
-                        "fast and, one task at a time, queues behind its own plans)")
-
-
-def jitter(wl: Workload, jitter_s: float, seed: int) -> Workload:
-    """Every event of ``wl`` (the tasks released at one trigger time, 1 ms apart) moved by U(0, jitter_s),
-    seeded: a fixed trace then gives a spread over seeds where only its exact timing changes. In a fleet made
-    by :func:`scale_fleet` each copy's events move on their own: f copies of a fleet are f groups of robots,
-    not one group whose requests leave together to the millisecond."""
-    if jitter_s <= 0:
-        return wl
-    rng = random.Random(f"jitter-{seed}")
-    stride = wl.config.get("fleet_stride")
-    jobs, shift, last = [], {}, {}
-    for j in wl.jobs:  # sorted by arrival; in each group, a gap above 10 ms starts a new event
-        grp = j.agent_id // stride if stride else 0
-        if j.trigger_time - last.get(grp, -math.inf) > 0.01:
-            shift[grp] = rng.uniform(0.0, jitter_s)
-        last[grp] = j.trigger_time
-        jobs.append(dataclasses.replace(j, trigger_time=j.trigger_time + shift[grp]))
-    jobs.sort(key=lambda j: (j.trigger_time, j.job_id))
-    return Workload(f"{wl.name}-j{seed}", jobs, wl.config)
 
 
 def burst_workload(max_per_event: int, seed: int) -> Workload:
@@ -174,10 +95,6 @@ def run_point(wl: Workload, policy: str, args: argparse.Namespace) -> dict[str, 
     return out
 
 
-def _truncate(wl: Workload, max_jobs: int | None) -> Workload:
-    return wl if not max_jobs else Workload(wl.name, wl.jobs[:max_jobs], wl.config)
-
-
 def _key(run: dict[str, Any]) -> str:
     return json.dumps(run, sort_keys=True)  # NaN (a level without tasks) compares equal this way
 
@@ -197,7 +114,7 @@ def sweep(kind: str, xs: Sequence[float], policies: Sequence[str], seeds: Sequen
     one run with no interval (``runs`` / ``diff_<other>_runs``: how many distinct runs it rests on)."""
     runs: dict[tuple[float, str], list[dict[str, Any]]] = {}
     todo = [(x, s) for x in xs for s in seeds]
-    for x, s in _progress(todo, desc):
+    for x, s in progress(todo, desc):
         wl = make(x, s)
         a = argparse.Namespace(**{**vars(args), "seed": s})
         for p in policies:
@@ -346,7 +263,7 @@ def cmd_load_sweep(args: argparse.Namespace) -> int:
     loads = [float(x) for x in args.loads.split(",") if x]
     bursts = [int(x) for x in args.bursts.split(",") if x]
     seeds = list(range(args.seed, args.seed + args.seeds))
-    out = Path(args.out) if args.out else _results_root() / "load_sweep"
+    out = Path(args.out) if args.out else results_root() / "load_sweep"
     out.mkdir(parents=True, exist_ok=True)
     command = " ".join(["timelyllm-bench", *sys.argv[1:]]) if args.command is None else args.command
     vary = seeds_text(args.jitter_ms)
@@ -368,7 +285,7 @@ def cmd_load_sweep(args: argparse.Namespace) -> int:
 
         def make(f: float, seed: int, wname: str = wname, cache: dict[int, Workload] = cache) -> Workload:
             if seed not in cache:
-                cache[seed] = _truncate(load_workload(wname, seed=seed), args.max_jobs)
+                cache[seed] = truncate(load_workload(wname, seed=seed), args.max_jobs)
             # jitter after scaling: each copy of the fleet moves on its own
             return jitter(SCALINGS[args.scale](cache[seed], f, seed), args.jitter_ms / 1e3, seed)
 
@@ -380,41 +297,35 @@ def cmd_load_sweep(args: argparse.Namespace) -> int:
         header, rows = table(pts, policies, "load", compared=compared)
         print_table(f"{wl0.name}: U/beta all tasks vs load factor", header, rows)
         md.append(f"\n## {label} ({wl0.name}, {len(wl0.jobs)} tasks): load factor\n\n")
-        md.append(_md_table(header, rows))
+        md.append(md_table(header, rows))
         if args.total:
             header, rows = table(pts, policies, "load", metric="total_", compared=compared)
             print_table(f"{wl0.name}: Eq. 3 utility (all tasks) vs load factor", header, rows)
             md.append(f"\n### {label}: Eq. 3 utility per task (TUF_0 + sum of TUF_1 of the segments run; all "
                       f"tasks, not done = 0)\n\n")
-            md.append(_md_table(header, rows))
+            md.append(md_table(header, rows))
         if args.pair_with in policies:
             header, rows = table_pair = pair_table(pts, policies, args.pair_with, "load")
             print_table(f"{wl0.name}: paired difference with {args.pair_with}, all tasks", *table_pair)
             md.append(f"\n### {label}: each policy - {args.pair_with}, paired per seed, all tasks (U/beta: TUF_0; "
                       f"Eq. 3: first and later segments)\n\n")
-            md.append(_md_table(header, rows))
+            md.append(md_table(header, rows))
         plot(out / f"load_{label}.png", pts, policies, "load factor (x arrival rate)",
              f"{wl0.name}: utility vs load ({len(seeds)} seeds, 95 % CI)")
     if bursts:
         pts = sweep("burst", bursts, policies, seeds,
-                    lambda b, s: _truncate(burst_workload(int(b), s), args.max_jobs), args, "burst")
+                    lambda b, s: truncate(burst_workload(int(b), s), args.max_jobs), args, "burst")
         results["sweeps"]["burst-wid2"] = {"workload": "wid2 settings, generated", "points": pts}
         header, rows = table(pts, policies, "max/event", compared=compared)
         print_table("WID 2 settings (generated): U/beta all tasks vs burst size", header, rows)
         md.append("\n## Burst size (WID 2 settings, generated; U[max/2, max] tasks per event at 0.25 events/s)\n\n")
-        md.append(_md_table(header, rows))
+        md.append(md_table(header, rows))
         plot(out / "burst_wid2.png", pts, policies, "max tasks per event",
              f"WID 2 settings: utility vs burst size ({len(seeds)} seeds, 95 % CI)")
     (out / "results.json").write_text(json.dumps(results, indent=1, default=lambda x: None if x != x else x))
     (out / "summary.md").write_text("".join(md))
     print(f"results in {out}")
     return 0
-
-
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
 
 
 # the shed's reason (PlannerCore._overdue_reason); "best case" since issue 28
@@ -450,15 +361,15 @@ def shed_audit(wl: Workload, args: argparse.Namespace, policy: str = "pud-shed",
 def cmd_shed_audit(args: argparse.Namespace) -> int:
     loads = [float(x) for x in args.loads.split(",") if x]
     seeds = list(range(args.seed, args.seed + args.seeds))
-    out = Path(args.out) if args.out else _results_root() / "load_sweep" / "shed-audit"
+    out = Path(args.out) if args.out else results_root() / "load_sweep" / "shed-audit"
     out.mkdir(parents=True, exist_ok=True)
     command = " ".join(["timelyllm-bench", *sys.argv[1:]]) if args.command is None else args.command
     pol, ref = args.policy, args.against
     points = []
     for wname in [w for w in args.workloads.split(",") if w]:
-        base_by_seed = {s: _truncate(load_workload(wname, seed=s), args.max_jobs) for s in seeds}
+        base_by_seed = {s: truncate(load_workload(wname, seed=s), args.max_jobs) for s in seeds}
         label = workload_label(wname, base_by_seed[seeds[0]])
-        for f, s in _progress([(f, s) for f in loads for s in seeds], f"shed audit {label}"):
+        for f, s in progress([(f, s) for f in loads for s in seeds], f"shed audit {label}"):
             wl = jitter(SCALINGS[args.scale](base_by_seed[s], f, s), args.jitter_ms / 1e3, s)
             a = argparse.Namespace(**{**vars(args), "seed": s})
             points.append({"workload": label, "load": f, "seed": s, **shed_audit(wl, a, pol, ref)})
@@ -474,7 +385,7 @@ def cmd_shed_audit(args: argparse.Namespace) -> int:
           f"The same workload runs under both policies. `waited` / `best case`: at the shed, seconds since arrival "
           f"and the best-case response {pol} judged it by; `{ref}_u_beta`: TUF_0/beta {ref} got (negative past "
           f"the cutoff; empty: never served); `earns`: {ref} ended it done with positive utility.\n\n",
-          _md_table(summary_h, summary)]
+          md_table(summary_h, summary)]
     csv = [",".join(["workload", "load", "seed", *cols])]
     for p in points:
         rows = p["rows"]
@@ -489,7 +400,7 @@ def cmd_shed_audit(args: argparse.Namespace) -> int:
             md.append(f"Listed: those that earn under {ref} and the 10 {ref} came closest with; all {len(rows)} "
                       f"in `shed_audit.csv`.\n\n")
         if listed:
-            md.append(_md_table(cols, [["-" if r[c] is None else str(r[c]) for c in cols] for r in listed]))
+            md.append(md_table(cols, [["-" if r[c] is None else str(r[c]) for c in cols] for r in listed]))
     (out / "shed_audit.json").write_text(json.dumps({"command": command, "policy": pol, "against": ref,
                                                      "load_scaling": args.scale, "jitter_ms": args.jitter_ms,
                                                      "points": points}, indent=1))

@@ -208,11 +208,11 @@ def varied_replay(wl: Workload, pool: dict[str, list[list[str]]], seed: int) -> 
 
 def real_replay_points(policies: Sequence[str], results: Path = RESULTS) -> list[dict[str, Any]]:
     """The real-policies runs replayed (their plans and robot times), each with both length models."""
-    from bench.real_policies import _load_runs, _replay_from_json, fit_service_steps, serving_steps
+    from bench.real_policies import fit_service_steps, load_runs, replay_from_json, serving_steps
     from timelyllm_ros.launch_graph import resolve_config
 
     src = results / "real_policies"
-    runs = [r for r in _load_runs(src) if r["policy"] in policies]
+    runs = [r for r in load_runs(src) if r["policy"] in policies]
     jobs = [Job.from_json(d) for d in json.loads((src / "jobs.json").read_text())["jobs"]]
     base = SimEngineConfig.from_yaml(resolve_config("sim_engine_fitted_cpu.yaml"))
     reps = sorted({r["rep"] for r in runs})
@@ -221,7 +221,7 @@ def real_replay_points(policies: Sequence[str], results: Path = RESULTS) -> list
     wl = Workload("real-policies", jobs)
     out = []
     for run in runs:
-        rp = _replay_from_json(run["replay"])
+        rp = replay_from_json(run["replay"])
         out.append({"scenario": "real replay", "policy": run["policy"], "x": run["rep"],
                     **{m: _sim(wl, run["policy"], run["rep"], m, fits[run["rep"]], rp) for m in VARIANTS}})
     return out
@@ -229,7 +229,7 @@ def real_replay_points(policies: Sequence[str], results: Path = RESULTS) -> list
 
 def wid2_points(policies: Sequence[str], loads: Sequence[float], seeds: Sequence[int],
                 pool: dict[str, list[list[str]]]) -> list[dict[str, Any]]:
-    from bench.load_sweep import jitter, scale_fleet
+    from bench.common import jitter, scale_fleet
 
     base = load_workload("wid2")
     out = []
@@ -352,7 +352,7 @@ def _git() -> str:
 
 
 def cmd_plan_lengths(args: argparse.Namespace) -> int:
-    from bench.cli import print_table
+    from bench.common import print_table
 
     t0 = time.perf_counter()
     out = Path(args.out) if args.out else RESULTS / "plan_lengths"

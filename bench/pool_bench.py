@@ -48,8 +48,19 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.cli import _progress, _results_root, print_table
-from bench.load_sweep import SCALE_DOC, SCALINGS, _md_table, _truncate, add_scale_argument, jitter, mean_ci
+from bench.common import (
+    SCALE_DOC,
+    SCALINGS,
+    add_scale_argument,
+    ci_cell,
+    jitter,
+    md_table,
+    mean_ci,
+    print_table,
+    progress,
+    results_root,
+    truncate,
+)
 from timelyllm_ros.engines.base import Engine, StepReport
 from timelyllm_ros.engines.pool import EnginePool
 from timelyllm_ros.engines.sim_engine import SimEngine, SimEngineConfig
@@ -161,12 +172,12 @@ def projection(args: argparse.Namespace) -> dict[str, Any]:
     loads = [float(x) for x in args.loads.split(",") if x]
     seeds = list(range(args.seed, args.seed + args.seeds))
     engine_cfg = SimEngineConfig.from_yaml(args.engine_config) if args.engine_config else SimEngineConfig()
-    base = _truncate(load_workload(args.workload, seed=args.seed), args.max_jobs)
+    base = truncate(load_workload(args.workload, seed=args.seed), args.max_jobs)
     runs: dict[tuple[float, int, int], list[dict[str, Any]]] = {
         (f, b, n): [] for f in loads for b in batches for n in servers}
-    for s in _progress(seeds, "seeds"):
+    for s in progress(seeds, "seeds"):
         moved = jitter(base, args.jitter_ms / 1e3, s)
-        for f, b, n in _progress(list(runs), f"load x batch x servers (seed {s})"):
+        for f, b, n in progress(list(runs), f"load x batch x servers (seed {s})"):
             runs[(f, b, n)].append(simulate_pool(SCALINGS[args.scale](moved, f, s), n, s,
                                                  dataclasses.replace(engine_cfg, max_batch=b), args))
     points = []
@@ -183,12 +194,6 @@ def projection(args: argparse.Namespace) -> dict[str, Any]:
             "points": points}
 
 
-def _ci(m: float, ci: float, fmt: str = "{:+.3f}") -> str:
-    if m != m:
-        return "-"
-    return fmt.format(m) + ("" if ci != ci else " ±" + fmt.format(ci).lstrip("+"))
-
-
 PROJ_COLS = (("urgent U/beta", "urgent_u_beta", "{:+.3f}"), ("all U/beta", "all_u_beta", "{:+.3f}"),
              ("resp p50 s", "response_p50_s", "{:.3f}"), ("resp p95 s", "response_p95_s", "{:.3f}"),
              ("tokens/s", "tokens_per_s", "{:.0f}"), ("tasks/min", "tasks_per_min", "{:.1f}"),
@@ -198,7 +203,7 @@ PROJ_COLS = (("urgent U/beta", "urgent_u_beta", "{:+.3f}"), ("all U/beta", "all_
 def projection_table(proj: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     header = ["load", "member batch", "servers", *(c[0] for c in PROJ_COLS), "decode tokens per member (first seed)"]
     rows = [[f"{p['load']:g}", str(p["member_batch"]), str(p["servers"]),
-             *(_ci(p[k], p[f"{k}_ci"], f) for _, k, f in PROJ_COLS),
+             *(ci_cell(p[k], p[f"{k}_ci"], f) for _, k, f in PROJ_COLS),
              "/".join(str(x) for x in p["per_seed"][0]["member_decode_tokens"])] for p in proj["points"]]
     return header, rows
 
@@ -273,7 +278,7 @@ def real_part(args: argparse.Namespace) -> dict[str, Any]:
             engines[name] = (build(), urls)
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}
         names = list(engines)
-        for rep in _progress(range(args.repeats), "repetitions"):
+        for rep in progress(range(args.repeats), "repetitions"):
             # The order reversed every repetition: a noisy neighbour's load falls on every engine alike.
             for name in names if rep % 2 == 0 else names[::-1]:
                 engine, urls = engines[name]
@@ -304,7 +309,7 @@ def _aggregate(name: str, rs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def real_table(real: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     header = ["engine", *(c[0] for c in REAL_COLS), "tokens generated per server (mean)"]
-    rows = [[r["config"], *(_ci(r[k], r[f"{k}_ci"], f) for _, k, f in REAL_COLS),
+    rows = [[r["config"], *(ci_cell(r[k], r[f"{k}_ci"], f) for _, k, f in REAL_COLS),
              "/".join(f"{x:.0f}" for x in r["server_generation_tokens"]) or "-"] for r in real["runs"]]
     return header, rows
 
@@ -411,7 +416,7 @@ def write_outputs(out: Path, res: dict[str, Any]) -> None:
                f"({p.get('load_scaling', 'rate: every arrival time divided by the factor')}), "
                f"policy pud, seeds {p['seeds']}"
                f" (jitter {p['jitter_ms']:g} ms); mean ± 95 % CI. {NOTE_SIM}\n\nStep model: "
-               + ", ".join(f"{k}={v}" for k, v in p["step_model"].items()) + "\n\n", _md_table(h, rows),
+               + ", ".join(f"{k}={v}" for k, v in p["step_model"].items()) + "\n\n", md_table(h, rows),
                "\n![projection](pool_projection.png)\n"]
         plot_projection(out / "pool_projection.png", p)
     if "real" in res:
@@ -421,7 +426,7 @@ def write_outputs(out: Path, res: dict[str, Any]) -> None:
                f"{r['jobs']} WID 2 drone tasks ({r['urgent']} urgent; first {r['events']} events, at most "
                f"{r['per_event']} tasks each; TUF time axis x{r['tuf_scale']:g}), planner core with pud, simulated "
                f"robots in real time (timelyllm_ros.demo.run_policy). Servers: `{' '.join(r['server_args'])}`. "
-               f"{r['host']}.\n\n{NOTE_REAL}\n\n", _md_table(h, rows), "\n![real](pool_real.png)\n"]
+               f"{r['host']}.\n\n{NOTE_REAL}\n\n", md_table(h, rows), "\n![real](pool_real.png)\n"]
         for run in (x for agg in r["runs"] for x in agg["per_repeat"] if "failovers" in x):
             md.append(f"\n{run['config']}: failovers {run['failovers']}, unplaced {run['failed_unplaced']}, "
                       f"measured time per token per member at the end "
@@ -433,7 +438,7 @@ def write_outputs(out: Path, res: dict[str, Any]) -> None:
 
 
 def cmd_pool(args: argparse.Namespace) -> int:
-    out = Path(args.out) if args.out else _results_root() / "pool"
+    out = Path(args.out) if args.out else results_root() / "pool"
     args.out = str(out)
     out.mkdir(parents=True, exist_ok=True)
     command = " ".join(["timelyllm-bench", *sys.argv[1:]]) if args.command is None else args.command

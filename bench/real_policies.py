@@ -44,8 +44,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.load_sweep import line_fit, mean_ci
-from bench.pool_bench import _ci
+from bench.common import ci_cell, line_fit, mean_ci
 from timelyllm_ros.engines.sim_engine import SimEngineConfig
 from timelyllm_ros.launch_graph import resolve_config
 from timelyllm_ros.measure import metrics
@@ -144,7 +143,7 @@ def _replay_to_json(rp: Replay) -> dict[str, Any]:
             "seg_exec_s": [[j, i, t] for (j, i), t in rp.seg_exec_s.items()], "warm_prompts": rp.warm_prompts}
 
 
-def _replay_from_json(d: dict[str, Any]) -> Replay:
+def replay_from_json(d: dict[str, Any]) -> Replay:
     return Replay({int(k): v for k, v in d["plan_pieces"].items()}, {int(k): v for k, v in d["prompt_ids"].items()},
                   {(int(j), int(i)): float(t) for j, i, t in d["seg_exec_s"]}, dict(d.get("warm_prompts", {})))
 
@@ -310,7 +309,7 @@ def _real_runs(args: argparse.Namespace, out: Path, policies: list[str], modes: 
     return runs
 
 
-def _load_runs(folder: Path) -> list[dict[str, Any]]:
+def load_runs(folder: Path) -> list[dict[str, Any]]:
     files = sorted((folder / "runs").glob("rep*-*.json.gz"))
     if not files:
         raise SystemExit(f"--from-runs: no saved runs under {folder / 'runs'}")
@@ -378,7 +377,7 @@ def build_report(runs: list[dict[str, Any]], jobs: list[Job], bench_fit: SimEngi
         # Each task's own plan, also where the run cut it short (a cancelled task): the same task's plan
         # differs between runs (greedy decoding in a batch is not bit-stable), and the robot times replayed
         # are those of this plan's segments.
-        rp = _replay_from_json(run["replay"])
+        rp = replay_from_json(run["replay"])
         replayed = simulate(jobs, run["policy"], run["rep"], fits[run["rep"]], rp)
         bench_replayed = simulate(jobs, run["policy"], run["rep"], bench_fit, rp)
         templated = simulate(jobs, run["policy"], run["rep"], fits[run["rep"]], None)
@@ -473,20 +472,21 @@ def markdown(rep: dict[str, Any], command: str, tuf_scale: float, load: float, s
           "| prefill steps | prefill tokens | resumes in place / resubmitted | engine busy s |",
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rep["table"]:
-        md.append(f"| {r['policy']} | {r['admission']} | {_ci(r['real_urgent_u'], r['real_urgent_u_ci'])} | "
-                  f"{_ci(r['real_normal_u'], r['real_normal_u_ci'])} | {_ci(r['real_all_u'], r['real_all_u_ci'])} | "
-                  f"{_ci(r['real_resp_mean'], r['real_resp_mean_ci'], '{:.2f}')} | "
-                  f"{_ci(r['real_not_done'], r['real_not_done_ci'], '{:.1f}')} | "
-                  f"{_ci(r['replay_urgent_u'], r['replay_urgent_u_ci'])} | "
-                  f"{_ci(r['replay_all_u'], r['replay_all_u_ci'])} | "
-                  f"{_ci(r['replay_resp_mean'], r['replay_resp_mean_ci'], '{:.2f}')} | "
+        md.append(f"| {r['policy']} | {r['admission']} | {ci_cell(r['real_urgent_u'], r['real_urgent_u_ci'])} | "
+                  f"{ci_cell(r['real_normal_u'], r['real_normal_u_ci'])} | "
+                  f"{ci_cell(r['real_all_u'], r['real_all_u_ci'])} | "
+                  f"{ci_cell(r['real_resp_mean'], r['real_resp_mean_ci'], '{:.2f}')} | "
+                  f"{ci_cell(r['real_not_done'], r['real_not_done_ci'], '{:.1f}')} | "
+                  f"{ci_cell(r['replay_urgent_u'], r['replay_urgent_u_ci'])} | "
+                  f"{ci_cell(r['replay_all_u'], r['replay_all_u_ci'])} | "
+                  f"{ci_cell(r['replay_resp_mean'], r['replay_resp_mean_ci'], '{:.2f}')} | "
                   f"{metrics.fmt(100 * r['median_abs_err'], '.1f', ' %')} ({r['tasks_compared']} tasks) | "
-                  f"{_ci(r['templates_all_u'], r['templates_all_u_ci'])} | "
-                  f"{_ci(r['engine_prefill_steps'], r['engine_prefill_steps_ci'], '{:.0f}')} | "
-                  f"{_ci(r['engine_prefill_tokens'], r['engine_prefill_tokens_ci'], '{:.0f}')} | "
+                  f"{ci_cell(r['templates_all_u'], r['templates_all_u_ci'])} | "
+                  f"{ci_cell(r['engine_prefill_steps'], r['engine_prefill_steps_ci'], '{:.0f}')} | "
+                  f"{ci_cell(r['engine_prefill_tokens'], r['engine_prefill_tokens_ci'], '{:.0f}')} | "
                   f"{metrics.fmt(r['engine_resumed_in_place'], '.0f')} / "
                   f"{metrics.fmt(r['engine_resubmitted'], '.0f')} | "
-                  f"{_ci(r['engine_busy_s'], r['engine_busy_s_ci'], '{:.1f}')} |")
+                  f"{ci_cell(r['engine_busy_s'], r['engine_busy_s_ci'], '{:.1f}')} |")
     rk = rep["ranking"]
     md += ["", "Ranking by all-tasks U/β (best first):", "",
            *(f"- {src}: {_ranked(rep['table'], rk[src], src)}" for src in SOURCES), "",
@@ -496,7 +496,7 @@ def markdown(rep: dict[str, Any], command: str, tuf_scale: float, load: float, s
            "excludes 0, so the real order is known):", "",
            "| a | b | real a - b | replay a - b | separated | replay orders them the same |",
            "|---|---|---|---|---|---|",
-           *(f"| {x['a']} | {x['b']} | {_ci(x['real_diff'], x['real_diff_ci'])} | {x['replay_diff']:+.3f} | "
+           *(f"| {x['a']} | {x['b']} | {ci_cell(x['real_diff'], x['real_diff_ci'])} | {x['replay_diff']:+.3f} | "
              f"{'yes' if x['separated'] else 'no'} | {'yes' if x['same_order'] else 'no'} |" for x in rep["pairs"]),
            "", f"The replay orders {sum(1 for x in rep['pairs'] if x['separated'] and x['same_order'])} of the "
            f"{sum(1 for x in rep['pairs'] if x['separated'])} pairs the real runs separate as they do.", "",
@@ -609,7 +609,7 @@ def cmd_real_policies(args: argparse.Namespace) -> int:
     reports = {}
     for mode in modes:
         folder, dest = mode_dir(src, mode, modes), mode_dir(out, mode, modes)
-        runs = _load_runs(folder)
+        runs = load_runs(folder)
         saved = json.loads((folder / "jobs.json").read_text())
         dest.mkdir(parents=True, exist_ok=True)
         jobs = [Job.from_json(d) for d in saved["jobs"]]

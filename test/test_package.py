@@ -100,6 +100,28 @@ def test_no_upward_imports_and_no_tooling_in_the_package():
     assert not offenders, offenders
 
 
+def test_the_bench_modules_form_no_import_cycle():
+    """Shared helpers live in bench/common.py: no bench module reaches another's through a cycle (imports inside
+    functions included)."""
+    graph = {py.stem: {m.split(".")[1] for m in _runtime_imports(py) if m.startswith("bench.")}
+             for py in (ROOT / "bench").glob("*.py")}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def cycle_from(mod: str, path: list[str]) -> list[str] | None:
+        state[mod] = 1
+        for dep in sorted(graph.get(mod, ())):
+            if state.get(dep) == 1:
+                return [*path, mod, dep]
+            if dep not in state and (found := cycle_from(dep, [*path, mod])):
+                return found
+        state[mod] = 2
+        return None
+
+    for mod in sorted(graph):
+        if mod not in state:
+            assert (found := cycle_from(mod, [])) is None, " -> ".join(found)
+
+
 def test_graph_names_have_one_home():
     """Topic, service and action names are written once, in interfaces.py: no other module of the package spells
     one (nor a robot's own names, ``/<robot_id>/...``), so a rename cannot leave a node or a bag reader behind."""

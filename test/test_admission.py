@@ -8,19 +8,12 @@ import pytest
 
 from timelyllm_ros import paths
 from timelyllm_ros.engines.base import StepModel
+from timelyllm_ros.engines.latency import PAPER_PRIOR, PREFILL_WINDOW, LatencyEstimator
 from timelyllm_ros.engines.sim_engine import SimEngine, SimEngineConfig
 from timelyllm_ros.model.clock import SimClock
 from timelyllm_ros.model.tuf import LEVELS
 from timelyllm_ros.model.types import Generation, TaskSpec
-from timelyllm_ros.sched.admission import (
-    PAPER_PRIOR,
-    PREFILL_WINDOW,
-    VLLM_MAX_NUM_SEQS,
-    AdmissionView,
-    LatencyEstimator,
-    LatencyGuided,
-    make_admission,
-)
+from timelyllm_ros.sched.admission import VLLM_MAX_NUM_SEQS, AdmissionView, LatencyGuided, make_admission
 from timelyllm_ros.sched.policies import make_policy
 from timelyllm_ros.sched.scheduler import CoreConfig, PlannerCore
 

@@ -15,11 +15,12 @@ from test_scheduler import drain, spec
 
 from timelyllm_ros.engines import driver
 from timelyllm_ros.engines.base import EngineRequest, StepModel
+from timelyllm_ros.engines.latency import LatencyEstimator
 from timelyllm_ros.engines.pool import EnginePool, PoolLatencyEstimator
 from timelyllm_ros.engines.sim_engine import SimEngine, SimEngineConfig
 from timelyllm_ros.model.clock import SimClock
 from timelyllm_ros.model.tuf import LEVELS
-from timelyllm_ros.sched.admission import LatencyEstimator, make_admission
+from timelyllm_ros.sched.admission import make_admission
 from timelyllm_ros.sched.policies import make_policy
 from timelyllm_ros.sched.scheduler import PlannerCore
 

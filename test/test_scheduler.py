@@ -1,10 +1,11 @@
 import threading
 
+from timelyllm_ros.engines.latency import LatencyEstimator
 from timelyllm_ros.engines.sim_engine import SimEngine
 from timelyllm_ros.model.clock import RealClock, SimClock
 from timelyllm_ros.model.tuf import LEVELS
 from timelyllm_ros.model.types import TaskSpec, TaskStatus
-from timelyllm_ros.sched.admission import FixedCap, LatencyEstimator, make_admission
+from timelyllm_ros.sched.admission import FixedCap, make_admission
 from timelyllm_ros.sched.policies import make_policy
 from timelyllm_ros.sched.scheduler import CoreConfig, PlannerCore
 

@@ -21,12 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from timelyllm_ros.engines.latency import (  # noqa: F401 - re-exported: admission plans with it
-    PAPER_PRIOR,
-    PREFILL_WINDOW,
-    PRIOR_PREFILL_TOKENS,
-    LatencyEstimator,
-)
+from timelyllm_ros.engines.latency import LatencyEstimator
 
 if TYPE_CHECKING:
     from timelyllm_ros.model.types import Generation

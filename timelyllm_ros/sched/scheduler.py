@@ -65,10 +65,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from timelyllm_ros.engines.base import Engine, EngineRequest, FinishReason, SegmentEvent, StepReport
+from timelyllm_ros.engines.latency import LatencyEstimator
 from timelyllm_ros.model.clock import Clock
 from timelyllm_ros.model.tokens import common_prefix_len
 from timelyllm_ros.model.types import DEGRADED_PREFIX, Generation, Segment, TaskResult, TaskSpec, TaskStatus
-from timelyllm_ros.sched.admission import Admission, AdmissionView, LatencyEstimator, LatencyGuided, make_admission
+from timelyllm_ros.sched.admission import Admission, AdmissionView, LatencyGuided, make_admission
 from timelyllm_ros.sched.lengths import PlanLengths
 from timelyllm_ros.sched.policies import Policy, RankContext
 from timelyllm_ros.skills.minispec import SkillParseError

@@ -1,4 +1,4 @@
-"""A pool of engines behind the one :class:`Engine` interface (issue 13: pool, placement, failover).
+"""A pool of engines behind the one :class:`Engine` interface: placement, failover.
 
 The scheduler still decides *what* runs next; the pool decides *where*. It holds N member engines (local or
 remote, each built by the factory from its own config) and exposes the Engine API to the planner core:

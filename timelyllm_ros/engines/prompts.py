@@ -1,7 +1,7 @@
 """Per-robot-type prompts (config/prompts/<robot_type>.yaml), rendered with the
 model's chat template.
 
-Layout of a rendered prompt (design §5, issue 4 §3):
+Layout of a rendered prompt (design §5):
 
 * system turn: the planner's role, the skill set description
   (:meth:`SkillSet.describe_for_prompt`) and the guidance;

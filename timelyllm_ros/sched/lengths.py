@@ -1,4 +1,4 @@
-"""Plan lengths learned per task (issue 27 item 5, the RT-LM idea): how many tokens the next segment of a
+"""Plan lengths learned per task (the RT-LM idea): how many tokens the next segment of a
 generation will take, and how many segments and tokens are left, with an uncertainty for each.
 
 The model writes plans of very different lengths per task (a drone's ``d(3);`` against an arm's twelve-call

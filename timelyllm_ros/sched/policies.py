@@ -133,17 +133,17 @@ class PUDShed(PUD):
     robot gets that result at once, not a late plan): serving it could only add negative utility, and under
     overload it takes batch slots and step time from tasks that can still make their deadlines, which is
     how EDF (and PUD, which still serves such tasks, last) collapse. The estimate is a best case, not an
-    average, so a task that could still earn is not shed (the mean segment length shed urgent 4-token
-    segments that PUD served inside their cutoff: issue 28). Later segments are never shed: the robot is
+    average, so a task that could still earn is not shed (a mean segment length would shed urgent 4-token
+    segments that PUD serves inside their cutoff). Later segments are never shed: the robot is
     mid-plan, and the answer it already got counts. With no overload nothing is hopeless and this is PUD's
     order exactly.
 
-    Segment when it pays, stream when it does not (issue 28): a generation suspends at a boundary only when a
+    Segment when it pays, stream when it does not: a generation suspends at a boundary only when a
     waiting generation gains more from its place than the resume costs, and otherwise writes on in place, each
     segment still sent as it is written (``PlannerCore._decide_boundaries``). Resumes come back alone, a step per
     token: suspending at every boundary halved the engine's batching on the 12-step arm trace under overload and
-    lost to streaming whole plans there (bench/results/load_sweep/segment-or-stream). ``pud-shed-seg`` is the rule
-    before, suspending at every boundary, kept to compare.
+    lost to streaming whole plans there (bench/results/load_sweep/segment-or-stream). ``pud-shed-seg`` suspends at
+    every boundary, to compare.
     """
 
     name = "pud-shed"
@@ -155,14 +155,14 @@ class PUDShed(PUD):
 
 
 class PUDShedSeg(PUDShed):
-    """pud-shed suspending at every boundary, as PUD does (the default before issue 28 item 1); kept to compare."""
+    """pud-shed suspending at every boundary, as PUD does; kept to compare with the adaptive default."""
 
     name = "pud-shed-seg"
     adaptive = False
 
 
 class PUDDegrade(PUDShed):
-    """pud-shed plus degrading (imprecise computation, RTDeepIoT; issue 28 item 3): under overload a task keeps
+    """pud-shed plus degrading (imprecise computation, as in RTDeepIoT): under overload a task keeps
     its mandatory part, the segments already sent (at least its first: an urgent task's evasive first move),
     and its optional rest is ended explicitly instead of being served late.
 

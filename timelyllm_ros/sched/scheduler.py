@@ -88,7 +88,7 @@ class CoreConfig:
         default_factory=lambda: {"drone": 6.0, "arm": 12.0, "chatbot": 15.0})
     # How many tokens the next segment takes (G = tokens x step time, in ranking, resume timing and admission):
     # "learned": per task from finished segments and plans, with an uncertainty (sched/lengths.py);
-    # "ewma": one running mean per robot type, seeded by segment_tokens_prior (the estimate before issue 27).
+    # "ewma": one running mean per robot type, seeded by segment_tokens_prior (cheaper, blind to the task).
     length_model: str = "learned"
     # Under "learned", urgent tasks (beta >= length_urgent_beta) plan with this quantile of the prediction, not
     # its mean: their next segment is started early enough for a longer than usual segment (resume timing) and
@@ -925,7 +925,7 @@ class PlannerCore:
         return room
 
     def _decide_boundaries(self, now: float) -> bool:
-        """Segment when it pays, stream when it does not (issue 28; policies with :attr:`Policy.adaptive`): for each
+        """Segment when it pays, stream when it does not (policies with :attr:`Policy.adaptive`): for each
         generation in the batch, whether it suspends at its next boundary or writes on in place.
 
         Why: a suspension is worth only what its place is worth to waiting work, and a resume is not free. A plan
@@ -1114,8 +1114,8 @@ class PlannerCore:
         the hopeless ones OVERDUE (a running one is aborted in the engine first: this is the engine thread).
 
         ``left`` is the segment's best case given the work the engine and the policy run before it, so only a
-        task that cannot earn even then is shed (the mean segment length at the batch's step time shed urgent
-        ``d(3);`` segments, 4 tokens, that PUD served inside their cutoff: issue 28):
+        task that cannot earn even then is shed (the mean segment length at the batch's step time would shed urgent
+        ``d(3);`` segments, 4 tokens, that PUD serves inside their cutoff):
 
         * tokens: the fewest a first segment of its robot type has taken, less those written (:meth:`_tokens_best`);
         * prefill, in the engine's order (:meth:`_prefill_view`): a prompt still being prefilled waits for the

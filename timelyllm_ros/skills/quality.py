@@ -1,4 +1,4 @@
-"""Plan quality: is a plan one a robotics engineer would accept for its task (issue 12, item 8)?
+"""Plan quality: is a plan one a robotics engineer would accept for its task?
 
 Two levels, both judged by the skill set's one parser (:meth:`SkillSet.validate_plan`):
 

@@ -45,7 +45,8 @@ from timelyllm_ros.msg import (  # noqa: E402
 from timelyllm_ros.ros import topics  # noqa: E402
 from timelyllm_ros.ros.actions import SafeActionClient  # noqa: E402
 from timelyllm_ros.ros.convert import duration_s, time_s  # noqa: E402
-from timelyllm_ros.ros.planner_node import PlannerNode, SchedulerNode  # noqa: E402
+from timelyllm_ros.ros.planner_node import PlannerNode  # noqa: E402
+from timelyllm_ros.ros.scheduler_node import SchedulerNode  # noqa: E402
 from timelyllm_ros.ros.sim_fleet_node import SimFleetNode  # noqa: E402
 from timelyllm_ros.ros.spin import PooledExecutor, Spinner  # noqa: E402
 from timelyllm_ros.srv import GetPlanResult  # noqa: E402

@@ -263,14 +263,15 @@ def test_every_accepted_goal_ends_when_the_planner_shuts_down():
 
 def test_journaled_statuses_read_back_through_the_one_status_table():
     from timelyllm_ros.model.types import STATUS_CODE, TERMINAL_STATUSES, TaskStatus
-    from timelyllm_ros.ros.planner_node import _plan_result_from_record, _task_result_from_record
+    from timelyllm_ros.ros.convert import plan_result_from_record
+    from timelyllm_ros.sched.journal_records import task_result_from_record
 
     for st in TERMINAL_STATUSES:
-        assert _task_result_from_record("t", {"status": st.value}).status is st
-        assert _plan_result_from_record({"task_id": "t", "status": st.value}).status == STATUS_CODE[st]
+        assert task_result_from_record("t", {"status": st.value}).status is st
+        assert plan_result_from_record({"task_id": "t", "status": st.value}).status == STATUS_CODE[st]
     # journals from before OVERDUE and INVALID were split wrote the overdue policy's refusals as "rejected"
-    assert _task_result_from_record("t", {"status": "rejected"}).status is TaskStatus.OVERDUE
-    assert _task_result_from_record("t", {"status": "?"}).status is TaskStatus.FAILED
+    assert task_result_from_record("t", {"status": "rejected"}).status is TaskStatus.OVERDUE
+    assert task_result_from_record("t", {"status": "?"}).status is TaskStatus.FAILED
 
 
 def test_a_busy_robot_runs_one_task_at_a_time_and_only_an_urgent_one_preempts():

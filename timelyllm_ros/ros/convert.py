@@ -7,12 +7,15 @@ import time
 
 from builtin_interfaces.msg import Duration, Time
 
+from timelyllm_ros.action import PlanTask
 from timelyllm_ros.engines.base import EngineStats
 from timelyllm_ros.engines.pool import MemberStats, PoolStats
+from timelyllm_ros.measure.records import result_robot_waiting
 from timelyllm_ros.model.tuf import LEVELS, TimeUtility
-from timelyllm_ros.model.types import STATUS_CODE, STATUS_FROM_CODE, TaskStatus
-from timelyllm_ros.msg import EngineMember, PlanSegment, SegmentAck, SegmentDone, SkillCall
+from timelyllm_ros.model.types import STATUS_CODE, STATUS_FROM_CODE, TaskResult, TaskSpec, TaskStatus
+from timelyllm_ros.msg import EngineMember, PlanResult, PlanSegment, SegmentAck, SegmentDone, SkillCall
 from timelyllm_ros.msg import TimeUtility as TimeUtilityMsg
+from timelyllm_ros.sched.journal_records import status_of_record
 
 
 def duration_msg(seconds: float) -> Duration:
@@ -177,3 +180,47 @@ def engine_member_msg(m: MemberStats) -> EngineMember:
         step_time_s=float(m.step_time_s) if m.step_time_s is not None else math.nan,
         kv_cache_usage=float(st.kv_cache_usage) if st is not None else math.nan,
         failovers=m.failovers, rejoins=m.rejoins)
+
+
+# -- results: the core's TaskResult and the journal's record of one, as messages ---------------------------------
+def nan_if_none(x: float | None) -> float:
+    return float(x) if x is not None else math.nan
+
+
+def result_msg(res: TaskResult, bridge: ClockBridge, skillset_id: str) -> PlanTask.Result:
+    """The PlanTask action's result: the plan and every segment the robot was sent."""
+    return PlanTask.Result(
+        status=status_code(res.status), message=res.reason or res.status.value, task_id=res.task_id,
+        plan_text=res.plan,
+        segments=[segment_msg(res.task_id, res.robot_id, s, bridge, skillset_id) for s in res.segments],
+        response_time=duration_msg(res.response_time if res.response_time is not None else 0.0),
+        response_time_from_send=nan_if_none(res.response_time_from_send),
+        robot_waiting_time=duration_msg(result_robot_waiting(res)), utility=nan_if_none(res.utility))
+
+
+def plan_result_msg(res: TaskResult, stamp: Time) -> PlanResult:
+    """How a task ended, on /plan_results and from /get_plan_result."""
+    return PlanResult(
+        stamp=stamp, task_id=res.task_id, robot_id=res.robot_id,
+        status=status_code(res.status), message=res.reason or res.status.value, plan_text=res.plan,
+        num_segments=len(res.segments), response_time=duration_msg(res.response_time or 0.0),
+        response_time_from_send=nan_if_none(res.response_time_from_send), utility=nan_if_none(res.utility))
+
+
+def plan_result_from_record(rec: dict) -> PlanResult:
+    """A journaled result (from before a restart) as the message that says how its task ended."""
+    status = status_of_record(rec)
+    return PlanResult(task_id=rec.get("task_id", ""), robot_id=rec.get("robot_id", ""),
+                      status=status_code(status),
+                      message=rec.get("message") or status.value, plan_text=rec.get("plan_text", ""),
+                      num_segments=int(rec.get("num_segments", 0)),
+                      response_time=duration_msg(rec.get("response_time") or 0.0),
+                      response_time_from_send=nan_if_none(rec.get("response_time_from_send")),
+                      utility=nan_if_none(rec.get("utility")))
+
+
+def spec_record(spec: TaskSpec, tuf_msg, bridge: ClockBridge) -> dict:
+    """The request as the robot sent it (the TUF fields as given, so a retry after a restart matches)."""
+    return {"task": spec.prompt, "tuf": {"level": tuf_msg.level, "alpha": tuf_msg.alpha, "beta": tuf_msg.beta,
+                                         "ert": tuf_msg.ert},
+            "sent_wall": bridge.to_wall(spec.sent)}

@@ -5,8 +5,11 @@ Two nodes share one process so that the decision path stays in-process:
 * ``planner`` (a lifecycle node) owns the engine, the action server, the
   one-shot service, the per-robot segment topics and the SegmentDone
   subscription;
-* ``scheduler`` owns the policy (``policy`` can be changed at run time) and
-  publishes SchedulerState.
+* ``scheduler`` (``scheduler_node.py``) owns the policy (``policy`` can be
+  changed at run time) and publishes SchedulerState.
+
+Messages are built in ``convert.py``; the journal's result records are
+``sched/journal_records.py``.
 
 The engine loop runs in its own thread (PlannerCore.serve_forever), never in
 an rclpy callback. Action/service callbacks only validate, submit to the core
@@ -24,13 +27,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, SetParametersResult
+from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.event_handler import PublisherEventCallbacks
 from rclpy.exceptions import InvalidParameterValueException
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
-from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
 from rclpy.service import Service
@@ -40,15 +42,12 @@ from rclpy.timer import Timer
 from timelyllm_ros.action import PlanTask
 from timelyllm_ros.engines.factory import planner_engine
 from timelyllm_ros.engines.prompts import PromptRenderer, TaskPromptError
-from timelyllm_ros.measure.records import result_robot_waiting
 from timelyllm_ros.model.clock import RealClock
 from timelyllm_ros.model.types import Segment, TaskResult, TaskSpec, TaskStatus
 from timelyllm_ros.msg import (
     EngineState,
     PlanResult,
     PlanSegment,
-    QueuedGeneration,
-    SchedulerState,
     SegmentAck,
     SegmentDone,
     TaskRequest,
@@ -59,9 +58,13 @@ from timelyllm_ros.ros.convert import (
     ClockBridge,
     duration_msg,
     engine_member_msg,
+    plan_result_from_record,
+    plan_result_msg,
     pool_members,
+    result_msg,
     segment_msg,
     skill_call_msg,
+    spec_record,
     started,
     status_code,
     time_s,
@@ -69,29 +72,14 @@ from timelyllm_ros.ros.convert import (
 )
 from timelyllm_ros.ros.delivery import RejectedMessages
 from timelyllm_ros.ros.diagnostics import PlannerHealth, attach_planner_diagnostics
+from timelyllm_ros.ros.scheduler_node import SchedulerNode
 from timelyllm_ros.ros.spin import run_nodes
-from timelyllm_ros.ros.topics import TELEMETRY
 from timelyllm_ros.sched.hygiene import check_text, check_token_count
 from timelyllm_ros.sched.journal import ACTIVE, Journal
-from timelyllm_ros.sched.policies import DEFAULT_POLICY, POLICIES, make_policy
+from timelyllm_ros.sched.journal_records import result_record, task_result_from_record
+from timelyllm_ros.sched.policies import DEFAULT_POLICY, make_policy
 from timelyllm_ros.sched.scheduler import CoreConfig, PlannerCore
 from timelyllm_ros.srv import GetPlanResult, Plan
-
-
-def _status_code(res: TaskResult) -> int:
-    return status_code(res.status)
-
-
-def _status_of_record(rec: dict) -> TaskStatus:
-    """The terminal status of a journaled result; journals from before OVERDUE was split from INVALID
-    wrote the overdue policy's refusals as "rejected"."""
-    name = rec.get("status", "")
-    if name == "rejected":
-        return TaskStatus.OVERDUE
-    try:
-        return TaskStatus(name)
-    except ValueError:
-        return TaskStatus.FAILED
 
 
 @dataclass
@@ -575,7 +563,7 @@ class PlannerNode(LifecycleNode):
                 if self.journal is not None and not self._journal_closed:
                     try:  # not _jot: a goal that cannot be journaled is refused, never accepted non-durably
                         self.journal.task_accepted(spec.task_id, robot_id, robot_type,
-                                                   _spec_record(spec, tuf_msg, self._bridge),
+                                                   spec_record(spec, tuf_msg, self._bridge),
                                                    self._bridge.to_wall(arrival))
                     except Exception as e:  # noqa: BLE001 - e.g. JournalError: disk full, naming the file
                         self._open.pop(spec.task_id, None)
@@ -614,7 +602,7 @@ class PlannerNode(LifecycleNode):
         if res is None and self.journal is not None and not self._journal_closed:
             rec = self.journal.result(task_id)  # finished before this planner (re)started
             if rec is not None:
-                res = _task_result_from_record(task_id, rec)
+                res = task_result_from_record(task_id, rec)
         if res is not None:
             if res.meta.get("request_key") != key:
                 raise GoalError(f"task_id: {task_id!r} is already in use by a different request")
@@ -708,7 +696,7 @@ class PlannerNode(LifecycleNode):
             resp.state = GetPlanResult.Response.STATE_ACTIVE
             resp.result = PlanResult(task_id=tid, response_time_from_send=math.nan, utility=math.nan)
         elif self.journal is not None and (rec := self.journal.result(tid)) is not None:
-            resp.state, resp.result = GetPlanResult.Response.STATE_DONE, _plan_result_from_record(rec)
+            resp.state, resp.result = GetPlanResult.Response.STATE_DONE, plan_result_from_record(rec)
             jt = self.journal.task(tid)  # finished before a restart: the segments as journaled when sent
             if jt is not None:
                 resp.segments = [self._journaled_segment_msg(tid, jt.robot_id, jt.robot_type, js)
@@ -720,21 +708,10 @@ class PlannerNode(LifecycleNode):
 
     # -- messages ---------------------------------------------------------------------------
     def _result_msg(self, res: TaskResult) -> PlanTask.Result:
-        sid = self._skillset_id(res.robot_type)
-        return PlanTask.Result(
-            status=_status_code(res), message=res.reason or res.status.value, task_id=res.task_id,
-            plan_text=res.plan,
-            segments=[segment_msg(res.task_id, res.robot_id, s, self._bridge, sid) for s in res.segments],
-            response_time=duration_msg(res.response_time if res.response_time is not None else 0.0),
-            response_time_from_send=_nan_if_none(res.response_time_from_send),
-            robot_waiting_time=duration_msg(result_robot_waiting(res)), utility=_nan_if_none(res.utility))
+        return result_msg(res, self._bridge, self._skillset_id(res.robot_type))
 
     def _plan_result_msg(self, res: TaskResult) -> PlanResult:
-        return PlanResult(
-            stamp=self.get_clock().now().to_msg(), task_id=res.task_id, robot_id=res.robot_id,
-            status=_status_code(res), message=res.reason or res.status.value, plan_text=res.plan,
-            num_segments=len(res.segments), response_time=duration_msg(res.response_time or 0.0),
-            response_time_from_send=_nan_if_none(res.response_time_from_send), utility=_nan_if_none(res.utility))
+        return plan_result_msg(res, self.get_clock().now().to_msg())
 
     # -- core callbacks (engine thread, or a report's thread) ------------------------------------
     def _on_segment(self, res: TaskResult, seg: Segment) -> None:
@@ -766,7 +743,7 @@ class PlannerNode(LifecycleNode):
             marker = PlanSegment(task_id=res.task_id, robot_id=res.robot_id, segment_index=op.sent, text="",
                                  is_final=True, stamp_generated=self._bridge.to_msg(self.core.clock.now()))
             self._jot("end_marker_sent", res.task_id, op.sent)
-        self._jot("task_finished", res.task_id, res.status.value, _result_record(res), time.time())
+        self._jot("task_finished", res.task_id, res.status.value, result_record(res), time.time())
         if res.status is not TaskStatus.DONE:  # (or revised) a segment still in flight must not start it later
             self.delivery.forget(res.task_id, keep=lambda m: topics.is_end_marker(m.text, m.is_final))
         self._guard("publish the result", lambda: self._results.publish(self._plan_result_msg(res)))
@@ -1044,7 +1021,7 @@ class PlannerNode(LifecycleNode):
                 res_rec = {"status": TaskStatus.OVERDUE.value, "robot_id": jt.robot_id,
                            "message": "planner restarted after the task's utility cutoff; nothing was sent"}
                 self.journal.task_finished(jt.task_id, TaskStatus.OVERDUE.value, res_rec, now_wall)
-                self._results.publish(_plan_result_from_record({"task_id": jt.task_id, **res_rec}))
+                self._results.publish(plan_result_from_record({"task_id": jt.task_id, **res_rec}))
                 ended += 1
                 continue
             spec.meta["request_key"] = key
@@ -1115,115 +1092,6 @@ class PlannerNode(LifecycleNode):
             self.journal.close()
 
 
-def _nan_if_none(x: float | None) -> float:
-    return float(x) if x is not None else math.nan
-
-
-def _spec_record(spec: TaskSpec, tuf_msg, bridge: ClockBridge) -> dict:
-    """The request as the robot sent it (the TUF fields as given, so a retry after a restart matches)."""
-    return {"task": spec.prompt, "tuf": {"level": tuf_msg.level, "alpha": tuf_msg.alpha, "beta": tuf_msg.beta,
-                                         "ert": tuf_msg.ert},
-            "sent_wall": bridge.to_wall(spec.sent)}
-
-
-def _result_record(res: TaskResult) -> dict:
-    key = res.meta.get("request_key")
-    return {"task_id": res.task_id, "robot_id": res.robot_id, "robot_type": res.robot_type,
-            "status": res.status.value, "message": res.reason, "plan_text": res.plan,
-            "num_segments": len(res.segments), "response_time": res.response_time,
-            "response_time_from_send": res.response_time_from_send, "utility": res.utility,
-            "request_key": list(key) if key is not None else None}
-
-
-def _task_result_from_record(task_id: str, rec: dict) -> TaskResult:
-    """A journaled result (from before a restart) as a TaskResult; its segments are not journaled with it."""
-    key = rec.get("request_key")
-    return TaskResult(task_id=task_id, robot_id=rec.get("robot_id", ""),
-                      status=_status_of_record(rec),
-                      plan=rec.get("plan_text", ""), segments=[], response_time=rec.get("response_time"),
-                      utility=rec.get("utility"),
-                      reason=rec.get("message", ""), meta={"request_key": tuple(key) if key else None},
-                      robot_type=rec.get("robot_type", "drone"),
-                      response_time_from_send=rec.get("response_time_from_send"))
-
-
-def _plan_result_from_record(rec: dict) -> PlanResult:
-    status = _status_of_record(rec)
-    return PlanResult(task_id=rec.get("task_id", ""), robot_id=rec.get("robot_id", ""),
-                      status=status_code(status),
-                      message=rec.get("message") or status.value, plan_text=rec.get("plan_text", ""),
-                      num_segments=int(rec.get("num_segments", 0)),
-                      response_time=duration_msg(rec.get("response_time") or 0.0),
-                      response_time_from_send=_nan_if_none(rec.get("response_time_from_send")),
-                      utility=_nan_if_none(rec.get("utility")))
-
-
-class SchedulerNode(Node):
-    """Owns the policy of a PlannerCore and publishes SchedulerState."""
-
-    def __init__(self, *, parameter_overrides: list[Parameter] | None = None, node_name: str = "scheduler",
-                 **node_kw) -> None:
-        super().__init__(node_name, parameter_overrides=parameter_overrides or [], **node_kw)
-        self.core: PlannerCore | None = None
-        self.policy_name = self.declare_parameter(
-            "policy", DEFAULT_POLICY,
-            ParameterDescriptor(description=f"one of {sorted(POLICIES)}; settable at run time")).value
-        if self.policy_name not in POLICIES:
-            self.destroy_node()  # not left on the graph (PlannerNode.__init__)
-            raise ValueError(f"parameter policy: unknown {self.policy_name!r}; known: {sorted(POLICIES)}")
-        self._period = self.declare_parameter("state_period_s", 0.5, ParameterDescriptor(
-            description="SchedulerState period, s", read_only=True,
-            floating_point_range=[FloatingPointRange(from_value=0.01, to_value=3600.0, step=0.0)])).value
-        self.add_on_set_parameters_callback(self._on_params)
-        self._pub = self.create_publisher(SchedulerState, topics.SCHEDULER_STATE, TELEMETRY)
-        self._timer: Timer | None = None
-
-    def attach(self, core: PlannerCore) -> None:
-        """The planner's core (on each configure); SchedulerState is published while one is attached."""
-        self.detach()
-        self.core = core
-        self._timer = self.create_timer(self._period, self.publish_state)
-
-    def detach(self) -> None:
-        if self._timer is not None:
-            self.destroy_timer(self._timer)
-        self._timer, self.core = None, None
-
-    def _on_params(self, params: list[Parameter]) -> SetParametersResult:
-        for prm in params:
-            if prm.name == "policy":
-                try:
-                    policy = make_policy(prm.value)
-                except ValueError as e:
-                    return SetParametersResult(successful=False, reason=f"policy: {e}")
-                if self.core is not None:
-                    self.core.set_policy(policy)
-                self.policy_name = prm.value
-                self.get_logger().info(f"policy -> {prm.value}")
-        return SetParametersResult(successful=True)
-
-    def publish_state(self) -> None:
-        core = self.core
-        if core is None:  # detached by the planner's cleanup
-            return
-        now = core.clock.now()
-        ranked = core.queue_view(now)
-        snap = core.snapshot()
-        dts = core.decision_times
-        self._pub.publish(SchedulerState(
-            stamp=self.get_clock().now().to_msg(), policy=core.policy.name,
-            queue=[QueuedGeneration(task_id=q["task_id"], robot_id=q["robot_id"], segment_index=q["k"],
-                                    suspended=q["k"] > 0, priority=_finite(q["priority"]),
-                                    slack_s=_finite(q["slack_s"]), waiting_s=_finite(q["waiting_s"]))
-                   for q in ranked],
-            running_task_ids=core.running_ids(), tasks_active=snap["tasks"], tasks_done=snap["done"],
-            last_decision_time_s=dts[-1] if dts else 0.0))
-
-
-def _finite(x: float) -> float:
-    return float(x) if math.isfinite(x) else 0.0
-
-
 def build_planner(parameter_overrides: list[Parameter] | None = None, engine: Any = None, constrained: bool = False,
                   scheduler_kw: dict | None = None, **node_kw) -> tuple[PlannerNode, SchedulerNode]:
     """The scheduler node owns ``policy``; the planner builds its core with it.
@@ -1283,4 +1151,4 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["PlannerNode", "SchedulerNode", "build_planner", "main"]
+__all__ = ["PlannerNode", "build_planner", "main"]

@@ -122,6 +122,15 @@ def test_the_bench_modules_form_no_import_cycle():
             assert (found := cycle_from(mod, [])) is None, " -> ".join(found)
 
 
+def test_parameters_are_declared_one_way():
+    """Every node declares its parameters through ros/params.declare (description, ranges, checks that name the
+    parameter, read-only where it is read once): no other module calls rclpy's declare_parameter."""
+    offenders = [f"{py.relative_to(ROOT)}:{node.lineno}" for py in (ROOT / "timelyllm_ros").rglob("*.py")
+                 if py.name != "params.py" for node in ast.walk(ast.parse(py.read_text()))
+                 if isinstance(node, ast.Attribute) and node.attr in ("declare_parameter", "declare_parameters")]
+    assert not offenders, offenders
+
+
 def test_graph_names_have_one_home():
     """Topic, service and action names are written once, in interfaces.py: no other module of the package spells
     one (nor a robot's own names, ``/<robot_id>/...``), so a rename cannot leave a node or a bag reader behind."""

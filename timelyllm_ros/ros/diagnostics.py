@@ -56,13 +56,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
-from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.node import Node
 from rclpy.qos import QoSDurabilityPolicy, QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
 
 from timelyllm_ros.engines.pool import PoolStats
 from timelyllm_ros.interfaces import DIAGNOSTICS as DIAGNOSTICS_TOPIC
+from timelyllm_ros.ros.params import declare
 
 OK, WARN, ERROR, STALE = 0, 1, 2, 3
 LEVEL_NAMES = {OK: "OK", WARN: "WARN", ERROR: "ERROR", STALE: "STALE"}
@@ -153,12 +153,7 @@ def declare_threshold(node: Node, name: str, default: float | int, description: 
     again is a no-op, so two helpers on one node may ask for the same threshold."""
     if node.has_parameter(name):
         return
-    d = ParameterDescriptor(description=description, read_only=read_only)
-    if isinstance(default, int) and not isinstance(default, bool):
-        d.integer_range = [IntegerRange(from_value=int(lo), to_value=int(hi), step=1)]
-    else:
-        d.floating_point_range = [FloatingPointRange(from_value=float(lo), to_value=float(hi), step=0.0)]
-    node.declare_parameter(name, default, d)
+    declare(node, name, default, description, read_only=read_only, min=lo, max=hi)
 
 
 class DiagnosticsPublisher:

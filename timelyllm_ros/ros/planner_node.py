@@ -27,11 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.event_handler import PublisherEventCallbacks
-from rclpy.exceptions import InvalidParameterValueException
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
@@ -52,7 +50,7 @@ from timelyllm_ros.msg import (
     SegmentDone,
     TaskRequest,
 )
-from timelyllm_ros.ros import topics
+from timelyllm_ros.ros import params, topics
 from timelyllm_ros.ros.actions import BatchedActionServer
 from timelyllm_ros.ros.convert import (
     ClockBridge,
@@ -380,18 +378,9 @@ class PlannerNode(LifecycleNode):
     def _declare_params(self) -> dict:
         """Every parameter is read once (at construction or configure): all are read-only, with ranges where
         they apply, so a set at run time is refused with a reason instead of silently doing nothing."""
-        def declare(name: str, default: Any, description: str, lo: float | None = None, hi: float | None = None,
-                    integer: bool = False) -> Any:
-            d = ParameterDescriptor(description=description, read_only=True)
-            if lo is not None:
-                if integer:
-                    d.integer_range = [IntegerRange(from_value=int(lo), to_value=int(hi), step=1)]
-                else:
-                    d.floating_point_range = [FloatingPointRange(from_value=float(lo), to_value=float(hi), step=0.0)]
-            try:
-                return self.declare_parameter(name, default, d).value
-            except InvalidParameterValueException as e:  # the value set in a params file / override
-                raise ValueError(f"parameter {name}: {e}") from None
+        def declare(name: str, default: Any, description: str, lo: float | None = None, hi: float | None = None
+                    ) -> Any:
+            return params.declare(self, name, default, description, read_only=True, min=lo, max=hi)
 
         big = 1e9
         p = {
@@ -407,21 +396,21 @@ class PlannerNode(LifecycleNode):
                                                             "robot is predicted idle, s", 0.0, 60.0),
             "state_period_s": declare("state_period_s", 0.5, "EngineState period, s", 0.01, 3600.0),
             "robot_types": declare("robot_types", ["drone", "arm", "chatbot"], "robot types served (skill sets)"),
-            "max_task_chars": declare("max_task_chars", 2000, "task text limit in characters", 1, 10**7, True),
+            "max_task_chars": declare("max_task_chars", 2000, "task text limit in characters", 1, 10**7),
             "max_task_tokens": declare("max_task_tokens", 1024, "task text limit in tokens of the engine's "
-                                                                "tokenizer", 1, 10**7, True),
+                                                                "tokenizer", 1, 10**7),
             "warm_up": declare("warm_up", True, "prefill each robot type's shared prompt at configure"),
             "max_active_tasks": declare("max_active_tasks", 5000, "open tasks; goals beyond are refused BUSY, "
-                                                                  "never dropped", 1, 10**7, True),
+                                                                  "never dropped", 1, 10**7),
             "max_oneshot_calls": declare("max_oneshot_calls", 8, "concurrent /plan service calls (each holds a "
                                                                  "thread); more are refused: use the PlanTask "
-                                                                 "action", 1, 1000, True),
+                                                                 "action", 1, 1000),
             "keep_results_s": declare("keep_results_s", 600.0, "finished results kept this long (then the id is "
                                                                "free)", 0.001, big),
             "keep_results_max": declare("keep_results_max", 10000, "at most this many finished results kept",
-                                        1, 10**8, True),
+                                        1, 10**8),
             "action_result_timeout_s": declare("action_result_timeout_s", 60, "rclpy keeps an action result "
-                                                                              "this long, s", 1, 10**7, True),
+                                                                              "this long, s", 1, 10**7),
             "resend_period_s": declare("resend_period_s", 0.2, "first re-send of an unacknowledged segment, s",
                                        0.001, 3600.0),
             "resend_max_period_s": declare("resend_max_period_s", 1.0, "re-send backoff cap, s", 0.001, 3600.0),

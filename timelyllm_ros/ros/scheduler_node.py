@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import math
 
-from rcl_interfaces.msg import FloatingPointRange, ParameterDescriptor, SetParametersResult
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.timer import Timer
 
 from timelyllm_ros.msg import QueuedGeneration, SchedulerState
 from timelyllm_ros.ros import topics
+from timelyllm_ros.ros.params import declare, on_change
 from timelyllm_ros.sched.policies import DEFAULT_POLICY, POLICIES, make_policy
 from timelyllm_ros.sched.scheduler import PlannerCore
 
@@ -22,16 +22,15 @@ class SchedulerNode(Node):
                  **node_kw) -> None:
         super().__init__(node_name, parameter_overrides=parameter_overrides or [], **node_kw)
         self.core: PlannerCore | None = None
-        self.policy_name = self.declare_parameter(
-            "policy", DEFAULT_POLICY,
-            ParameterDescriptor(description=f"one of {sorted(POLICIES)}; settable at run time")).value
-        if self.policy_name not in POLICIES:
+        try:
+            self.policy_name = declare(self, "policy", DEFAULT_POLICY, "the scheduling policy; settable at run time",
+                                       check=_known_policy, constraints=f"one of {sorted(POLICIES)}")
+            self._period = declare(self, "state_period_s", 0.5, "SchedulerState period, s", read_only=True,
+                                   min=0.01, max=3600.0)
+        except ValueError:
             self.destroy_node()  # not left on the graph (PlannerNode.__init__)
-            raise ValueError(f"parameter policy: unknown {self.policy_name!r}; known: {sorted(POLICIES)}")
-        self._period = self.declare_parameter("state_period_s", 0.5, ParameterDescriptor(
-            description="SchedulerState period, s", read_only=True,
-            floating_point_range=[FloatingPointRange(from_value=0.01, to_value=3600.0, step=0.0)])).value
-        self.add_on_set_parameters_callback(self._on_params)
+            raise
+        on_change(self, {"policy": self._set_policy})
         self._pub = self.create_publisher(SchedulerState, topics.SCHEDULER_STATE, topics.TELEMETRY)
         self._timer: Timer | None = None
 
@@ -46,18 +45,11 @@ class SchedulerNode(Node):
             self.destroy_timer(self._timer)
         self._timer, self.core = None, None
 
-    def _on_params(self, params: list[Parameter]) -> SetParametersResult:
-        for prm in params:
-            if prm.name == "policy":
-                try:
-                    policy = make_policy(prm.value)
-                except ValueError as e:
-                    return SetParametersResult(successful=False, reason=f"policy: {e}")
-                if self.core is not None:
-                    self.core.set_policy(policy)
-                self.policy_name = prm.value
-                self.get_logger().info(f"policy -> {prm.value}")
-        return SetParametersResult(successful=True)
+    def _set_policy(self, name: str) -> None:
+        if self.core is not None:
+            self.core.set_policy(make_policy(name))
+        self.policy_name = name
+        self.get_logger().info(f"policy -> {name}")
 
     def publish_state(self) -> None:
         core = self.core
@@ -79,3 +71,7 @@ class SchedulerNode(Node):
 
 def _finite(x: float) -> float:
     return float(x) if math.isfinite(x) else 0.0
+
+
+def _known_policy(name: str) -> str | None:
+    return None if name in POLICIES else f"unknown {name!r}; known: {sorted(POLICIES)}"

@@ -45,18 +45,22 @@ class EmulatedFleet:
 @contextlib.contextmanager
 def start_emulated_fleet(robot_ids: Sequence[str], *, speed: float = 0.05, retry_count: int = 3,
                          log_dir: str | Path | None = None, scenes: dict[str, str] | None = None,
-                         drop: dict[str, list[str]] | None = None) -> Iterator[EmulatedFleet]:
+                         drop: dict[str, list[str]] | None = None, context: rclpy.Context | None = None
+                         ) -> Iterator[EmulatedFleet]:
     """Namespaces + Tello emulators + one DroneExecutorNode per robot id; torn down on exit.
 
     ``speed`` scales every modelled duration (emulator and executor timeouts alike); ``drop`` injects
-    lost packets per robot id (``["forward:1"]``, see the emulator)."""
+    lost packets per robot id (``["forward:1"]``, see the emulator). ``context``: run the executors on this
+    (initialised) rclpy context, which the caller shuts down; None: a context of their own."""
     robot_ids = list(robot_ids)
     if not robot_ids or len(set(robot_ids)) != len(robot_ids):
         raise ValueError(f"robot_ids must be non-empty and distinct, got {robot_ids}")
     drop_by_index = {robot_ids.index(r): v for r, v in (drop or {}).items()}
     with emulated_drones(len(robot_ids), speed=speed, log_dir=log_dir, drop=drop_by_index) as emus:
-        ctx = rclpy.Context()
-        rclpy.init(context=ctx)
+        own = context is None
+        ctx = rclpy.Context() if own else context
+        if own:
+            rclpy.init(context=ctx)
         nodes: list[DroneExecutorNode] = []
         ex = PooledExecutor(num_threads=4, context=ctx)
         spinner = Spinner(ex, name="emulated-fleet")
@@ -72,7 +76,8 @@ def start_emulated_fleet(robot_ids: Sequence[str], *, speed: float = 0.05, retry
             for n in nodes:
                 n.destroy_node()  # lands drones still flying (bounded by the SDK timeouts)
             ex.shutdown(timeout_sec=5)
-            rclpy.shutdown(context=ctx)
+            if own:
+                rclpy.shutdown(context=ctx)
             spinner.join(timeout=5)
 
 

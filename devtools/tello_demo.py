@@ -17,6 +17,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from devtools.emulated_fleet import start_emulated_fleet
 from timelyllm_ros import demo
@@ -30,9 +31,16 @@ def main(argv: list[str] | None = None) -> int:
     passes: list[list[list]] = []  # per pass of the demo: what each executor ran
 
     @contextmanager
-    def tello_fleet(robots: list[str], scenes: dict[str, str], args: argparse.Namespace) -> Iterator[None]:
+    def tello_fleet(robots: list[str], scenes: dict[str, str], args: argparse.Namespace, context: Any
+                    ) -> Iterator[None]:
         pass_dir = None if log_dir is None else log_dir / f"pass_{len(passes)}"
-        with start_emulated_fleet(robots, speed=args.fleet_time_scale, scenes=scenes, log_dir=pass_dir) as fleet:
+        # The demo's own context: the executors share the planner's DDS participant. The emulators' network
+        # namespaces add and remove interfaces on this host, and Fast DDS takes a process's interfaces once, at
+        # its first participant; with a participant of their own, the executors and the planner of this one
+        # process lost each other in two CI runs of the whole suite (never matched; or silent mid-plan after
+        # their first acks), which the interface churn most likely explains (not reproduced in ~20 runs).
+        with start_emulated_fleet(robots, speed=args.fleet_time_scale, scenes=scenes, log_dir=pass_dir,
+                                  context=context) as fleet:
             demo.console.print(f"emulated Tello drones: {', '.join(f'{r}@{h}' for r, h in fleet.hosts().items())}")
             try:
                 yield

@@ -106,8 +106,9 @@ def _spinning(nodes: list[Any], ctx: Any) -> Iterator[Any]:
 
 
 # Starts the robots of one run instead of the simulated fleet node: called with (robot ids, scene text per
-# robot, parsed args), returns a context manager. Set by developer tooling (devtools/tello_demo.py).
-FLEET_HOOK: Callable[[list[str], dict[str, str], argparse.Namespace], AbstractContextManager[Any]] | None = None
+# robot, parsed args, the run's rclpy context), returns a context manager. Set by developer tooling
+# (devtools/tello_demo.py).
+FLEET_HOOK: Callable[[list[str], dict[str, str], argparse.Namespace, Any], AbstractContextManager[Any]] | None = None
 
 
 def run_policy(engine: Any, constrained: bool, policy: str, jobs: list[Job], args: argparse.Namespace,
@@ -126,8 +127,8 @@ def run_policy(engine: Any, constrained: bool, policy: str, jobs: list[Job], arg
     planner, sched = build_planner([Parameter("policy", value=policy), Parameter("admission", value=args.admission)],
                                    engine=engine, constrained=constrained, context=ctx)
     stack = ExitStack()
-    if FLEET_HOOK is not None:  # robots served outside this process (devtools/tello_demo.py: emulated Tellos)
-        stack.enter_context(FLEET_HOOK(robots, {robot_id_of(j): j.task_input for j in jobs}, args))
+    if FLEET_HOOK is not None:  # other robots than the simulated fleet (devtools/tello_demo.py: emulated Tellos)
+        stack.enter_context(FLEET_HOOK(robots, {robot_id_of(j): j.task_input for j in jobs}, args, ctx))
         fleet_nodes = []
     else:
         # One simulated fleet per robot type: a fleet runs one skill set (an arm workload needs arm robots).
@@ -190,8 +191,8 @@ def run_policy(engine: Any, constrained: bool, policy: str, jobs: list[Job], arg
     finally:
         for n in nodes:
             n.destroy_node()
+        stack.close()  # a fleet on this context goes before the context
         rclpy.shutdown(context=ctx)
-        stack.close()
     engine.reset_prefix_cache()  # the next policy starts from the same (cold) cache
     return RunResult(policy, records, metrics.summarize(records), wall, decisions, admission, estimate)
 

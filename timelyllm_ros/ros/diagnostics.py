@@ -49,7 +49,6 @@ import socket
 import threading
 import time
 import traceback
-import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -548,13 +547,13 @@ class PlannerDiagnostics:
 def attach_planner_diagnostics(planner: Node) -> PlannerDiagnostics:
     """Publish the planner's statuses on /diagnostics (module doc). Call once the planner node has its engine and
     core; a second call returns the first handle (one publisher, one timer per node)."""
-    h = _ATTACHED.get(planner)
+    # Kept on the node itself: a map from nodes to handles (which hold their node) would keep every planner alive,
+    # and one that is not destroyed explicitly would stay on the graph.
+    h = getattr(planner, "_planner_diagnostics", None)
     if h is None:
-        h = _ATTACHED[planner] = PlannerDiagnostics(planner)
+        h = PlannerDiagnostics(planner)
+        planner._planner_diagnostics = h
     return h
-
-
-_ATTACHED: weakref.WeakKeyDictionary[Node, PlannerDiagnostics] = weakref.WeakKeyDictionary()  # one per node
 
 
 # -- executors -------------------------------------------------------------------------------------------------------

@@ -962,13 +962,14 @@ class PlannerCore:
         # when a place frees without a suspension: the earliest end of a plan in the batch
         free = min((now + max(1.0, h.rem_tok_est - h.seg_tokens()) * step for h in running if h.task_id not in skip),
                    default=now)
+        in_place = self._in_place_share()  # once per decision, not per generation
         offers = []
         for g in running:
             if g.task_id in skip:
                 continue  # not started yet: nothing to suspend
             t_b = now + max(1.0, g.tok_est - g.seg_tokens()) * step  # its boundary
             cover = self._robot_cover(g, t_b)
-            resume = self._resume_cost(g, tight)
+            resume = self._resume_cost(g, tight, in_place)
             idle = max(0.0, g.tok_est * step + comm + resume + lead - cover)  # its robot waits this long for it
             offers.append((-g.alpha * idle + late * resume, t_b, g))
         if not offers:
@@ -1003,11 +1004,10 @@ class PlannerCore:
         if t_free <= t_b:
             return 0.0
         G = q.tok_est * step + (q.prefill_est_s if q.k == 0 and not (q.req and q.req.output_token_ids) else 0.0)
-        if q.k == 0:
-            return q.tuf.tuf0(t_b + G + self.cfg.comm_s - q.arrival) - q.tuf.tuf0(t_free + G + self.cfg.comm_s
-                                                                                 - q.arrival)
-        return q.tuf.tuf1(t_b + G + self.cfg.comm_s - q.prev_end) - q.tuf.tuf1(t_free + G + self.cfg.comm_s
-                                                                              - q.prev_end)
+        # a first segment is judged from the task's arrival, a later one from the end of the one before
+        tuf, since = (q.tuf.tuf0, q.arrival) if q.k == 0 else (q.tuf.tuf1, q.prev_end)
+        lag = G + self.cfg.comm_s - since
+        return tuf(t_b + lag) - tuf(t_free + lag)
 
     def _robot_cover(self, g: Generation, t_b: float) -> float:
         """How long after ``t_b`` (its boundary) ``g``'s robot still has sent segments to run: its queue's end (the
@@ -1018,16 +1018,16 @@ class PlannerCore:
         start = max(q_end, t_b + self.cfg.comm_s)
         return start + self._exec_min.get(g.robot_type, 0.0) - t_b
 
-    def _resume_cost(self, g: Generation, tight: bool) -> float:
+    def _resume_cost(self, g: Generation, tight: bool, in_place: float | None = None) -> float:
         """Prefill time of a resume: what the cache lacks of a resubmission, times the share of resumes the engine
-        does not hold in place (Engine.resume_counters). The cache lacks the tokens past the last full KV block; with
-        the KV cache ``tight`` (full, or requests queued for room) everything but the prefix its robot type's prompts
-        share, as its own blocks are the ones evicted while it is out."""
+        does not hold in place (``in_place``; None: :meth:`_in_place_share`). The cache lacks the tokens past the
+        last full KV block; with the KV cache ``tight`` (full, or requests queued for room) everything but the
+        prefix its robot type's prompts share, as its own blocks are the ones evicted while it is out."""
         n = len(g.req.prompt_token_ids) + len(g.req.output_token_ids)
         miss = n % (self.cfg.kv_block_tokens or self.engine.info.kv_block_tokens or 16) + 1
         if tight:
             miss = max(miss, n - int(self._cache_hit.get(g.robot_type, 0.0)))
-        return self.estimator.prefill_time(miss) * (1.0 - self._in_place_share())
+        return self.estimator.prefill_time(miss) * (1.0 - (self._in_place_share() if in_place is None else in_place))
 
     def _in_place_share(self) -> float:
         c = self.engine.resume_counters()

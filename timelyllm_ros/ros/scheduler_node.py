@@ -74,4 +74,5 @@ def _finite(x: float) -> float:
 
 
 def _known_policy(name: str) -> str | None:
-    return None if name in POLICIES else f"unknown {name!r}; known: {sorted(POLICIES)}"
+    shown = name if len(name) <= 60 else name[:60] + "..."  # a huge value is not echoed whole into the reason
+    return None if name in POLICIES else f"unknown {shown!r}; known: {sorted(POLICIES)}"

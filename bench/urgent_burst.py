@@ -55,11 +55,12 @@ def _text(task_input: str, n: int) -> str:
 
 
 class Run:
-    def __init__(self, engine, renderer: PromptRenderer, policy: str, budget_s: float | None,
+    def __init__(self, engine, renderer: PromptRenderer, policy: str, budget_s: float | str | None,
                  estimator: LatencyEstimator) -> None:
         self.first: dict[str, float] = {}
         pol = make_policy(policy)
-        adm = LatencyGuided(prefill_step_s=budget_s) if budget_s is not None and pol.segmented else "auto"
+        # budget_s: "default" = the admission the planner uses (LatencyGuided's default budget), None = no budget
+        adm = "auto" if budget_s == "default" or not pol.segmented else LatencyGuided(prefill_step_s=budget_s)
         self.core = PlannerCore(engine, pol, RealClock(), admission=adm, on_segment=self._on_segment,
                                 estimator=estimator)
         self.renderer = renderer
@@ -104,9 +105,10 @@ def main() -> None:
     ap.add_argument("--policies", default="pud-shed,edf-seg,fcfs-stream,fcfs")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--lag-ms", type=float, default=30.0)
-    ap.add_argument("--prefill-step-ms", default="off",
+    ap.add_argument("--prefill-step-ms", default="default",
                     help="comma list: admission's prefill budget per step (LatencyGuided prefill_step_s; "
-                         "'off' = none), each run side by side; only the segmented policies use it")
+                         "'default' = the planner's, 'off' = none), each run side by side; only the segmented "
+                         "policies use it")
     ap.add_argument("--out", default="bench/results/urgent_burst")
     args = ap.parse_args()
     engine, constrained = planner_engine(args.engine)
@@ -115,8 +117,9 @@ def main() -> None:
     policies = args.policies.split(",")
     seq = itertools.count()
     rows: list[dict] = []
-    budgets = [None if b == "off" else float(b) / 1000 for b in args.prefill_step_ms.split(",")]
-    configs = [(p, b) for p in policies for b in budgets if b is None or make_policy(p).segmented]
+    budgets = [None if b == "off" else b if b == "default" else float(b) / 1000
+               for b in args.prefill_step_ms.split(",")]
+    configs = [(p, b) for p in policies for b in budgets if b == "default" or make_policy(p).segmented]
     prompts, burst = renderer.warm_up_prompts(["drone"])
     warmed = False
     # One step-time estimate for every run, learned as a long-running planner's is (a fresh one starts from
@@ -125,7 +128,8 @@ def main() -> None:
     for rep in range(-1, args.reps):
         for pol, budget in configs:
             run = Run(engine, renderer, pol, budget, estimator)
-            label = pol if budget is None else f"{pol} prefill<={budget * 1000:g}ms"
+            label = (pol if budget == "default" or not make_policy(pol).segmented else
+                     f"{pol} no prefill budget" if budget is None else f"{pol} prefill<={budget * 1000:g}ms")
             if not warmed:  # one engine for every run: the prefix cache holds the shared prompts throughout
                 run.core.warm_up(prompts, burst, extra=renderer.warm_up_extra)
                 warmed = True

@@ -104,21 +104,21 @@ def test_drone_prompt_segments_parse(eng, pb, constrained):
 
 
 @engine
-def test_the_engine_does_not_spin_while_vllm_compiles_a_grammar(eng, pb):
-    """vLLM compiles a request's grammar in its own thread pool, and a step before it is ready runs no model. An
-    engine that steps again at once holds the GIL, and the compiling thread waited out a switch interval (5 ms)
-    at each call into Python: about 70 empty steps (~15 ms) before the first token, for a grammar llguidance
-    builds in ~2 ms. The engine yields instead (vllm_engine.YIELD_S)."""
+def test_a_constrained_request_is_in_the_first_step_after_it_is_added(eng, pb):
+    """vLLM compiles a request's grammar in its own thread pool and leaves the request out of every step that
+    starts before it is ready. Stepping at once, an urgent request added just before a long prefill step lost
+    that whole step (~140 ms on this CPU) to a compile of ~2 ms; before that, an engine spinning on empty steps
+    held the GIL and the compile took ~70 steps (~15 ms). The engine now waits for the new grammars, at most
+    vllm_engine.GRAMMAR_WAIT_S, sleeping (the GIL released) before the step."""
     task = "Scene: [] Task: [A] Could you find the kettle? If so, go to it."  # a grammar vLLM has not seen
     r = _req(pb, "grammar-wait", task=task, extra={"regex": pb.regex_for(task)})
+    waited = eng.grammar_waits_s
     eng.add(r)
-    steps = 0
-    while not r.output_token_ids and eng.has_work() and steps < 1000:
-        eng.step()
-        steps += 1
+    eng.step()  # one prompt, under vLLM's token budget per step: prefilled whole, its first token sampled
+    waited = eng.grammar_waits_s - waited
     eng.abort(r.gen_id)
-    assert r.output_token_ids, "no token in 1000 steps"
-    assert steps < 40, f"{steps} engine steps before the first token"
+    if waited < vllm_engine.GRAMMAR_WAIT_S:  # not a machine so loaded that the compile outlasted the wait
+        assert r.output_token_ids, "the request was left out of the step after it was added"
 
 
 @pytest.fixture

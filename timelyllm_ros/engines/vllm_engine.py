@@ -124,6 +124,10 @@ RETIRED_LEN = 256  # ended generations still remembered (backend_has_request che
 HOLD_KV_USAGE = 0.9
 # After a vLLM step with no output the engine sleeps this long, so that vLLM's threads get the GIL (_backend_step).
 YIELD_S = 0.0002
+# Before a step, the engine waits at most this long for the grammars of requests added since the last step. vLLM
+# compiles a grammar in its own thread and leaves the request out of every step that starts before it is ready:
+# an urgent request added just before a long prefill step lost that whole step (~140 ms) to a ~2 ms compile.
+GRAMMAR_WAIT_S = 0.05
 
 
 def finish_reason_from_vllm(reason: str | None, detail: object = None) -> tuple[FinishReason, str]:
@@ -411,6 +415,9 @@ class VllmEngine(Engine):
         # on resume they move to _handover and go out first in the next step.
         self._carry: OrderedDict[str, _Carry] = OrderedDict()
         self._handover: dict[str, RawTokens] = {}
+        # vLLM internal ids of constrained requests added since the last step (their grammars may be compiling).
+        self._grammar_pending: list[str] = []
+        self.grammar_waits_s = 0.0  # total time steps waited for grammars (benchmarks)
         self.kept_past_boundary = 0  # tokens handed over on a resume instead of generated again (benchmarks)
         self.resumed_from_kept = 0  # resumes whose kept tokens ended the plan: no vLLM request needed
         # Resumes (benchmarks): continued in place (no prefill, no new request) / submitted again; held
@@ -500,6 +507,8 @@ class VllmEngine(Engine):
                    parkable=float(req.extra.get("temperature", 0.0)) == 0 or req.sampling_seed is None)
         self._subs[req.gen_id] = sub
         self._by_ext[ext] = sub
+        if self._constrained(req):
+            self._grammar_pending.append(int_id)
         revived = self._retired.pop(req.gen_id, None) or []
         self._history.setdefault(req.gen_id, revived).append(int_id)
         self._history.move_to_end(req.gen_id)
@@ -509,6 +518,7 @@ class VllmEngine(Engine):
     def _backend_step(self) -> tuple[Sequence[RawTokens], float | None, int]:
         if self._parked and self._kv_tight():
             self._make_room(kv=True)
+        self._await_grammars()
         outs = self._llm.step()
         if not outs:
             # Mostly a step that ran no model: the requests wait on vLLM's own threads (a grammar compiling in
@@ -565,6 +575,22 @@ class VllmEngine(Engine):
         # Kept tokens of a generation vLLM wrote nothing for in this step (none submitted: vLLM had ended it).
         raw.extend(kept for gen_id, kept in handover.items() if gen_id in self._live)
         return raw, None, prefill
+
+    def _await_grammars(self) -> None:
+        """Wait (bounded: GRAMMAR_WAIT_S) until the grammars of the requests added since the last step are
+        compiled, so the step about to run includes them. Sleeping releases the GIL to vLLM's compile thread."""
+        pending, self._grammar_pending = self._grammar_pending, []
+        sched = self.scheduler
+        if not pending or sched is None or not isinstance(getattr(sched, "requests", None), dict):
+            return
+        t0 = time.perf_counter()
+        end = t0 + GRAMMAR_WAIT_S
+        for int_id in pending:
+            r = sched.requests.get(int_id)
+            so = getattr(r, "structured_output_request", None)
+            while so is not None and not so.is_grammar_ready and time.perf_counter() < end:
+                time.sleep(YIELD_S)
+        self.grammar_waits_s += time.perf_counter() - t0
 
     def _backend_overrun(self, req: EngineRequest, rest: RawTokens) -> None:
         """Keep what a speculative step accepted past the boundary (module doc) for the resume."""

@@ -271,8 +271,9 @@ class PlannerCore:
             arrival = self.clock.now() if spec.arrival is None else float(spec.arrival)
             g = Generation(spec, tid, arrival, seq)
             self._estimate_length(g)
-            self._take_warm_prompt(spec)
-            g.prefill_est_s = self._prefill_estimate(spec)
+            g.warm_hit = self._warm_hit(spec)
+            self._take_warm_prompt(spec, g.warm_hit)
+            g.prefill_est_s = self._prefill_estimate(spec, hit=g.warm_hit)
             self._tasks[tid] = g
             self._claim(g)
         self.wake.set()
@@ -607,26 +608,34 @@ class PlannerCore:
             return list(self.decision_times)
 
     def note_warm_prompt(self, robot_type: str, prompt_ids: list[int]) -> None:
-        """``prompt_ids`` sits in the engine's prefix cache (warm_up, or a simulator's warmed prefix): the first
-        task of this robot type is estimated with the longest prefix it shares with one of these as cached, not
-        as a cold prompt (with which pud-shed shed urgent tasks it could serve, before the first hit was seen;
-        with only the last warmed prompt kept, it shed an urgent task whose few-shot families were another's)."""
+        """``prompt_ids`` sits in the engine's prefix cache (warm_up, or a simulator's warmed prefix): every task of
+        this robot type is estimated with the longest prefix it shares with one of these as cached
+        (:meth:`_warm_hit`), not as a cold prompt (with which pud-shed shed urgent tasks it could serve)."""
         if self.engine.info.supports_prefix_cache and prompt_ids:
             with self._lock:
                 kept = self._warm_prompts.setdefault(robot_type, deque(maxlen=WARM_PROMPTS_KEPT))
                 kept.append(list(prompt_ids))
 
-    def _take_warm_prompt(self, spec: TaskSpec) -> None:
+    def _warm_hit(self, spec: TaskSpec) -> int | None:
+        """The prompt tokens the prefix cache holds for ``spec`` from a warmed prompt: the longest prefix it shares
+        with one, in whole KV blocks (vLLM caches full blocks only), less the last prompt token (always
+        computed). None when no prompt of its robot type was warmed. Per prompt, not per robot type: the
+        drone's families leave cached prefixes from 1.4k to 1.8k tokens, and a robot type's mean hit made a
+        short prompt's uncached tail look 3x too small, so admission let several such prefills into one step."""
         ids = spec.prompt_token_ids
-        if not ids or spec.robot_type not in self._warm_prompts:
+        warm = self._warm_prompts.get(spec.robot_type)
+        if not ids or not warm:
+            return None
+        block = self.cfg.kv_block_tokens or self.engine.info.kv_block_tokens or 1
+        n = max(common_prefix_len(w, ids) for w in warm) // block * block
+        return min(n, len(ids) - 1)
+
+    def _take_warm_prompt(self, spec: TaskSpec, hit: int | None) -> None:
+        """A robot type's first task: its warm hit stands for the learned one until a hit is measured."""
+        if hit is None or spec.robot_type in self._cache_hit:
             return
-        warm = self._warm_prompts.pop(spec.robot_type)
-        if spec.robot_type in self._cache_hit:  # a hit was already measured
-            return
-        # the last prompt token is always computed
-        n = min(max(common_prefix_len(w, ids) for w in warm), len(ids) - 1)
-        self._cache_hit[spec.robot_type] = float(n)
-        self._cache_hit_max[spec.robot_type] = max(self._cache_hit_max.get(spec.robot_type, 0), n)
+        self._cache_hit[spec.robot_type] = float(hit)
+        self._cache_hit_max[spec.robot_type] = max(self._cache_hit_max.get(spec.robot_type, 0), hit)
 
     def restore(self, spec: TaskSpec, segments: list[Segment], *, final: bool = False) -> str:
         """Re-open a task journaled by a planner that died: its segments were already sent (their
@@ -639,7 +648,8 @@ class PlannerCore:
                 raise ValueError(f"task id {tid!r}: missing or already known")
             arrival = self.clock.now() if spec.arrival is None else float(spec.arrival)
             g = Generation(spec, tid, arrival, next(self._seq))
-            g.prefill_est_s = self._prefill_estimate(spec)
+            g.warm_hit = self._warm_hit(spec)
+            g.prefill_est_s = self._prefill_estimate(spec, hit=g.warm_hit)
             g.segments = list(segments)
             self._estimate_length(g)
             self._tasks[tid] = g
@@ -743,6 +753,7 @@ class PlannerCore:
                     wait = max(0.0, now + G + self.cfg.comm_s - g.prev_end)
                 out.append({"task_id": g.task_id, "robot_id": g.robot_id, "k": g.k, "priority": p,
                             "slack_s": g.deadline() - now - G, "waiting_s": wait,
+                            "prefill_est_s": g.prefill_est_s if g.k == 0 else 0.0,
                             "next_tokens_est": g.tok_est, "plan_tokens_left_est": g.rem_tok_est})
             return out
 
@@ -1100,12 +1111,13 @@ class PlannerCore:
         q = self.cfg.length_quantile_urgent if g.tuf.beta >= self.cfg.length_urgent_beta else 0.5
         g.tok_est, g.rem_tok_est = p.seg_quantile(q), p.rem_quantile(q)
 
-    def _prefill_estimate(self, spec: TaskSpec, n: int | None = None) -> float:
-        """Prefill time of a new prompt: its length minus the prefix-cache hits that
-        this robot type's prompts have been getting (learned from the engine)."""
+    def _prefill_estimate(self, spec: TaskSpec, n: int | None = None, hit: float | None = None) -> float:
+        """Prefill time of a new prompt: its length minus ``hit``, the prefix its warmed prompt leaves in the
+        cache (:meth:`_warm_hit`), or without one the hits this robot type's prompts have been getting."""
         if n is None:
             n = len(spec.prompt_token_ids) if spec.prompt_token_ids else self.cfg.prefill_tokens_default
-        hit = self._cache_hit.get(spec.robot_type)
+        if hit is None:
+            hit = self._cache_hit.get(spec.robot_type)
         uncached = n if hit is None else max(1.0, n - hit)
         return self.estimator.prefill_time(int(uncached))
 
@@ -1215,7 +1227,7 @@ class PlannerCore:
             spec = g.spec
             try:
                 ids = spec.prompt_token_ids if spec.prompt_token_ids is not None else self.engine.tokenize(spec.prompt)
-                g.prefill_est_s = self._prefill_estimate(spec, len(ids))
+                g.prefill_est_s = self._prefill_estimate(spec, len(ids), g.warm_hit)
                 g.checker = self.hooks.stop_checker(g.robot_type)
             except Exception as e:  # noqa: BLE001 - e.g. a skill set that does not load: this task's failure
                 self._running.pop(g.task_id, None)
@@ -1305,7 +1317,7 @@ class PlannerCore:
             self._cache_hit[rt] = hit if old is None else 0.8 * old + 0.2 * hit
             self._cache_hit_max[rt] = max(self._cache_hit_max.get(rt, 0), ev.cached_prompt_tokens)
             for q in self._cands.values():
-                if q.k == 0 and q.robot_type == rt:
+                if q.k == 0 and q.robot_type == rt and q.warm_hit is None:
                     q.prefill_est_s = self._prefill_estimate(q.spec)
         est, longest = times
         seg = Segment(index=len(g.segments), text=ev.text, token_ids=list(ev.token_ids), calls=calls,

@@ -45,10 +45,9 @@ def test_normal_prefill_kept_out_of_an_urgent_first_segment():
     # prefill pending, 5 tokens expected: ready at ~0.17 s, ~0.195 s with the normal's prefill (ERT 0.2 s - hop)
     urgent = gen("urgent", arrival=0.0, seq=1)
     normal = gen("normal", arrival=0.0, seq=2)
-    adm = LatencyGuided(prefill_step_s=None)  # the deadline rule alone (the default budget also holds it back)
+    adm = LatencyGuided()
     assert not adm.admit(view([urgent], now=0.03), normal)
     assert adm.admit(view([urgent], now=0.0), normal)  # earlier, both fit
-    assert not LatencyGuided().admit(view([urgent], now=0.0), normal)  # but not in the same step
     # design §6's worst case (10 tokens) already makes the urgent one late: protect it too
     assert not LatencyGuided(worst_case=True).admit(view([urgent], now=0.0), normal)
     # the previous rule measured slack to the 0.5 s cutoff and let it in
@@ -90,8 +89,7 @@ def test_a_prefill_budget_spreads_new_prompts_over_steps_but_never_holds_back_on
     second = gen("normal", arrival=0.0, seq=2, prefill=0.03)
     assert adm.admit(view([], now=0.0), first)  # an idle engine takes any prompt, however long
     assert not adm.admit(view([first], now=0.0), second)  # 60 ms of prefill in one step: wait a step
-    assert LatencyGuided(prefill_step_s=None).admit(view([first], now=0.0), second)  # no budget: the same step
-    assert not LatencyGuided().admit(view([first], now=0.0), second)  # the default has one
+    assert LatencyGuided().admit(view([first], now=0.0), second)  # without the budget (the default): the same step
     first.req = type("R", (), {"output_token_ids": [0]})()  # its prompt is through: nothing prefills
     first.seg_start_len = 0
     assert adm.admit(view([first], now=0.0), second)

@@ -64,11 +64,6 @@ class FixedCap(Admission):
         return self.cap
 
 
-# LatencyGuided's default prefill budget per step (s of estimated prefill): about a third of an urgent first
-# segment's 200 ms ERT on the CPU, and no bound at all on a GPU, whose prompts prefill in a few ms.
-PREFILL_STEP_S = 0.05
-
-
 class LatencyGuided(Admission):
     """Design §6, latency-guided admission. ``lmax`` per robot type is the longest-segment budget in tokens.
 
@@ -93,15 +88,15 @@ class LatencyGuided(Admission):
     admitted (refusing it only moves the loss onto it). This is what keeps a
     normal task's prefill out of the steps an urgent first segment needs.
 
-    ``prefill_step_s`` (protect mode; default :data:`PREFILL_STEP_S`, None: off) bounds the new prompts one
-    step prefills: a candidate whose prompt would take the prompts still to prefill past it waits for the next
-    decision when it can afford one more step. Why: a step cannot be cut once it runs, so an urgent goal that
-    arrives during a step waits for all of it (5 normal prompts admitted together: a ~280 ms step on this
-    CPU, and the urgent first segment at ~500 ms against ~170 ms alone; with the budget ~220 ms,
-    bench/results/urgent_burst). It needs a prompt's prefill estimated from its own uncached tail (the
-    scheduler's warm hit) and the engine to step with every admitted prompt (the vLLM engine waits for their
-    grammars). A prompt is never held back when nothing else is prefilling (a long one still goes through,
-    alone).
+    ``prefill_step_s`` (protect mode; None: off, the default) bounds the new prompts one step prefills: a
+    candidate whose prompt would take the prompts still to prefill past it waits for the next decision when it
+    can afford one more step. Why: a step cannot be cut once it runs, so an urgent goal that arrives during a
+    step waits for all of it (9 normal prompts admitted 30 ms before it: its first segment at ~500 ms against
+    ~170 ms alone on this CPU; with a 50 ms budget ~220 ms, bench/results/urgent_burst). It is off by default
+    because under load it costs more than it saves: simulated load sweeps at 2-3x lost 0.02-0.06 all-tasks
+    U/beta on the drone traces and 0.11-0.28 on the arm trace (below fcfs-stream at 3x), deferring normal
+    prompts step after step. A prompt is never held back when nothing else is prefilling (a long one still
+    goes through, alone).
 
     ``mode="cutoff"`` (the previous rule, kept for comparison): refuse only when a
     running generation that can still finish before its TUF *cutoff* at the
@@ -112,7 +107,7 @@ class LatencyGuided(Admission):
 
     def __init__(self, lmax: dict[str, int] | None = None, default_lmax: int = 10,
                  kv_high: float = 0.95, hard_cap: int = 256, mode: str = "protect", worst_case: bool = False,
-                 prefill_step_s: float | None = PREFILL_STEP_S) -> None:
+                 prefill_step_s: float | None = None) -> None:
         if mode not in self.MODES:
             raise ValueError(f"LatencyGuided mode must be one of {self.MODES}, got {mode!r}")
         if prefill_step_s is not None and not prefill_step_s > 0:

@@ -103,6 +103,21 @@ def test_a_prefill_budget_spreads_new_prompts_over_steps_but_never_holds_back_on
         LatencyGuided(prefill_step_s=0)
 
 
+def test_the_core_config_sets_the_prefill_budget_of_the_admission_it_builds():
+    cfg = CoreConfig(prefill_step_s=0.05)
+    for spec in ("auto", "latency", None):
+        core = PlannerCore(SimEngine(), make_policy("pud-shed"), SimClock(), admission=spec, config=cfg)
+        assert core.admission.prefill_step_s == 0.05
+    core.set_policy(make_policy("edf-seg"))  # 'auto' is rebuilt for the new policy, with the budget
+    assert core.admission.prefill_step_s == 0.05
+    assert PlannerCore(SimEngine(), make_policy("pud-shed"), SimClock(), admission="auto").admission.prefill_step_s \
+        is None  # off by default
+    core = PlannerCore(SimEngine(), make_policy("fcfs"), SimClock(), admission="auto", config=cfg)
+    assert not isinstance(core.admission, LatencyGuided)  # vLLM's own admission for the baseline: no budget
+    with pytest.raises(ValueError, match="prefill_step_s"):
+        CoreConfig(prefill_step_s=-1.0)
+
+
 def test_resumed_segment_with_tight_slack_is_not_starved():
     urgent = gen("urgent", arrival=0.0, seq=1)
     # a normal generation resuming s_1: its robot finishes s_0 in 60 ms, so it cannot wait

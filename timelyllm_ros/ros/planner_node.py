@@ -222,9 +222,11 @@ class PlannerNode(LifecycleNode):
         from timelyllm_ros.ros.delivery import SegmentDelivery
 
         robot_timeout = p["robot_timeout_s"] if p["robot_timeout_s"] > 0 else None
+        prefill_step = p["prefill_step_ms"] / 1000 if p["prefill_step_ms"] > 0 else None
         cfg = core_config or CoreConfig(comm_s=p["comm_s"], overdue=p["overdue"], slack_floor_s=p["slack_floor_s"],
                                         resume_lead_s=p["resume_lead_s"], keep_results_s=p["keep_results_s"],
-                                        keep_results_max=p["keep_results_max"], robot_timeout_s=robot_timeout)
+                                        keep_results_max=p["keep_results_max"], robot_timeout_s=robot_timeout,
+                                        prefill_step_s=prefill_step)
         policy = self._scheduler.policy_name if self._scheduler is not None else p["policy"]
         self.core = PlannerCore(engine, make_policy(policy), RealClock(), admission=p["admission"],
                                 config=cfg, on_segment=self._on_segment, on_result=self._on_result)
@@ -388,6 +390,9 @@ class PlannerNode(LifecycleNode):
                                      "engine YAML (file name in config/ or a path); loaded at configure"),
             "admission": declare("admission", "auto", "'auto' (latency-guided for segmented policies, vLLM's cap "
                                  "of 256 for the fcfs baselines), 'latency' (latency-guided) or a fixed batch cap"),
+            "prefill_step_ms": declare("prefill_step_ms", 0.0, "latency-guided admission: the prefill one step may "
+                                       "carry, ms of estimated prefill, so a step in flight delays an urgent goal "
+                                       "less (0 = off, the default: it costs throughput under load)", 0.0, 10_000.0),
             "overdue": declare("overdue", "serve", "'serve' overdue tasks last, or 'reject' them"),
             "comm_s": declare("comm_s", 0.008, "one network hop, s", 0.0, 10.0),
             "slack_floor_s": declare("slack_floor_s", 0.001, "smallest slack a generation is ranked by, s",

@@ -108,6 +108,9 @@ class CoreConfig:
     # A robot that has not reported a dispatched segment by its predicted end + this margin has failed
     # (None: trust predictions forever, as the simulator does).
     robot_timeout_s: float | None = None
+    # Latency-guided admission's prefill budget per step (LatencyGuided.prefill_step_s), for an admission the core
+    # builds from a name ('auto', 'latency'). None: off (the default, as it costs under load; see admission.py).
+    prefill_step_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.overdue not in ("serve", "reject"):
@@ -125,6 +128,9 @@ class CoreConfig:
             raise ValueError("CoreConfig.length_max_keys must be >= 3")
         if self.kv_block_tokens is not None and self.kv_block_tokens < 1:
             raise ValueError("CoreConfig.kv_block_tokens must be >= 1 (or None: the engine's)")
+        if self.prefill_step_s is not None and not (math.isfinite(self.prefill_step_s) and self.prefill_step_s > 0):
+            raise ValueError(f"CoreConfig.prefill_step_s must be a finite number > 0 (or None: off), "
+                             f"got {self.prefill_step_s!r}")
 
 
 LENGTH_MODELS = ("learned", "ewma")
@@ -210,13 +216,13 @@ class PlannerCore:
                  on_segment: SegmentCallback | None = None, on_result: ResultCallback | None = None,
                  estimator: LatencyEstimator | None = None, hooks: Any = None) -> None:
         self.engine, self.policy, self.clock = engine, policy, clock
+        self.cfg = config or CoreConfig()
         # A spec ('auto', 'adaptive', a cap) is kept: 'auto' follows the policy when it is switched.
         self._admission_spec = admission if isinstance(admission, str | int) else None
         if self._admission_spec is not None:
-            self.admission = make_admission(admission, segmented=policy.segmented)
+            self.admission = self._named_admission(policy)
         else:
-            self.admission = admission or LatencyGuided()
-        self.cfg = config or CoreConfig()
+            self.admission = admission or LatencyGuided(prefill_step_s=self.cfg.prefill_step_s)
         self.on_segment, self.on_result = on_segment, on_result
         self.estimator = estimator or LatencyEstimator.for_engine(engine)
         self.hooks = hooks or _SkillHooks(learn=self.cfg.learn_exec_times)
@@ -731,8 +737,14 @@ class PlannerCore:
                 if g.req is not None:
                     g.req.suspend_at_boundary = policy.segmented
             if self._admission_spec is not None:
-                self.admission = make_admission(self._admission_spec, segmented=policy.segmented)
+                self.admission = self._named_admission(policy)
         self.wake.set()
+
+    def _named_admission(self, policy: Policy) -> Admission:
+        adm = make_admission(self._admission_spec, segmented=policy.segmented)
+        if isinstance(adm, LatencyGuided):
+            adm.prefill_step_s = self.cfg.prefill_step_s
+        return adm
 
     def running_ids(self) -> list[str]:
         with self._lock:

@@ -76,7 +76,7 @@ def collect(pc: PlanClient, g: PlanTask.Goal, **kw):
 
 def how(h) -> str:
     """What a failed assertion needs to say about a handle: where its segments and result came from."""
-    attempts = [(a.n, a.rejoin, a.responded, a.broken) for a in h._attempt_list]
+    attempts = [(a.n, a.rejoin, a.responded, a.broken) for a in h.tracking.attempt_list]
     return (f"{h!r} source={h.source} fallback={h.fallback_reason!r} segments from feedback/result/topic "
             f"{h.from_feedback}/{h.from_result}/{h.from_topic} missing={h.missing} attempts={attempts} "
             f"polls={h.polls}")
@@ -425,7 +425,7 @@ def test_planner_killed_mid_task_restarts_and_the_client_still_gets_the_result(t
         # the restarted planner knew the task (journal): the client re-sent the same goal, joined the task and
         # got the whole segment list with its result (or saw the rest on /plan_segments): each once, in order
         attempts = [(a.n, a.rejoin, a.responded, a.broken, a.goal_handle is not None and a.goal_handle.accepted,
-                     a.result_future is not None and a.result_future.done()) for a in h._attempt_list]
+                     a.result_future is not None and a.result_future.done()) for a in h.tracking.attempt_list]
         assert h.rejoins >= 1 or h.from_topic > 0, (h.fallback_reason, h.source, attempts)
         assert [x.segment_index for x in seen] == list(range(len(seen)))
         assert h.complete and "".join(x.text for x in seen) == h.result.plan_text, (h.source, attempts, seen)

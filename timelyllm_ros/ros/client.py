@@ -112,6 +112,40 @@ class _Attempt:
         self.responded = self.broken = False
 
 
+class _GoalState:
+    """The client's bookkeeping of one goal (its attempts, held segments, polls, deadlines), guarded by ``lock``.
+    A :class:`PlanHandle` carries it as ``tracking``; only :class:`PlanClient` changes it."""
+
+    __slots__ = ("lock", "event", "phase", "attempt_list", "deadline", "server_deadline", "response_deadline",
+                 "next_send_at", "epoch", "held", "next", "last_progress", "probe_due", "poll_due", "poll_future",
+                 "poll_sent_at", "unknown", "candidate", "candidate_n", "rejoined_epoch", "rejoins_in_epoch",
+                 "cancel_requested")
+
+    def __init__(self, created: float, timeout: float, server_timeout: float) -> None:
+        self.lock = threading.RLock()
+        self.event = threading.Event()
+        self.phase = _WAIT_SERVER
+        self.attempt_list: list[_Attempt] = []
+        self.deadline = created + timeout
+        self.server_deadline = created + server_timeout
+        self.response_deadline = math.inf
+        self.next_send_at: float | None = None
+        self.epoch = -1  # server epoch of the accepting attempt
+        self.held: dict[int, PlanSegment] = {}
+        self.next = 0
+        self.last_progress = created
+        self.probe_due = math.inf
+        self.poll_due = 0.0
+        self.poll_future = None
+        self.poll_sent_at = 0.0
+        self.unknown = 0
+        self.candidate: tuple[PlanResult, str, float] | None = None
+        self.candidate_n: int | None = None  # num_segments of a result that came without its segments
+        self.rejoined_epoch = -1  # server epoch of the last rejoin (same goal re-sent after a fallback)
+        self.rejoins_in_epoch = 0
+        self.cancel_requested = False
+
+
 class PlanHandle:
     """One goal in flight (and its outcome). Created by :meth:`PlanClient.send`.
 
@@ -151,37 +185,15 @@ class PlanHandle:
         self.fallback_reason: str | None = None
         self.polls = 0
         self.rejoins = 0           # the same goal re-sent in fallback, to join the task on a restarted planner
-        # -- internal state, guarded by _lock --------------------------------------------------
-        self._lock = threading.RLock()
-        self._event = threading.Event()
-        self._phase = _WAIT_SERVER
-        self._attempt_list: list[_Attempt] = []
-        self._deadline = self.t_created + timeout
-        self._server_deadline = self.t_created + client.server_timeout
-        self._response_deadline = math.inf
-        self._next_send_at: float | None = None
-        self._epoch = -1           # server epoch of the accepting attempt
-        self._held: dict[int, PlanSegment] = {}
-        self._next = 0
-        self._last_progress = self.t_created
-        self._probe_due = math.inf
-        self._poll_due = 0.0
-        self._poll_future = None
-        self._poll_sent_at = 0.0
-        self._unknown = 0
-        self._candidate: tuple[PlanResult, str, float] | None = None
-        self._candidate_n: int | None = None  # num_segments of a result that came without its segments
-        self._rejoined_epoch = -1  # server epoch of the last rejoin (same goal re-sent after a fallback)
-        self._rejoins_in_epoch = 0
-        self._cancel_requested = False
+        self.tracking = _GoalState(self.t_created, timeout, client.server_timeout)
 
     # -- public -----------------------------------------------------------------------------
     def done(self) -> bool:
-        return self._event.is_set()
+        return self.tracking.event.is_set()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until done (another thread must spin the node); True if done."""
-        return self._event.wait(timeout)
+        return self.tracking.event.wait(timeout)
 
     @property
     def ok(self) -> bool:
@@ -197,11 +209,11 @@ class PlanHandle:
         """The TaskStatus value of the result ("done", "invalid", ...), else the client-side error or phase."""
         if self.result is not None:
             return status_name(self.result.status)
-        return self.error_kind or self._phase
+        return self.error_kind or self.tracking.phase
 
     @property
     def phase(self) -> str:
-        return self._phase
+        return self.tracking.phase
 
     def result_or_raise(self) -> PlanTask.Result:
         """The planner's result, or PlanClientError / PlanTimeoutError for a client-side failure."""
@@ -214,9 +226,9 @@ class PlanHandle:
 
     def cancel(self) -> None:
         """Ask the planner to cancel the task (its result then comes as STATUS_CANCELED)."""
-        with self._lock:
-            self._cancel_requested = True
-            handles = [a.goal_handle for a in self._attempt_list
+        with self.tracking.lock:
+            self.tracking.cancel_requested = True
+            handles = [a.goal_handle for a in self.tracking.attempt_list
                        if a.goal_handle is not None and a.goal_handle.accepted]
         for gh in handles:
             try:
@@ -313,8 +325,8 @@ class PlanClient:
             self._by_task.setdefault(h.task_id, []).append(h)
         now = time.monotonic()
         if self._update_server(now):
-            with h._lock:
-                if h._phase == _WAIT_SERVER:
+            with h.tracking.lock:
+                if h.tracking.phase == _WAIT_SERVER:
                     self._send_attempt(h, now)
         return h
 
@@ -329,8 +341,8 @@ class PlanClient:
         with self._lock:
             self._open[id(h)] = h
             self._by_task.setdefault(task_id, []).append(h)
-        with h._lock:
-            h._next = -1  # accept whatever index comes first
+        with h.tracking.lock:
+            h.tracking.next = -1  # accept whatever index comes first
             self._enter_fallback(h, "tracking a task by id", time.monotonic())
         return h
 
@@ -347,7 +359,7 @@ class PlanClient:
 
     def wait(self, handle: PlanHandle, *, spin: bool | None = None) -> bool:
         """Block until ``handle`` is done, spinning the node if needed (see :meth:`plan`)."""
-        limit = handle._deadline + self.poll_timeout + 5.0
+        limit = handle.tracking.deadline + self.poll_timeout + 5.0
         ex = self.node.executor
         in_executor = ex is not None and self.node in ex.get_nodes()
         if spin is None:
@@ -375,7 +387,7 @@ class PlanClient:
         """Stop the timer, end open handles (ERR_CLOSED) and free what this client created."""
         self._closed = True
         for h in self.open_handles():
-            with h._lock:
+            with h.tracking.lock:
                 self._fail(h, ERR_CLOSED, "the PlanClient was destroyed")
         self.node.destroy_timer(self._timer)
         self.node.destroy_client(self._srv)
@@ -391,20 +403,20 @@ class PlanClient:
 
     # -- sending -----------------------------------------------------------------------------------
     def _send_attempt(self, h: PlanHandle, now: float, *, rejoin: bool = False) -> None:
-        att = _Attempt(len(h._attempt_list) + 1, now, rejoin)
-        h._attempt_list.append(att)
+        att = _Attempt(len(h.tracking.attempt_list) + 1, now, rejoin)
+        h.tracking.attempt_list.append(att)
         if rejoin:
             h.rejoins += 1
-            h._rejoined_epoch = self._server_epoch
+            h.tracking.rejoined_epoch = self._server_epoch
             self._count("rejoins")
         else:
             h.attempts += 1
             self._count("attempts")
             if h.attempts > 1:
                 self._count("retries")
-            h._phase = _SENDING
-            h._next_send_at = None
-            h._response_deadline = now + self.goal_response_timeout
+            h.tracking.phase = _SENDING
+            h.tracking.next_send_at = None
+            h.tracking.response_deadline = now + self.goal_response_timeout
         try:
             att.future = self._action.send_goal_async(h.goal, feedback_callback=lambda m, h=h: self._on_feedback(h, m))
         except Exception as e:  # noqa: BLE001 - e.g. the context is shutting down
@@ -419,13 +431,13 @@ class PlanClient:
             gh = fut.result()
         except Exception:  # noqa: BLE001
             gh = None
-        with h._lock:
+        with h.tracking.lock:
             if gh is None:
                 return
             att.responded = True
             att.goal_handle = gh
             h.responses += 1
-            if h._phase == _DONE:
+            if h.tracking.phase == _DONE:
                 return
             if not gh.accepted:
                 if not h.accepted and not att.rejoin:
@@ -433,17 +445,17 @@ class PlanClient:
                 return
             first = not h.accepted
             h.accepted = True
-            h._last_progress = time.monotonic()
+            h.tracking.last_progress = time.monotonic()
             if att.rejoin:
                 pass
             elif first:
-                h._epoch = self._server_epoch
-                h._response_deadline = math.inf
-                h._next_send_at = None
-                if h._phase == _SENDING:
-                    h._phase = _ACCEPTED
-                h._probe_due = h._last_progress + self.stale_after
-            cancel = h._cancel_requested
+                h.tracking.epoch = self._server_epoch
+                h.tracking.response_deadline = math.inf
+                h.tracking.next_send_at = None
+                if h.tracking.phase == _SENDING:
+                    h.tracking.phase = _ACCEPTED
+                h.tracking.probe_due = h.tracking.last_progress + self.stale_after
+            cancel = h.tracking.cancel_requested
             try:
                 att.result_future = gh.get_result_async()
             except Exception as e:  # noqa: BLE001 - the action connection is gone
@@ -459,8 +471,8 @@ class PlanClient:
             resp = fut.result()
         except Exception:  # noqa: BLE001
             resp = None
-        with h._lock:
-            if h._phase == _DONE:
+        with h.tracking.lock:
+            if h.tracking.phase == _DONE:
                 return
             if resp is None or resp.status == GoalStatus.STATUS_UNKNOWN:
                 att.broken = True
@@ -478,7 +490,7 @@ class PlanClient:
     def _action_broken(self, h: PlanHandle, why: str) -> None:
         """One attempt's action connection broke: fall back unless another attempt may still answer."""
         if any(a.goal_handle is not None and a.goal_handle.accepted and not a.broken and not a.rejoin
-               for a in h._attempt_list):
+               for a in h.tracking.attempt_list):
             return
         self._enter_fallback(h, why, time.monotonic())
 
@@ -487,29 +499,30 @@ class PlanClient:
         self._offer(h, msg.feedback.segment, "feedback")
 
     def _offer(self, h: PlanHandle, seg: PlanSegment, how: str) -> None:
-        with h._lock:
-            if h._phase == _DONE:
+        with h.tracking.lock:
+            if h.tracking.phase == _DONE:
                 return
-            if h._next < 0:  # tracking: start wherever the stream is
-                h._next = seg.segment_index
-            h._last_progress = time.monotonic()
-            if seg.segment_index < h._next or seg.segment_index in h._held:
+            if h.tracking.next < 0:  # tracking: start wherever the stream is
+                h.tracking.next = seg.segment_index
+            h.tracking.last_progress = time.monotonic()
+            if seg.segment_index < h.tracking.next or seg.segment_index in h.tracking.held:
                 return
-            h._held[seg.segment_index] = seg
+            h.tracking.held[seg.segment_index] = seg
             self._flush(h, how)
 
     def _flush(self, h: PlanHandle, how: str, *, final: bool = False) -> None:
         """Deliver the held segments that continue the delivered prefix. ``final``: the task is over; what
         is held beyond a gap is never delivered (a robot must not run a plan with a hole in it): the gap goes
         to ``missing``, the held segments to ``undelivered``."""
-        while h._next in h._held:
-            seg = h._held.pop(h._next)
-            h._next += 1
+        while h.tracking.next in h.tracking.held:
+            seg = h.tracking.held.pop(h.tracking.next)
+            h.tracking.next += 1
             self._deliver(h, seg, how)
-        if final and h._held:
-            h.missing.extend(i for i in range(max(h._next, 0), max(h._held)) if i not in h._held)
-            h.undelivered = [h._held[i] for i in sorted(h._held)]
-            h._held.clear()
+        if final and h.tracking.held:
+            held = h.tracking.held
+            h.missing.extend(i for i in range(max(h.tracking.next, 0), max(held)) if i not in held)
+            h.undelivered = [held[i] for i in sorted(held)]
+            held.clear()
 
     def _deliver(self, h: PlanHandle, seg: PlanSegment, how: str) -> None:
         h.segments.append(seg)
@@ -531,36 +544,36 @@ class PlanClient:
 
     def _on_topic_segment(self, msg: PlanSegment) -> None:
         for h in self._handles_of(msg.task_id):
-            if h._phase == _FALLBACK:
+            if h.tracking.phase == _FALLBACK:
                 self._offer(h, msg, "topic")
 
     # -- results --------------------------------------------------------------------------------------
     def _finish(self, h: PlanHandle, result: PlanTask.Result, source: str) -> None:
         for s in result.segments:
-            if s.segment_index >= h._next and s.segment_index not in h._held:
-                h._held[s.segment_index] = s
+            if s.segment_index >= h.tracking.next and s.segment_index not in h.tracking.held:
+                h.tracking.held[s.segment_index] = s
         self._flush(h, "result", final=True)
         if source != SOURCE_ACTION:
             result.segments = list(h.segments)
         n = self._planned_segments(h, result)
-        hi = max((x.segment_index for x in h.undelivered), default=h._next - 1)
+        hi = max((x.segment_index for x in h.undelivered), default=h.tracking.next - 1)
         h.missing.extend(range(hi + 1, n))
         h.complete = not h.missing and not h.undelivered and len(h.segments) >= n
         h.result, h.source = result, source
         self._close(h)
 
     def _planned_segments(self, h: PlanHandle, result: PlanTask.Result) -> int:
-        if h._candidate_n is not None:
-            return h._candidate_n
+        if h.tracking.candidate_n is not None:
+            return h.tracking.candidate_n
         return len(result.segments)
 
     def _fail(self, h: PlanHandle, kind: str, message: str) -> None:
-        if h._phase == _DONE:
+        if h.tracking.phase == _DONE:
             return
         self._flush(h, "feedback", final=True)
         h.error_kind, h.error = kind, message
         if kind == ERR_TIMEOUT and self.cancel_on_timeout:
-            for a in h._attempt_list:
+            for a in h.tracking.attempt_list:
                 if a.goal_handle is not None and a.goal_handle.accepted:
                     try:
                         a.goal_handle.cancel_goal_async()
@@ -569,11 +582,11 @@ class PlanClient:
         self._close(h)
 
     def _close(self, h: PlanHandle) -> None:
-        h._phase = _DONE
+        h.tracking.phase = _DONE
         h.t_done = time.monotonic()
-        if h._poll_future is not None:
-            self._srv.remove_pending_request(h._poll_future)
-            h._poll_future = None
+        if h.tracking.poll_future is not None:
+            self._srv.remove_pending_request(h.tracking.poll_future)
+            h.tracking.poll_future = None
         with self._lock:
             self._open.pop(id(h), None)
             lst = self._by_task.get(h.task_id)
@@ -581,7 +594,7 @@ class PlanClient:
                 lst[:] = [x for x in lst if x is not h]
                 if not lst:
                     del self._by_task[h.task_id]
-        h._event.set()
+        h.tracking.event.set()
         if h.on_done is not None:
             try:
                 h.on_done(h)
@@ -594,18 +607,18 @@ class PlanClient:
 
     def _on_plan_result(self, msg: PlanResult) -> None:
         for h in self._handles_of(msg.task_id):
-            with h._lock:
+            with h.tracking.lock:
                 self._offer_result(h, msg, SOURCE_RESULTS_TOPIC)
 
     def _offer_result(self, h: PlanHandle, msg: PlanResult, source: str) -> None:
         """A result that did not come through the action (it carries no segment list). It becomes the
         candidate outcome; :meth:`_settle` decides when to take it."""
-        if h._phase == _DONE:
+        if h.tracking.phase == _DONE:
             return
         now = time.monotonic()
-        if h._candidate is None:
-            h._candidate = (msg, source, now + self.result_grace)
-        if h._phase == _FALLBACK and source == SOURCE_RESULTS_TOPIC and len(h.segments) < msg.num_segments:
+        if h.tracking.candidate is None:
+            h.tracking.candidate = (msg, source, now + self.result_grace)
+        if h.tracking.phase == _FALLBACK and source == SOURCE_RESULTS_TOPIC and len(h.segments) < msg.num_segments:
             # published by the running planner, which keeps the result: a rejoin gets every segment
             self._maybe_rejoin(h, now)
         self._settle(h, now)
@@ -614,16 +627,16 @@ class PlanClient:
         """Take the candidate result, or wait for better: the action's own result (every segment) usually
         follows within ``result_grace``; a rejoin's within ``goal_response_timeout``. While the action still
         looks alive, a candidate with segments missing turns into a fallback (and a rejoin) first."""
-        if h._candidate is None or h._phase == _DONE:
+        if h.tracking.candidate is None or h.tracking.phase == _DONE:
             return
-        msg, source, until = h._candidate
+        msg, source, until = h.tracking.candidate
         missing = len(h.segments) < msg.num_segments
-        if h._phase != _FALLBACK:
+        if h.tracking.phase != _FALLBACK:
             if now < until:
                 return
             if missing:
                 self._enter_fallback(h, "the planner finished the task; its action result did not come", now)
-                h._candidate = (msg, source, now + self.goal_response_timeout + self.result_grace)
+                h.tracking.candidate = (msg, source, now + self.goal_response_timeout + self.result_grace)
                 return
         elif now < until and (missing or self._rejoin_pending(h)):
             return
@@ -632,7 +645,7 @@ class PlanClient:
     def _rejoin_pending(self, h: PlanHandle) -> bool:
         """A rejoin attempt that may still bring the action result (with every segment)."""
         now = time.monotonic()
-        for a in h._attempt_list:
+        for a in h.tracking.attempt_list:
             if not a.rejoin or a.broken:
                 continue
             if a.result_future is not None:
@@ -645,31 +658,31 @@ class PlanClient:
     def _maybe_rejoin(self, h: PlanHandle, now: float) -> None:
         """The planner holds the task: re-send the same goal to join it (once per server instance, again only if
         that re-send went unanswered, e.g. sent before the new server's endpoints matched ours)."""
-        if h._phase != _FALLBACK or not h.goal.robot_id or not self._server_ready or self._rejoin_pending(h):
+        if h.tracking.phase != _FALLBACK or not h.goal.robot_id or not self._server_ready or self._rejoin_pending(h):
             return
-        if h._rejoined_epoch == self._server_epoch and (h._rejoins_in_epoch >= 3 or any(
-                a.rejoin and a.responded and not a.broken for a in h._attempt_list)):
+        if h.tracking.rejoined_epoch == self._server_epoch and (h.tracking.rejoins_in_epoch >= 3 or any(
+                a.rejoin and a.responded and not a.broken for a in h.tracking.attempt_list)):
             return
-        if h._rejoined_epoch == self._server_epoch:
-            h._rejoins_in_epoch += 1
+        if h.tracking.rejoined_epoch == self._server_epoch:
+            h.tracking.rejoins_in_epoch += 1
         else:
-            h._rejoins_in_epoch = 1
+            h.tracking.rejoins_in_epoch = 1
         self._send_attempt(h, now, rejoin=True)
-        if h._candidate is not None:  # give the joined goal's result (every segment) time to come
-            msg, source, until = h._candidate
-            h._candidate = (msg, source, max(until, now + self.goal_response_timeout))
+        if h.tracking.candidate is not None:  # give the joined goal's result (every segment) time to come
+            msg, source, until = h.tracking.candidate
+            h.tracking.candidate = (msg, source, max(until, now + self.goal_response_timeout))
 
     def _finish_from(self, h: PlanHandle, msg: PlanResult, source: str) -> None:
-        h._candidate_n = int(msg.num_segments)
+        h.tracking.candidate_n = int(msg.num_segments)
         self._finish(h, _result_from_plan_result(msg), source)
 
     # -- fallback ------------------------------------------------------------------------------------
     def _enter_fallback(self, h: PlanHandle, why: str, now: float) -> None:
-        if h._phase in (_DONE, _FALLBACK):
+        if h.tracking.phase in (_DONE, _FALLBACK):
             return
-        h._phase = _FALLBACK
+        h.tracking.phase = _FALLBACK
         h.fallback_reason = why
-        h._poll_due = now
+        h.tracking.poll_due = now
         self._count("fallbacks")
         self._ensure_fallback_subs()
 
@@ -685,18 +698,18 @@ class PlanClient:
                 callback_group=self._group))
 
     def _poll(self, h: PlanHandle, now: float) -> None:
-        if h._poll_future is not None:
-            if now - h._poll_sent_at < self.poll_timeout:
+        if h.tracking.poll_future is not None:
+            if now - h.tracking.poll_sent_at < self.poll_timeout:
                 return
-            self._srv.remove_pending_request(h._poll_future)  # the planner went away with our request
-            h._poll_future = None
-        if now < h._poll_due or not self._srv.service_is_ready():
+            self._srv.remove_pending_request(h.tracking.poll_future)  # the planner went away with our request
+            h.tracking.poll_future = None
+        if now < h.tracking.poll_due or not self._srv.service_is_ready():
             return
-        h._poll_sent_at = now
+        h.tracking.poll_sent_at = now
         h.polls += 1
         self._count("polls")
         fut = self._srv.call_async(GetPlanResult.Request(task_id=h.task_id))
-        h._poll_future = fut
+        h.tracking.poll_future = fut
         fut.add_done_callback(lambda f, h=h: self._on_poll(h, f))
 
     def _on_poll(self, h: PlanHandle, fut) -> None:
@@ -704,42 +717,42 @@ class PlanClient:
             resp = fut.result()
         except Exception:  # noqa: BLE001
             resp = None
-        with h._lock:
-            if h._poll_future is fut:
-                h._poll_future = None
-            if h._phase == _DONE or resp is None:
+        with h.tracking.lock:
+            if h.tracking.poll_future is fut:
+                h.tracking.poll_future = None
+            if h.tracking.phase == _DONE or resp is None:
                 return
             now = time.monotonic()
             if resp.state == GetPlanResult.Response.STATE_DONE:
-                h._unknown = 0
+                h.tracking.unknown = 0
                 for seg in resp.segments:  # every segment the planner sent: the fallback's gaps close here
-                    if seg.segment_index >= max(h._next, 0) and seg.segment_index not in h._held:
-                        h._held[seg.segment_index] = seg
-                if h._next < 0 and h._held:
-                    h._next = min(h._held)
+                    if seg.segment_index >= max(h.tracking.next, 0) and seg.segment_index not in h.tracking.held:
+                        h.tracking.held[seg.segment_index] = seg
+                if h.tracking.next < 0 and h.tracking.held:
+                    h.tracking.next = min(h.tracking.held)
                 self._flush(h, SOURCE_SERVICE)
                 # No rejoin here: a result the planner only has in its journal (the task ended before a restart)
                 # is not joined by a repeated goal but planned again (see the report on planner_node._join).
                 self._offer_result(h, resp.result, SOURCE_SERVICE)
-                h._poll_due = now + self.poll_period
+                h.tracking.poll_due = now + self.poll_period
                 return
             if resp.state == GetPlanResult.Response.STATE_ACTIVE:
-                h._unknown = 0
-                h._last_progress = now
-                if h._phase == _ACCEPTED:
-                    h._probe_due = now + self.stale_after
+                h.tracking.unknown = 0
+                h.tracking.last_progress = now
+                if h.tracking.phase == _ACCEPTED:
+                    h.tracking.probe_due = now + self.stale_after
                 else:
                     self._maybe_rejoin(h, now)
-                    h._poll_due = now + self.poll_period
+                    h.tracking.poll_due = now + self.poll_period
                 return
             # STATE_UNKNOWN
-            if h._phase == _ACCEPTED:  # the planner forgot a goal its action server accepted: restarted
+            if h.tracking.phase == _ACCEPTED:  # the planner forgot a goal its action server accepted: restarted
                 self._enter_fallback(h, "the planner does not know the task (restarted?)", now)
-                h._unknown = 1
-                h._poll_due = now + self.poll_period
+                h.tracking.unknown = 1
+                h.tracking.poll_due = now + self.poll_period
                 return
-            h._unknown += 1
-            if h._unknown >= self.unknown_limit:
+            h.tracking.unknown += 1
+            if h.tracking.unknown >= self.unknown_limit:
                 if h.accepted:
                     self._fail(h, ERR_LOST, f"task {h.task_id}: accepted, then unknown to the planner "
                                             f"(restarted without its journal?)")
@@ -749,7 +762,7 @@ class PlanClient:
                 else:
                     self._fail(h, ERR_LOST, f"task {h.task_id}: unknown to the planner")
             else:
-                h._poll_due = now + self.poll_period
+                h.tracking.poll_due = now + self.poll_period
 
     # -- the timer -----------------------------------------------------------------------------------
     def _update_server(self, now: float) -> bool:
@@ -779,52 +792,52 @@ class PlanClient:
         ready = self._update_server(now)
         down_for = 0.0 if self._server_down_since is None else now - self._server_down_since
         for h in self.open_handles():
-            with h._lock:
+            with h.tracking.lock:
                 try:
                     self._step(h, now, ready, down_for)
                 except Exception as e:  # noqa: BLE001 - one bad handle must not stop the others
                     self.node.get_logger().error(f"PlanClient: task {h.task_id}: {e!r}")
 
     def _step(self, h: PlanHandle, now: float, ready: bool, down_for: float) -> None:
-        ph = h._phase
+        ph = h.tracking.phase
         if ph == _DONE:
             return
-        if now >= h._deadline:
+        if now >= h.tracking.deadline:
             self._fail(h, ERR_TIMEOUT, f"task {h.task_id}: no result within {h.timeout:g} s "
                                        f"({h.attempts} attempts, phase {ph})")
             return
-        if h._candidate is not None:
+        if h.tracking.candidate is not None:
             self._settle(h, now)
-            ph = h._phase
+            ph = h.tracking.phase
             if ph == _DONE:
                 return
         if ph == _WAIT_SERVER:
             if ready:
                 self._send_attempt(h, now)
-            elif now >= h._server_deadline:
+            elif now >= h.tracking.server_deadline:
                 self._fail(h, ERR_NO_SERVER, f"no PlanTask action server within {self.server_timeout:g} s "
                                              "(is the planner running?)")
         elif ph == _SENDING:
-            if h._next_send_at is None and now >= h._response_deadline:
+            if h.tracking.next_send_at is None and now >= h.tracking.response_deadline:
                 if h.attempts >= self.max_attempts:
                     self._enter_fallback(h, f"no goal response after {h.attempts} attempts", now)
                     return
                 backoff = min(self.retry_backoff * 2 ** (h.attempts - 1), self.max_backoff)
-                h._next_send_at = now + backoff
-                h._server_deadline = now + backoff + self.server_timeout
-            if h._next_send_at is not None and now >= h._next_send_at:
+                h.tracking.next_send_at = now + backoff
+                h.tracking.server_deadline = now + backoff + self.server_timeout
+            if h.tracking.next_send_at is not None and now >= h.tracking.next_send_at:
                 if ready:
                     self._send_attempt(h, now)
-                elif now >= h._server_deadline:
+                elif now >= h.tracking.server_deadline:
                     self._enter_fallback(h, "the action server disappeared while re-sending", now)
         elif ph == _ACCEPTED:
-            if (not ready and down_for >= self.server_lost_grace) or (ready and self._server_epoch != h._epoch):
+            if (not ready and down_for >= self.server_lost_grace) or (ready and self._server_epoch != h.tracking.epoch):
                 self._enter_fallback(h, "the action server went away", now)
-            elif now >= h._probe_due:  # no news for a while: ask whether the planner still knows the task
-                h._probe_due = now + self.stale_after
-                h._poll_due = now
+            elif now >= h.tracking.probe_due:  # no news for a while: ask whether the planner still knows the task
+                h.tracking.probe_due = now + self.stale_after
+                h.tracking.poll_due = now
                 self._poll(h, now)
-        if h._phase == _FALLBACK:
+        if h.tracking.phase == _FALLBACK:
             self._poll(h, now)
 
 

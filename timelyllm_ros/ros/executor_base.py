@@ -6,10 +6,11 @@ One node per robot, in the robot's namespace (``/<robot_id>/...``):
   segments of one task in order in a worker thread (never in a callback);
 * delivery contract: acknowledges every received copy on ``/segment_acks`` (SegmentAck, QoS
   REPORTS) -- duplicates, end markers and refused segments too, since the planner re-sends until
-  acknowledged. A :class:`~timelyllm_ros.robots.inbox.SegmentInbox` drops duplicates by
-  (task_id, segment_index), releases a task's segments strictly by index, holds early ones, and
-  refuses held ones whose gap did not fill within the ``reorder_timeout_s`` parameter (default
-  30 s, the planner's delivery_timeout_s; checked by a timer). An end marker (is_final, empty
+  acknowledged. The robot's :class:`~timelyllm_ros.robots.session.RobotSession` (the simulated
+  fleet's too) drops duplicates by (task_id, segment_index), releases a task's segments strictly by
+  index, holds early ones, and refuses held ones whose gap did not fill within the
+  ``reorder_timeout_s`` parameter (default 30 s, the planner's delivery_timeout_s; checked by a
+  timer). An end marker (is_final, empty
   text) closes the task once every earlier segment has run; it runs nothing and is reported only
   when the runner refuses to end the plan there (``end_plan``: e.g. MiniSpec blocks still open),
   with ``success=False`` and the reason;
@@ -53,7 +54,8 @@ from std_srvs.srv import Trigger
 
 from timelyllm_ros.msg import PlanSegment, SegmentAck, SegmentDone
 from timelyllm_ros.robots.base import ExecutionError, Interrupted, RefusedError, StopSignal
-from timelyllm_ros.robots.inbox import DEFAULT_REORDER_TIMEOUT_S, ReceivedSegment, ReportCache, SegmentInbox
+from timelyllm_ros.robots.inbox import DEFAULT_REORDER_TIMEOUT_S
+from timelyllm_ros.robots.session import Refusal, RobotSession
 from timelyllm_ros.ros.convert import segment_ack_msg, segment_done_msg
 from timelyllm_ros.ros.diagnostics import ExecutorState, RobotLink, Status, attach_executor_diagnostics, executor_status
 from timelyllm_ros.ros.params import declare
@@ -112,19 +114,14 @@ class RobotExecutorNode(Node):
         self._refused_from: set[str] = set()  # nodes already logged (bounded by the writers the graph named)
         self.runner: SegmentRunner | None = None
         self._cv = threading.Condition()
-        # dedup, order and hold (bounded); also remembers why tasks ended, so a late or duplicate
-        # segment of an old task never preempts or restarts anything
-        self.inbox = SegmentInbox(self.reorder_timeout_s)
-        self._queue: deque[PlanSegment] = deque()  # released segments (and end markers) of self._task, in order
-        self._task: str | None = None  # task whose segments are accepted now
-        self._task_open = False  # its final segment (or end marker) has not been reached yet
+        # the robot half of delivery (dedup, order, hold, one task, preemption), shared with the simulated fleet
+        self.session = RobotSession(self.reorder_timeout_s)
         self._running: PlanSegment | None = None
         self._estopped = False
         self._closing = False
         self.history: deque[tuple[str, int, bool, str]] = deque(maxlen=10000)  # (task, index, ok, error)
         self.acks: deque[tuple[str, int]] = deque(maxlen=10000)  # (task, index) acknowledged, for tests and logs
         self._done_pub = self.create_publisher(SegmentDone, SEGMENT_DONE, REPORTS_KEPT)
-        self._reports = ReportCache()
         self._ack_pub = self.create_publisher(SegmentAck, SEGMENT_ACKS, REPORTS)
         self.diagnostics = attach_executor_diagnostics(self)  # /diagnostics: link, battery, state, e-stop
 
@@ -190,71 +187,35 @@ class RobotExecutorNode(Node):
 
     def _receive(self, msg: PlanSegment, now: float) -> None:
         task, index = msg.task_id, msg.segment_index
-        if self.inbox.is_duplicate(task, index):
-            self.get_logger().debug(f"{self.robot_id}: duplicate {task}[{index}] dropped")
-            report = self._reports.get(task, index)
-            if report is not None:  # the planner re-sent it: it has no report for it (e.g. it restarted)
-                publish_or_log(self._done_pub, report, self.get_logger(), f"the report of {task}[{index}]")
-            return
+        refuse = ""
         if msg.robot_id and msg.robot_id != self.robot_id:
-            reason = f"segment for {msg.robot_id!r} sent to {self.robot_id!r}"
-            self._refuse(msg, reason)
-            self._refuse_all(self.inbox.refuse(task, index, reason))
+            refuse = f"segment for {msg.robot_id!r} sent to {self.robot_id!r}"
+        elif self._estopped:
+            refuse = f"{EMERGENCY} active on {self.robot_id} (call /{self.robot_id}/reset_emergency)"
+        arrival = self.session.receive(task, index, msg.text, msg.is_final, now, msg, refuse=refuse)
+        if arrival.duplicate:
+            self.get_logger().debug(f"{self.robot_id}: duplicate {task}[{index}] dropped")
+            if arrival.report is not None:  # the planner re-sent it: it has no report for it (e.g. it restarted)
+                publish_or_log(self._done_pub, arrival.report, self.get_logger(), f"the report of {task}[{index}]")
             return
-        if self._estopped:
-            reason = f"{EMERGENCY} active on {self.robot_id} (call /{self.robot_id}/reset_emergency)"
-            self._refuse(msg, reason)
-            self._refuse_all(self.inbox.refuse(task, index, reason))
-            return
-        for seg in self.inbox.offer(task, index, msg.text, msg.is_final, now, payload=msg):
-            self._accept(seg)
-
-    def _accept(self, seg: ReceivedSegment) -> None:
-        """A segment released by the inbox, in order (caller holds the lock)."""
-        msg: PlanSegment = seg.payload
-        if seg.refused:
-            self._refuse(msg, seg.refused)
-        elif seg.task_id == self._task:
-            self._queue.append(msg)
-        elif seg.index == 0:
-            if seg.is_end_marker:  # an empty plan: nothing to run, nothing to preempt
-                return
-            if self._task is not None and self._task_open:
-                self._preempt(seg.task_id)
-            self._task, self._task_open = seg.task_id, True
-            self._queue.append(msg)
-        else:  # the inbox releases k > 0 only after 0, so the task was replaced meanwhile
-            reason = f"segment {seg.index} of task {seg.task_id}, which this robot no longer runs"
-            self._refuse(msg, reason)
-            self._refuse_all(self.inbox.end_task(seg.task_id, reason))
+        if arrival.preempted:
+            self._stop_running(arrival.preempted)
+        self._refuse_all(arrival.refused)
 
     def _expire(self) -> None:
         with self._cv:
-            expired = self.inbox.expired(time.time())
-            for seg in expired:
-                self._refuse(seg.payload, seg.refused)
+            self._refuse_all(self.session.expire(time.time()))
 
-    def _preempt(self, new_task: str) -> None:
-        old = self._task
-        reason = f"preempted by task {new_task}"
-        self.get_logger().warning(f"{self.robot_id}: task {old} {reason}: stopping")
-        self._refuse_all(self.inbox.end_task(old, reason))
-        self._drop_queue(reason)
+    def _stop_running(self, reason: str) -> None:
+        """The active task was preempted (caller holds the lock): the segment running now stops, the robot stays."""
+        self.get_logger().warning(f"{self.robot_id}: {reason}: stopping")
         if self._running is not None and self.runner is not None:
             self.runner.stop.set(reason)
             self.runner.halt()
 
-    def _drop_queue(self, reason: str) -> None:
-        """Report the queued segments failed (end markers are not reported) and empty the queue."""
-        now = time.time()
-        for m in self._queue:
-            if not is_end_marker(m.text, m.is_final):
-                self._report(m, None, now, False, reason)
-        self._queue.clear()
-
-    def _refuse_all(self, segs: list[ReceivedSegment]) -> None:
-        for seg in segs:
-            self._refuse(seg.payload, seg.refused)
+    def _refuse_all(self, refusals: list[Refusal]) -> None:
+        for r in refusals:
+            self._refuse(r.payload, r.reason)
 
     def _refuse(self, msg: PlanSegment, reason: str) -> None:
         if is_end_marker(msg.text, msg.is_final):
@@ -268,11 +229,11 @@ class RobotExecutorNode(Node):
         current: str | None = None
         while True:
             with self._cv:
-                while not self._queue and not self._closing:
+                while not self.session.queue and not self._closing:
                     self._cv.wait(0.5)
                 if self._closing:
                     return
-                msg = self._queue.popleft()
+                msg = self.session.next()
                 if is_end_marker(msg.text, msg.is_final):  # every earlier segment has run: the plan is over
                     self._end_plan(msg, current)
                     self._cv.notify_all()
@@ -302,16 +263,9 @@ class RobotExecutorNode(Node):
             finish = time.time()
             with self._cv:
                 self._running = None
-                if not ok:
-                    if self.runner.stop.is_set() and self.runner.stop.reason:
-                        err = self.runner.stop.reason  # the stop, not its side effect, is the reason
-                    self._refuse_all(self.inbox.end_task(msg.task_id, f"task ended at segment {msg.segment_index}: "
-                                                                      f"{err}"))
-                    if self._task == msg.task_id:
-                        self._task_open = False
-                        self._drop_queue(self.inbox.ended_reason(msg.task_id))
-                elif msg.is_final and self._task == msg.task_id:
-                    self._task_open = False
+                if not ok and self.runner.stop.is_set() and self.runner.stop.reason:
+                    err = self.runner.stop.reason  # the stop, not its side effect, is the reason
+                self._refuse_all(self.session.ran(msg.task_id, msg.segment_index, msg.is_final, ok, err))
                 self._report(msg, start, finish, ok, err)
                 self._cv.notify_all()
             if not ok:
@@ -320,8 +274,7 @@ class RobotExecutorNode(Node):
     def _end_plan(self, marker: PlanSegment, current: str | None) -> None:
         """An end marker reached the worker (caller holds the lock; ``end_plan`` is a check, no motion): close
         the task, and report the marker failed when the runner says the plan may not end after what ran."""
-        if self._task == marker.task_id:
-            self._task_open = False
+        self.session.reached_end(marker.task_id)
         if marker.task_id != current or self.runner is None:
             return  # nothing of the task ran here (its segment 0 always runs first): nothing to check
         start = time.time()
@@ -339,7 +292,7 @@ class RobotExecutorNode(Node):
         """``start`` None: the segment never started (a zero stamp on the wire)."""
         self.history.append((msg.task_id, msg.segment_index, ok, error))
         report = segment_done_msg(msg.task_id, self.robot_id, msg.segment_index, start, finish, ok, error)
-        self._reports.put(msg.task_id, msg.segment_index, report)
+        self.session.reports.put(msg.task_id, msg.segment_index, report)
         publish_or_log(self._done_pub, report, self.get_logger(), f"the report of {msg.task_id}[{msg.segment_index}]")
 
     def _ack(self, msg: PlanSegment, received: float) -> None:
@@ -362,9 +315,10 @@ class RobotExecutorNode(Node):
         with self._cv:
             run, last = self._running, self.history[-1] if self.history else None
             minute_ago = time.monotonic() - 60.0
-            state = ExecutorState(estopped=self._estopped, task=self._task if self._task_open else None,
+            ses = self.session
+            state = ExecutorState(estopped=self._estopped, task=ses.task if ses.task_open else None,
                                   running=(run.task_id, run.segment_index) if run is not None else None,
-                                  queued=len(self._queue), held=self.inbox.held_count(), last=last,
+                                  queued=len(ses.queue), held=ses.inbox.held_count(), last=last,
                                   refused_segments=self.refused_segments,
                                   refused_recent=sum(1 for t in self._refused_at if t >= minute_ago))
         return executor_status(self, state, self.robot_link())
@@ -378,10 +332,7 @@ class RobotExecutorNode(Node):
         with self._cv:
             self._estopped = True
             reason = f"{EMERGENCY} (/{self.robot_id}/emergency_stop)"
-            if self._task is not None and self._task_open:
-                self._refuse_all(self.inbox.end_task(self._task, reason))
-                self._task_open = False
-            self._drop_queue(reason)
+            self._refuse_all(self.session.end_all(reason))
             self.runner.stop.set(reason)
         done = self.runner.emergency()  # outside the lock: it waits for the motion to end
         self.get_logger().error(f"{self.robot_id}: {EMERGENCY}: {done}")

@@ -4,21 +4,21 @@ duration sampled from the execution-time model, and reports SegmentDone.
 Every segment is validated against the robot's skill set first (LLM output is
 untrusted); one that does not parse is reported as failed, never executed.
 
-Delivery contract, as the real executors (``executor_base.py``): every received
+Delivery contract, the real executors' own (``executor_base.py``): every received
 copy of a segment is acknowledged on ``/segment_acks`` (silent robots too: acks
-are the transport layer; "silent" only means no SegmentDone), and one
-:class:`~timelyllm_ros.robots.inbox.SegmentInbox` per robot drops duplicates,
-releases a task's segments by index and refuses the held segments of a task
-whose gap (segment 0, typically) did not fill within ``reorder_timeout_s``. An
-end marker (is_final, empty text) is acknowledged, never run nor reported.
-
-One task per robot, as the real executors: segments run in the order they are
-released, and segment 0 of a different task while a task is still active (a
-segment running or queued, or its plan not yet ended) preempts it: the running
-segment ends at once, reported failed with ``preempted by task <id>`` and its
-real start; the queued ones never start (reported failed with a zero start),
-and the old task's later segments are refused. The planner sends a busy robot
-another task's segment 0 only when it preempts (scheduler "one task per robot").
+are the transport layer; "silent" only means no SegmentDone), and each robot's
+:class:`~timelyllm_ros.robots.session.RobotSession` -- the one the executors
+use -- drops duplicates, releases a task's segments by index, refuses the held
+segments of a task whose gap (segment 0, typically) did not fill within
+``reorder_timeout_s``, and runs one task at a time: segment 0 of a different
+task while a task is active (its plan has not run to its end) preempts it. The
+running segment then ends at once, reported failed with ``preempted by task
+<id>`` and its real start; the queued ones never start (reported failed with a
+zero start), and the old task's later segments are refused. A segment that
+fails (it does not parse) ends its task, as on a real robot. An end marker
+(is_final, empty text) is acknowledged, never run nor reported. The planner
+sends a busy robot another task's segment 0 only when it preempts (scheduler
+"one task per robot").
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.node import Node
 
 from timelyllm_ros.msg import PlanSegment, SegmentAck, SegmentDone
-from timelyllm_ros.robots.inbox import DEFAULT_REORDER_TIMEOUT_S, ReportCache, SegmentInbox
+from timelyllm_ros.robots.inbox import DEFAULT_REORDER_TIMEOUT_S
+from timelyllm_ros.robots.session import RobotSession
 from timelyllm_ros.ros.convert import segment_ack_msg, segment_done_msg
 from timelyllm_ros.ros.params import all_of, declare, distinct, non_empty, on_change
 from timelyllm_ros.ros.spin import run_nodes
@@ -52,18 +53,18 @@ from timelyllm_ros.ros.topics import (
 from timelyllm_ros.skills.exec_model import ExecTimeModel
 from timelyllm_ros.skills.schema import load_skill_set
 
+REPORTS_KEPT_FLEET = 16384  # reports kept for re-sent copies, over all the fleet's robots
+
 
 @dataclass
 class SimRobot:
     robot_id: str
     robot_type: str
+    session: RobotSession  # dedup / order / hold, one task, preemption (the real executors' own)
     silent: bool = False  # never reports SegmentDone (tests the planner's fallback); still acknowledges
-    inbox: SegmentInbox = field(default_factory=SegmentInbox)  # dedup / order / hold
-    queue: deque = field(default_factory=deque)  # released segments, in order
     busy_until: float | None = None
-    task: str | None = None  # the task it runs (its latest segment 0)
-    task_open: bool = False  # that task's plan has not ended (no final segment or end marker released yet)
-    executed: deque = field(default_factory=lambda: deque(maxlen=10000))  # [task_id, index, text, start, finish, ok]
+    # [task_id, index, text, start, finish, ok, is_final]
+    executed: deque = field(default_factory=lambda: deque(maxlen=10000))
     acks: deque = field(default_factory=lambda: deque(maxlen=10000))  # (task_id, index) acknowledged
 
 
@@ -108,10 +109,10 @@ class SimFleetNode(Node):
         self.skillset = load_skill_set(robot_type)
         self.model = ExecTimeModel(self.skillset, learn=False)
         self.rng = random.Random(seed)
-        self.robots = {r: SimRobot(r, robot_type, silent=r in silent, inbox=SegmentInbox(self.reorder_timeout_s))
-                       for r in robots}
+        kept = max(256, REPORTS_KEPT_FLEET // len(robots))  # the whole fleet's reports bounded, not each robot's
+        self.robots = {r: SimRobot(r, robot_type, RobotSession(self.reorder_timeout_s, reports_kept=kept),
+                                   silent=r in silent) for r in robots}
         self._done_pub = self.create_publisher(SegmentDone, SEGMENT_DONE, REPORTS_KEPT)
-        self._reports = ReportCache(max_entries=16384)
         self._ack_pub = self.create_publisher(SegmentAck, SEGMENT_ACKS, REPORTS)
         self._lock = threading.Condition()
         for r in robots:
@@ -142,31 +143,16 @@ class SimFleetNode(Node):
         rob = self.robots[robot_id]
         try:
             with self._lock:
-                if rob.inbox.is_duplicate(msg.task_id, msg.segment_index):
-                    report = self._reports.get(msg.task_id, msg.segment_index)
-                    if report is not None:  # re-sent: the planner has no report for it (e.g. it restarted)
-                        publish_or_log(self._done_pub, report, self.get_logger(),
+                arrival = rob.session.receive(msg.task_id, msg.segment_index, msg.text, msg.is_final, now, msg)
+                if arrival.duplicate:
+                    if arrival.report is not None:  # re-sent: the planner has no report for it (e.g. it restarted)
+                        publish_or_log(self._done_pub, arrival.report, self.get_logger(),
                                        f"{robot_id}'s report of {msg.task_id}[{msg.segment_index}]")
                     return
-                for seg in rob.inbox.offer(msg.task_id, msg.segment_index, msg.text, msg.is_final, now, payload=msg):
-                    if seg.refused:
-                        self._refuse(rob, msg=seg.payload, reason=seg.refused, now=now)
-                        continue
-                    if seg.task_id != rob.task:
-                        if seg.index > 0:  # the inbox releases k > 0 only after 0: the task was replaced
-                            reason = f"segment {seg.index} of task {seg.task_id}, which this robot no longer runs"
-                            self._refuse(rob, seg.payload, reason, now)
-                            for old in rob.inbox.end_task(seg.task_id, reason):
-                                self._refuse(rob, old.payload, old.refused, now)
-                            continue
-                        if seg.is_end_marker:  # an empty plan: nothing to run, nothing to preempt
-                            continue
-                        self._preempt(rob, seg.task_id, now)
-                        rob.task, rob.task_open = seg.task_id, True
-                    if seg.is_final:
-                        rob.task_open = False
-                    if not seg.is_end_marker:  # a marker only ends the plan: nothing to run or report
-                        rob.queue.append(seg.payload)
+                if arrival.preempted:
+                    self._stop_running(rob, arrival.preempted, now)
+                for r in arrival.refused:
+                    self._refuse(rob, r.payload, r.reason, now)
                 if rob.busy_until is None:
                     self._start_next(rob, now)
                 self._lock.notify()
@@ -191,8 +177,8 @@ class SimFleetNode(Node):
         now = time.time()
         with self._lock:
             for rob in self.robots.values():
-                for seg in rob.inbox.expired(now):
-                    self._refuse(rob, seg.payload, seg.refused, now)
+                for r in rob.session.expire(now):
+                    self._refuse(rob, r.payload, r.reason, now)
 
     def _refuse(self, rob: SimRobot, msg: PlanSegment, reason: str, now: float) -> None:
         """Never started: reported failed with a zero start."""
@@ -201,34 +187,32 @@ class SimFleetNode(Node):
         self.get_logger().warning(f"{rob.robot_id}: refused segment {msg.task_id}[{msg.segment_index}]: {reason}")
         self._report(rob, msg, None, now, False, reason)
 
-    def _preempt(self, rob: SimRobot, new_task: str, now: float) -> None:
-        """Segment 0 of ``new_task`` while another task is active: stop now (caller holds the lock)."""
-        if rob.task is None or not (rob.task_open or rob.queue or rob.busy_until is not None):
-            return
-        reason = f"preempted by task {new_task}"
-        self.get_logger().warning(f"{rob.robot_id}: task {rob.task} {reason}: stopping")
-        for old in rob.inbox.end_task(rob.task, reason):
-            self._refuse(rob, old.payload, old.refused, now)
-        if rob.busy_until is not None:  # the running segment ends here, failed; its scheduled finish is void
+    def _stop_running(self, rob: SimRobot, reason: str, now: float) -> None:
+        """The active task was preempted (caller holds the lock): its running segment ends here, failed."""
+        self.get_logger().warning(f"{rob.robot_id}: {reason}: stopping")
+        if rob.busy_until is not None:  # its scheduled finish is void
             entry = rob.executed[-1]
             entry[4], entry[5] = now, False
             self._report(rob, entry, entry[3], now, False, reason)
             rob.busy_until = None
-        while rob.queue:
-            self._refuse(rob, rob.queue.popleft(), reason, now)
 
     def _start_next(self, rob: SimRobot, now: float) -> None:
-        while rob.queue:
-            msg = rob.queue.popleft()
+        while (msg := rob.session.next()) is not None:
+            if is_end_marker(msg.text, msg.is_final):  # every earlier segment has run: the plan is over
+                rob.session.reached_end(msg.task_id)
+                continue
             try:
                 calls = self.skillset.parse(msg.text) if msg.text.strip() else []
-            except ValueError as e:  # refuse: never execute what does not parse
+            except ValueError as e:  # refuse: never execute what does not parse; the task ends here
+                err = f"invalid segment: {e}"
                 self.get_logger().warning(f"{rob.robot_id}: refused segment {msg.task_id}[{msg.segment_index}]: {e}")
-                self._report(rob, msg, None, now, False, f"invalid segment: {e}")
+                self._report(rob, msg, None, now, False, err)
+                for r in rob.session.ran(msg.task_id, msg.segment_index, msg.is_final, False, err):
+                    self._refuse(rob, r.payload, r.reason, now)
                 continue
             dur = self.model.sample(calls, self.rng) * self.time_scale if calls else 0.0
             rob.busy_until = now + dur
-            entry = [msg.task_id, msg.segment_index, msg.text, now, now + dur, True]
+            entry = [msg.task_id, msg.segment_index, msg.text, now, now + dur, True, msg.is_final]
             rob.executed.append(entry)
             heapq.heappush(self._events, (now + dur, rob.robot_id, id(entry)))
             return
@@ -242,7 +226,7 @@ class SimFleetNode(Node):
         task_id = msg_or_entry.task_id if isinstance(msg_or_entry, PlanSegment) else msg_or_entry[0]
         index = msg_or_entry.segment_index if isinstance(msg_or_entry, PlanSegment) else msg_or_entry[1]
         report = segment_done_msg(task_id, rob.robot_id, index, start, finish, ok, error)
-        self._reports.put(task_id, index, report)
+        rob.session.reports.put(task_id, index, report)
         publish_or_log(self._done_pub, report, self.get_logger(), f"{rob.robot_id}'s report of {task_id}[{index}]")
 
     def _run(self) -> None:
@@ -262,6 +246,7 @@ class SimFleetNode(Node):
                 if id(entry) != key or not entry[5]:
                     continue  # preempted: already reported, and the robot moved on
                 self._report(rob, entry, entry[3], entry[4], True)
+                rob.session.ran(entry[0], entry[1], entry[6], True)
                 self._start_next(rob, now)
 
     def destroy_node(self) -> None:

@@ -28,11 +28,16 @@ PROBE = "_probe-"  # task ids of the stand-in's handshake end markers
 
 
 class Planner:
-    """Stands in for the planner's publishing side: same topics, message and QoS."""
+    """Stands in for the planner's publishing side: same topics, message and QoS. ``context``: the executors'
+    (one DDS participant for both sides, as the planner and its executors of one process share in the demos);
+    two participants of one process lost each other in CI after the emulated fleets' network namespaces had
+    added and removed host interfaces ("never acknowledged a probe")."""
 
-    def __init__(self, robots: list[str], extra_nodes=()) -> None:
-        self.ctx = rclpy.Context()
-        rclpy.init(context=self.ctx)
+    def __init__(self, robots: list[str], extra_nodes=(), context=None) -> None:
+        self._own_ctx = context is None
+        self.ctx = rclpy.Context() if self._own_ctx else context
+        if self._own_ctx:
+            rclpy.init(context=self.ctx)
         self.node = rclpy.create_node("planner", context=self.ctx)  # the name executors take segments from
         self.pubs = {r: self.node.create_publisher(PlanSegment, segment_topic(r), RELIABLE) for r in robots}
         self.done: list[SegmentDone] = []
@@ -103,8 +108,20 @@ class Planner:
     def close(self) -> None:
         self.ex.shutdown(timeout_sec=5)
         self.node.destroy_node()
-        rclpy.shutdown(context=self.ctx)
+        if self._own_ctx:
+            rclpy.shutdown(context=self.ctx)
         self.thread.join(timeout=5)
+
+
+@contextlib.contextmanager
+def _context():
+    """An rclpy context for the executors under test and the Planner stand-in together."""
+    ctx = rclpy.Context()
+    rclpy.init(context=ctx)
+    try:
+        yield ctx
+    finally:
+        rclpy.shutdown(context=ctx)
 
 
 @needs_netns
@@ -112,9 +129,9 @@ def test_a_fleet_of_emulated_drones_is_served_at_once_and_invalid_skills_never_r
     from devtools.emulated_fleet import start_emulated_fleet
 
     robots = ["drone_a", "drone_b", "drone_c"]
-    with start_emulated_fleet(robots, speed=0.1, scenes={"drone_b": "Scene: [cat x:0.5 y:0.5]"},
-                              log_dir=tmp_path) as fleet:
-        planner = Planner(robots)
+    with _context() as ctx, start_emulated_fleet(robots, speed=0.1, scenes={"drone_b": "Scene: [cat x:0.5 y:0.5]"},
+                                                 log_dir=tmp_path, context=ctx) as fleet:
+        planner = Planner(robots, context=ctx)
         try:
             planner.send("drone_a", "t-a", 0, "mf(100);")
             planner.send("drone_a", "t-a", 1, "tc(90);", final=True)
@@ -156,8 +173,8 @@ def test_a_fleet_of_emulated_drones_is_served_at_once_and_invalid_skills_never_r
 def test_emergency_stop_lands_the_drone_at_once_and_ends_the_task(tmp_path):
     from devtools.emulated_fleet import start_emulated_fleet
 
-    with start_emulated_fleet(["drone_e"], speed=0.5, log_dir=tmp_path) as fleet:
-        planner = Planner(["drone_e"])
+    with _context() as ctx, start_emulated_fleet(["drone_e"], speed=0.5, log_dir=tmp_path, context=ctx) as fleet:
+        planner = Planner(["drone_e"], context=ctx)
         try:
             planner.send("drone_e", "t-e", 0, "mf(500);")  # 5.4 s * 0.5
             planner.send("drone_e", "t-e", 1, "tc(90);", final=True)
@@ -197,8 +214,8 @@ def _moving(drone) -> bool:
 def test_segment_zero_of_another_task_preempts_the_running_one(tmp_path):
     from devtools.emulated_fleet import start_emulated_fleet
 
-    with start_emulated_fleet(["drone_p"], speed=0.5, log_dir=tmp_path) as fleet:
-        planner = Planner(["drone_p"])
+    with _context() as ctx, start_emulated_fleet(["drone_p"], speed=0.5, log_dir=tmp_path, context=ctx) as fleet:
+        planner = Planner(["drone_p"], context=ctx)
         try:
             planner.send("drone_p", "normal-1", 0, "mf(500);")
             end = time.monotonic() + 20
@@ -229,9 +246,10 @@ def test_a_plan_ended_with_blocks_open_is_refused_and_a_balanced_one_runs(tmp_pa
     from devtools.emulated_fleet import start_emulated_fleet
 
     reports: dict[str, list[tuple[int, bool, str]]] = {}
-    with start_emulated_fleet(["drone_f"], speed=0.02, scenes={"drone_f": "Scene: [cat x:0.5 y:0.5]"},
-                              log_dir=tmp_path) as fleet:
-        planner = Planner(["drone_f"])
+    scenes = {"drone_f": "Scene: [cat x:0.5 y:0.5]"}
+    with _context() as ctx, start_emulated_fleet(["drone_f"], speed=0.02, scenes=scenes, log_dir=tmp_path,
+                                                 context=ctx) as fleet:
+        planner = Planner(["drone_f"], context=ctx)
 
         def plan(task: str, segments: list[str], *, marker: bool, reported: int) -> None:
             """Send one plan (its end: the last segment's is_final, or an end marker) and wait for its reports
@@ -286,7 +304,7 @@ def test_arm_executor_drives_the_simulated_controller_and_stops_on_emergency():
     ex.add_node(arm)
     spin = Spinner(ex)
     spin.start()
-    planner = Planner(["arm_x"])
+    planner = Planner(["arm_x"], context=ctx)
     try:
         planner.send("arm_x", "t-arm", 0, "move_to('red_box');")
         planner.send("arm_x", "t-arm", 1, "pick('red_box');")
@@ -391,7 +409,7 @@ def _robot(robot_id: str, reorder_timeout_s: float | None = None):
     spin.start()
     planner = None
     try:
-        planner = Planner([robot_id])
+        planner = Planner([robot_id], context=ctx)
         yield node, planner
     finally:
         node.runner.gate.set()
@@ -531,7 +549,7 @@ def test_sim_fleet_dedups_reorders_and_acks_and_a_silent_robot_acks_without_repo
     ex.add_node(fleet)
     spin = Spinner(ex)
     spin.start()
-    planner = Planner(["sim_a", "sim_mute"])
+    planner = Planner(["sim_a", "sim_mute"], context=ctx)
     try:
         sent = [(1, "tc(90);", False), (0, "mf(20);", False), (0, "mf(20);", False), (2, "", True),
                 (1, "tc(90);", False), (2, "", True)]

@@ -18,6 +18,10 @@ from timelyllm_ros.msg import TimeUtility as TimeUtilityMsg
 from timelyllm_ros.sched.journal_records import status_of_record
 
 
+def nan_if_none(x: float | None) -> float:
+    return float(x) if x is not None else math.nan
+
+
 def duration_msg(seconds: float) -> Duration:
     seconds = max(0.0, float(seconds)) if math.isfinite(seconds) else 0.0
     sec = int(seconds)
@@ -177,16 +181,12 @@ def engine_member_msg(m: MemberStats) -> EngineMember:
     return EngineMember(
         index=m.index, name=m.name, backend=m.backend, up=m.up, down_reason=m.down_reason, running=m.owned,
         waiting=int(st.waiting) if st is not None else 0, max_batch=m.max_batch,
-        step_time_s=float(m.step_time_s) if m.step_time_s is not None else math.nan,
+        step_time_s=nan_if_none(m.step_time_s),
         kv_cache_usage=float(st.kv_cache_usage) if st is not None else math.nan,
         failovers=m.failovers, rejoins=m.rejoins)
 
 
 # -- results: the core's TaskResult and the journal's record of one, as messages ---------------------------------
-def nan_if_none(x: float | None) -> float:
-    return float(x) if x is not None else math.nan
-
-
 def result_msg(res: TaskResult, bridge: ClockBridge, skillset_id: str) -> PlanTask.Result:
     """The PlanTask action's result: the plan and every segment the robot was sent."""
     return PlanTask.Result(

@@ -278,7 +278,7 @@ class PlannerCore:
             g = Generation(spec, tid, arrival, seq)
             self._estimate_length(g)
             g.warm_hit = self._warm_hit(spec)
-            self._take_warm_prompt(spec, g.warm_hit)
+            self._seed_cache_hit(spec, g.warm_hit)
             g.prefill_est_s = self._prefill_estimate(spec, hit=g.warm_hit)
             self._tasks[tid] = g
             self._claim(g)
@@ -632,11 +632,15 @@ class PlannerCore:
         warm = self._warm_prompts.get(spec.robot_type)
         if not ids or not warm:
             return None
-        block = self.cfg.kv_block_tokens or self.engine.info.kv_block_tokens or 1
+        block = self._kv_block_tokens()
         n = max(common_prefix_len(w, ids) for w in warm) // block * block
         return min(n, len(ids) - 1)
 
-    def _take_warm_prompt(self, spec: TaskSpec, hit: int | None) -> None:
+    def _kv_block_tokens(self) -> int:
+        """Tokens per KV block (CoreConfig.kv_block_tokens): the prefix cache holds whole blocks only."""
+        return self.cfg.kv_block_tokens or self.engine.info.kv_block_tokens or 16
+
+    def _seed_cache_hit(self, spec: TaskSpec, hit: int | None) -> None:
         """A robot type's first task: its warm hit stands for the learned one until a hit is measured."""
         if hit is None or spec.robot_type in self._cache_hit:
             return
@@ -1047,7 +1051,7 @@ class PlannerCore:
         last full KV block; with the KV cache ``tight`` (full, or requests queued for room) everything but the
         prefix its robot type's prompts share, as its own blocks are the ones evicted while it is out."""
         n = len(g.req.prompt_token_ids) + len(g.req.output_token_ids)
-        miss = n % (self.cfg.kv_block_tokens or self.engine.info.kv_block_tokens or 16) + 1
+        miss = n % self._kv_block_tokens() + 1
         if tight:
             miss = max(miss, n - int(self._cache_hit.get(g.robot_type, 0.0)))
         return self.estimator.prefill_time(miss) * (1.0 - (self._in_place_share() if in_place is None else in_place))

@@ -178,13 +178,13 @@ def measure_overhead(n: int, policy: str, reps: int, seed: int = 0) -> dict[str,
         tid = core.submit(TaskSpec(robot_id=f"r{i}", prompt="x", tuf=lvl, arrival=100.0 - rng.random() * 2,
                                    prompt_token_ids=[1] * 64, extra={"plan_text": "tc(30);"}))
         if rng.random() < 0.5:  # half of them: suspended generations resuming a later segment
-            g = core.queued(tid)
+            g = core.generation(tid)
             assert g is not None  # just submitted, nothing ran: still queued
             g.k, g.prev_end = 1 + rng.randrange(3), 100.0 + rng.random()
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        core.best(clock.now(), 4)
+        core.queue.best(core.policy, clock.now(), core.estimator, 4)
         times.append(time.perf_counter() - t0)
     ms = sorted(t * 1e3 for t in times)
     return {"n": n, "policy": policy, "median_ms": statistics.median(ms), "p99_ms": ms[int(0.99 * (len(ms) - 1))],

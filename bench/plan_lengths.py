@@ -41,8 +41,9 @@ from timelyllm_ros.measure import metrics
 from timelyllm_ros.model.plans import plan_templates
 from timelyllm_ros.model.tuf import LEVELS
 from timelyllm_ros.model.types import TaskSpec
+from timelyllm_ros.sched.config import CoreConfig
+from timelyllm_ros.sched.hooks import SkillHooks
 from timelyllm_ros.sched.lengths import PlanLengths
-from timelyllm_ros.sched.scheduler import CoreConfig, _SkillHooks
 from timelyllm_ros.sim.simulator import Replay, SimConfig, Simulator
 from timelyllm_ros.sim.workloads import Job, Workload, load_workload
 
@@ -73,7 +74,7 @@ class Plan:
                         task_type=self.task_type)
 
 
-def segment(hooks: _SkillHooks, robot_type: str, pieces: Sequence[str]) -> tuple[list[int], list[bool]]:
+def segment(hooks: SkillHooks, robot_type: str, pieces: Sequence[str]) -> tuple[list[int], list[bool]]:
     """Token count and has-a-call of each segment, cut by the robot type's stop checker piece by piece."""
     chk = hooks.stop_checker(robot_type)
     toks, calls, n = [], [], 0
@@ -93,7 +94,7 @@ def segment(hooks: _SkillHooks, robot_type: str, pieces: Sequence[str]) -> tuple
 
 def recorded_plans(results: Path = RESULTS) -> dict[str, list[Plan]]:
     """The recorded plans by source, each in the order it was written."""
-    hooks = _SkillHooks(learn=False)
+    hooks = SkillHooks(learn=False)
     by_name = {t.name: t for t in plan_templates().values()}
     out: dict[str, list[Plan]] = {"real engine (real_policies runs)": [], "sampled (plan_quality)": []}
     for folder in sorted(results.glob("real_policies*")):

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     local = []
     for _ in range(args.n):
         t0 = time.perf_counter()
-        core.best(0.01, 4)
+        core.queue.best(core.policy, 0.01, core.estimator, 4)
         local.append(time.perf_counter() - t0)
 
     proc = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True)

@@ -35,6 +35,7 @@ from timelyllm_ros.model.types import TaskSpec
 from timelyllm_ros.sched.admission import LatencyGuided
 from timelyllm_ros.sched.policies import make_policy
 from timelyllm_ros.sched.scheduler import PlannerCore
+from timelyllm_ros.sched.warmup import warm_up
 
 SCENARIOS = ("alone", "together", "after")
 
@@ -131,7 +132,7 @@ def main() -> None:
             label = (pol if budget == "default" or not make_policy(pol).segmented else
                      f"{pol} no prefill budget" if budget is None else f"{pol} prefill<={budget * 1000:g}ms")
             if not warmed:  # one engine for every run: the prefix cache holds the shared prompts throughout
-                run.core.warm_up(prompts, burst, extra=renderer.warm_up_extra)
+                warm_up(run.core, prompts, burst, extra=renderer.warm_up_extra)
                 warmed = True
             else:  # what the planner's warm-up tells its core (shedding's best case counts on the cache hit)
                 for rt, ids in prompts:

@@ -148,7 +148,7 @@ class NativeDriver:
     """Streaming-input sessions on the synchronous in-process LLMEngine (as AsyncLLM does it)."""
 
     def __init__(self, eng: Any, stop_ids: list[int]) -> None:
-        self.eng, self.llm, self.stop_ids = eng, eng._llm, stop_ids
+        self.eng, self.llm, self.stop_ids = eng, eng.llm_engine, stop_ids
         self.sessions: dict[str, Session] = {}
 
     def _submit(self, s: Session, ids: list[int]) -> None:
@@ -269,12 +269,12 @@ def slot_experiment(eng: Any, drv: NativeDriver, pb: PromptBuilder, prompts: lis
     out: dict[str, Any] = {"max_num_seqs": n}
 
     def probe_tokens(rid: str, steps: int) -> tuple[int, list[dict]]:
-        eng._llm.add_request(rid, {"prompt_token_ids": probe},
+        eng.llm_engine.add_request(rid, {"prompt_token_ids": probe},
                              SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, detokenize=False,
                                             output_kind=RequestOutputKind.DELTA))
         got, states = 0, []
         for _ in range(steps):
-            for o in eng._llm.step():
+            for o in eng.llm_engine.step():
                 if o.request_id == rid:
                     got += len(o.outputs[0].token_ids)
             states.append(sched_state(eng))
@@ -297,9 +297,9 @@ def slot_experiment(eng: Any, drv: NativeDriver, pb: PromptBuilder, prompts: lis
     got, st = probe_tokens("slot-a-probe", 4)
     a["probe_tokens_in_4_steps"], a["probe_states"] = got, st
     for _ in range(STEP_CAP):
-        if not eng._llm.has_unfinished_requests():
+        if not eng.llm_engine.has_unfinished_requests():
             break
-        eng._llm.step()
+        eng.llm_engine.step()
     # resume one: its blocks are still in the prefix cache (evictable, not pinned)
     r0 = reqs[0]
     eng.add(r0)
@@ -327,7 +327,7 @@ def slot_experiment(eng: Any, drv: NativeDriver, pb: PromptBuilder, prompts: lis
     drv.end(sess[0])  # release one session: the probe gets the slot
     got2, st2 = 0, []
     for _ in range(4):
-        for o in eng._llm.step():
+        for o in eng.llm_engine.step():
             if o.request_id == "slot-b-probe":
                 got2 += len(o.outputs[0].token_ids)
         st2.append(sched_state(eng))
@@ -335,9 +335,9 @@ def slot_experiment(eng: Any, drv: NativeDriver, pb: PromptBuilder, prompts: lis
             break
     b["probe_tokens_after_ending_one_session"], b["states_after_end"] = got2, st2
     for _ in range(STEP_CAP):
-        if not eng._llm.has_unfinished_requests():
+        if not eng.llm_engine.has_unfinished_requests():
             break
-        eng._llm.step()
+        eng.llm_engine.step()
     for s in sess[1:]:
         drv.end(s)
     b["after_ending_all"] = sched_state(eng)

@@ -14,8 +14,9 @@ from timelyllm_ros.model.clock import SimClock
 from timelyllm_ros.model.tuf import LEVELS
 from timelyllm_ros.model.types import Generation, TaskSpec
 from timelyllm_ros.sched.admission import VLLM_MAX_NUM_SEQS, AdmissionView, LatencyGuided, make_admission
+from timelyllm_ros.sched.config import CoreConfig
 from timelyllm_ros.sched.policies import make_policy
-from timelyllm_ros.sched.scheduler import CoreConfig, PlannerCore
+from timelyllm_ros.sched.scheduler import PlannerCore
 
 
 def gen(level="normal", arrival=0.0, k=0, prev_end=math.nan, seq=0, tok=5.0, prefill=0.026):
@@ -217,8 +218,7 @@ def test_simulator_learns_its_engines_prefill_cost_with_the_planners_code():
 
     eng = SimEngineConfig.from_yaml(paths.config_dir() / "sim_engine_fitted_cpu.yaml")
     sim = Simulator(generate("wid1", seed=1, duration_s=60.0), SimConfig(policy="pud", engine=eng))
-    sim.core.estimator.prefill_s_per_token = 1e-4  # start wrong: learning must bring it back
-    sim.core.estimator._prefill_prior = 1e-4
+    sim.core.estimator.restart_prefill(1e-4)  # start wrong: learning must bring it back
     sim.run()
     d = sim.core.estimator.describe()
     assert d["prefill_samples"] > 10 and d["decode_samples"] > 100

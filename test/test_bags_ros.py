@@ -63,10 +63,17 @@ def _wait(pred, timeout: float = 20.0) -> bool:
     return wait_until(pred, timeout)
 
 
+def _writer(node, topic: str):
+    """``node``'s one publisher on ``topic``."""
+    (pub,) = [p for p in node.publishers if p.topic_name == topic]
+    return pub
+
+
 def _writers(stack) -> list:
     """The writers whose messages a recording of one task must hold."""
     p = stack.planner
-    return [p._requests, p._all_segments, p._results, stack.fleet._done_pub]
+    return [_writer(p, "/plan_requests"), _writer(p, "/plan_segments"), _writer(p, "/plan_results"),
+            _writer(stack.fleet, "/segment_done")]
 
 
 def _reader_nodes(stack, topic: str) -> set[str]:
@@ -106,7 +113,7 @@ class Stack:
         self.client = rclpy.create_node("bag_test_client", context=self.ctx)
         self.action = SafeActionClient(self.client, PlanTask, "/plan_task")
         self.witness: list[tuple[str, object]] = []
-        self._wlock = threading.Lock()
+        self.witness_lock = threading.Lock()
         for topic, typ in RELIABLE_TOPICS.items():
             self.client.create_subscription(typ, topic, lambda m, t=topic: self._witness(t, m),
                                             QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE))
@@ -125,11 +132,11 @@ class Stack:
         assert ok, "the planner's action server never became visible"
 
     def _witness(self, topic, msg) -> None:
-        with self._wlock:
+        with self.witness_lock:
             self.witness.append((topic, msg))
 
     def seen(self, topic: str) -> list:
-        with self._wlock:
+        with self.witness_lock:
             return [m for t, m in self.witness if t == topic]
 
     def run_goals(self) -> list:
@@ -180,7 +187,7 @@ def recorded(stack, tmp_path_factory):
     stack.settle()
     counts = handle.counts
     assert handle.stop() == path
-    with stack._wlock:
+    with stack.witness_lock:
         witness = list(stack.witness)
     return path, results, witness, counts
 

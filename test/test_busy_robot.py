@@ -94,7 +94,7 @@ def test_a_finished_plan_the_robot_ran_to_the_end_before_the_urgent_task_came_st
     core.report_segment_done("t0", 0, finish_time=clock.now() - 0.01)
     assert [r.status for r in results if r.task_id == "t0"] == [TaskStatus.DONE]
     assert core.result("t0").status is TaskStatus.DONE and core.result("t1").status is TaskStatus.DONE
-    assert not core._preempted
+    assert not core.ownership.preempted
 
 
 def test_a_normal_task_waits_behind_an_urgent_one_and_a_cancel_while_waiting_answers():
@@ -137,7 +137,7 @@ def test_restored_after_a_restart_the_task_that_had_the_robot_keeps_it():
     core, segs, results = make_core(clock=clock)
     core.submit(on_robot(0, "r", plan="tc(30);mf(50);", level="urgent"))
     step_until(core, clock, lambda: segs)
-    restored_segments = list(core._tasks["t0"].segments)  # what was on the robot when the planner died
+    restored_segments = list(core.generation("t0").segments)  # what was on the robot when the planner died
     core2, segs2, results2 = make_core(clock=clock)
     core2.restore(on_robot(1, "r", plan="mb(100);"), [])  # older, waiting when the planner died
     core2.restore(on_robot(0, "r", plan="tc(30);mf(50);", level="urgent"), restored_segments)

@@ -351,8 +351,10 @@ def test_hundreds_of_goals_on_one_node(stack):
     # Every goal and result future the action client registered was completed and dropped (the removal runs
     # as an executor task after the result): rclpy 9.1.2's own send_goal_async leaves a never-completed
     # future behind per goal (see SafeActionClient).
-    assert wait_until(lambda: not pc._action._futures and not pc._action._pending_goal_requests, 60), \
-        (len(pc._action._futures), [f.done() for f in pc._action._futures][:10])
+    # (rclpy's own lists: it offers no public view of the futures an action client holds)
+    action = pc.action_client
+    assert wait_until(lambda: not action._futures and not action._pending_goal_requests, 60), \
+        (len(action._futures), [f.done() for f in action._futures][:10])
 
 
 def test_send_task_wrapper_and_blocking_plan(stack):

@@ -456,7 +456,7 @@ def test_a_validator_that_raises_fails_its_task_alone():
                 raise TypeError("validator bug")
             return real.validate(text)
 
-    core.hooks._sets["drone"] = _Buggy()
+    core.hooks.use_skillset("drone", _Buggy())
     core.submit(spec(0, plan="tc(30);mf(13);"))
     core.submit(spec(1))
     drain(core, clock)

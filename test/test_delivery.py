@@ -657,11 +657,12 @@ def test_a_task_over_max_task_tokens_is_rejected_naming_tokens(make_stack):
 
 def test_the_planner_refuses_nul_in_a_task_as_an_invalid_goal(make_stack):
     """NUL cannot cross ROS (see the next test), so the planner's own check is exercised directly."""
+    from timelyllm_ros.ros.convert import tuf_request
     from timelyllm_ros.ros.planner_node import GoalError
 
     s = make_stack()
     with pytest.raises(GoalError, match=r"^task: .*U\+0000.* at position 13"):
-        s.planner._validate("nul-1", "drone_0", "drone", "find the cat \x00now", NORMAL)
+        s.planner.service.validate("nul-1", "drone_0", "drone", "find the cat \x00now", tuf_request(NORMAL))
 
 
 def test_nul_in_a_task_is_refused_by_the_client_helper_before_it_leaves(make_stack):

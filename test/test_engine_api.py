@@ -36,6 +36,7 @@ from timelyllm_ros.engines.sim_realtime import RealtimeSimEngine, sim_plan_for
 from timelyllm_ros.model.clock import SimClock
 from timelyllm_ros.sched.policies import make_policy
 from timelyllm_ros.sched.scheduler import PlannerCore
+from timelyllm_ros.sched.warmup import warm_up
 from timelyllm_ros.skills.segmenter import StopChecker, make_stop_checker
 
 CAT = "Scene: [] Task: [A] Could you find the cat? If so, go to it."
@@ -175,7 +176,7 @@ def test_remote_config_errors_name_the_key_before_any_connection():
         with pytest.raises(EngineConfigError, match=f"{key} must be a number > 0, got {bad!r}"):
             make_engine({**base, key: bad})
     assert load_engine_config("engine_remote.yaml")["backend"] == "remote"  # the shipped file's keys are known
-    assert set(load_engine_config("engine_remote.yaml")) <= factory._REMOTE_KEYS
+    assert set(load_engine_config("engine_remote.yaml")) <= factory.REMOTE_KEYS
 
 
 def test_step_model_of_a_real_engine_config_is_read_whole_or_refused_by_name(tmp_path):
@@ -266,14 +267,14 @@ def test_core_warm_up_runs_throw_away_generations_and_leaves_the_core_untouched(
     eng = _ScriptedEngine()
     core = PlannerCore(eng, make_policy("pud"), SimClock())
     singles, burst = PromptRenderer(eng).warm_up_prompts(["drone", "arm"])
-    steps = core.warm_up(singles, burst)
+    steps = warm_up(core, singles, burst)
     assert steps == eng.steps and not eng.has_work()
     assert [(r.max_new_tokens, r.suspend_at_boundary) for r in eng.requests] == (
         [(1, True)] * len(singles) + [(4, False)] * len(burst))
     assert [r.prompt_token_ids for r in eng.requests] == [ids for _, ids in singles + burst]
     assert all(len(r.output_token_ids) == r.max_new_tokens for r in eng.requests)
     assert core.step_count == 0 and core.snapshot()["tasks"] == 0 and core.pending() == 0
-    assert core.warm_up([]) == 0
+    assert warm_up(core, []) == 0
 
 
 def test_core_warm_up_refuses_a_busy_engine():
@@ -283,7 +284,7 @@ def test_core_warm_up_refuses_a_busy_engine():
 
     eng.add(EngineRequest("busy", [1, 2], make_stop_checker("drone"), max_new_tokens=3))
     with pytest.raises(RuntimeError, match="already serving"):
-        core.warm_up([("drone", [1, 2, 3])])
+        warm_up(core, [("drone", [1, 2, 3])])
     assert [r.gen_id for r in eng.requests] == ["busy"]
 
 

@@ -21,6 +21,7 @@ from timelyllm_ros.model.clock import SimClock
 from timelyllm_ros.model.types import TaskStatus
 from timelyllm_ros.sched.policies import make_policy
 from timelyllm_ros.sched.scheduler import PlannerCore
+from timelyllm_ros.sched.warmup import warm_up
 from timelyllm_ros.skills.segmenter import make_stop_checker
 
 TASKS = ["Could you find the cat? If so, go to it.", "Take a picture of the kitchen.", "Go to the apple.",
@@ -102,16 +103,15 @@ def test_placement_fills_the_affine_member_then_spills_over_by_capacity():
 
 def test_placement_prefers_the_robot_types_member_and_a_resumed_generation_goes_home():
     pool, _ = _pool(max_batch=8)
-    pool.add(_req(0, "drone"))
-    pool.add(_req(1, "arm"))
-    pool.add(_req(2, "drone"))
-    pool.add(_req(3, "arm"))
+    reqs = [_req(0, "drone"), _req(1, "arm"), _req(2, "drone"), _req(3, "arm")]
+    for r in reqs:
+        pool.add(r)
     assert [_owner(pool, f"g{i}") for i in range(4)] == [0, 1, 0, 1]
     # g1 (arm, member 1) is suspended at its first boundary, then resumed: back to member 1, whose prefix
     # cache holds its prompt and plan so far, though member 0 now has fewer generations
     for g in ("g0", "g2", "g3"):
         pool.abort(g)
-    r1 = pool._reqs["g1"]
+    r1 = reqs[1]
     while not any(e.suspended for e in pool.step().events):
         pass
     assert "g1" not in pool.running_ids()
@@ -229,7 +229,7 @@ def test_a_member_that_fails_mid_generation_loses_no_generation_and_no_token(how
 
     events = driver.run(pool, reqs, on_step=hit)
     moved = pool.stats().failovers
-    assert moved >= 1 and not pool.members()[0].up and "member 0" in pool._why_down()
+    assert moved >= 1 and not pool.members()[0].up and "member 0" in pool.why_down()
     for r in reqs:
         evs = events[r.gen_id]
         assert evs[-1].reason is FinishReason.STOP, evs[-1]
@@ -299,7 +299,7 @@ def test_a_planner_core_on_a_pool_finishes_every_task_across_a_failover():
     assert pool.stats().failovers >= 1
     # and with every member down a new task fails at once, explicitly
     members[1].crash = True
-    pool._down(pool._members[1], "test: member 1 crashed")
+    pool.mark_down(1, "test: member 1 crashed")
     core.submit(spec(7))
     drain(core, clock)
     assert results[-1].task_id == "t7" and results[-1].status is TaskStatus.FAILED
@@ -321,9 +321,9 @@ def test_warm_up_reaches_every_member_that_is_up():
 
     members = [_Prompted(), _Prompted(), _Prompted()]
     pool = EnginePool(members, background_probes=False)
-    pool._down(pool._members[2], "test: down before start")
+    pool.mark_down(2, "test: down before start")
     core = PlannerCore(pool, make_policy("pud"), SimClock())
-    assert core.warm_up([("drone", list(range(40))), ("arm", list(range(50, 90)))]) > 0
+    assert warm_up(core, [("drone", list(range(40))), ("arm", list(range(50, 90)))]) > 0
     assert [m.added for m in members] == [["warmup-drone-0", "warmup-arm-1"]] * 2 + [[]]
     assert not pool.has_work() and all(not m.owned for m in pool.members())
 
@@ -374,7 +374,7 @@ def test_a_rebuild_runs_in_the_background_and_the_member_rejoins_when_it_is_done
         pool.step()
         clock.t = 5.0
         pool.step()  # the probe starts in the background
-        probe = pool._members[0].probe
+        probe = pool.rejoin_probe(0)
         assert probe is not None and not pool.members()[0].up
         probe.result(timeout=60)
         pool.step()  # and its engine joins at the next step

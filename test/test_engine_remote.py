@@ -166,10 +166,10 @@ def test_abort_and_concurrent_constrained_generations(eng, pb):
 def test_a_resumed_seeded_request_does_not_replay_its_random_draws(eng):
     """As the in-process engine: the seed of a resubmission is offset by the tokens already generated."""
     req = EngineRequest("g", [1, 2, 3], make_stop_checker("drone"), extra={"seed": 7, "temperature": 0.7})
-    assert eng._body(req, req.all_token_ids, 10)["seed"] == 7
+    assert eng.request_body(req, req.all_token_ids, 10)["seed"] == 7
     req.output_token_ids = [5, 6, 7, 8]
-    assert eng._body(req, req.all_token_ids, 10)["seed"] == 11
-    assert "seed" not in eng._body(EngineRequest("h", [1], make_stop_checker("drone")), [1], 10)
+    assert eng.request_body(req, req.all_token_ids, 10)["seed"] == 11
+    assert "seed" not in eng.request_body(EngineRequest("h", [1], make_stop_checker("drone")), [1], 10)
 
 
 def test_start_up_errors_name_the_problem(server):

@@ -17,7 +17,7 @@ import pytest
 
 from timelyllm_ros import paths
 from timelyllm_ros.engines import driver, vllm_engine
-from timelyllm_ros.engines.base import Engine, EngineInfo, EngineRequest, FinishReason, concat_segments
+from timelyllm_ros.engines.base import EngineInfo, EngineRequest, FinishReason, concat_segments
 from timelyllm_ros.engines.factory import EngineConfigError, load_engine_config, make_engine
 from timelyllm_ros.engines.prompts import PromptBuilder
 from timelyllm_ros.engines.vllm_engine import SubmissionLog, VllmEngine, finish_reason_from_vllm
@@ -66,10 +66,10 @@ def test_info_declares_the_loaded_model(eng):
 def test_a_resumed_seeded_request_does_not_replay_its_random_draws(eng):
     """The same seed on every resubmission replayed the draws that opened the plan after each segment."""
     req = EngineRequest("g", [1, 2, 3], make_stop_checker("drone"), extra={"seed": 7, "temperature": 0.7})
-    assert eng._sampling_params(req).seed == 7
+    assert eng.sampling_params(req).seed == 7
     req.output_token_ids = [5, 6, 7, 8]
-    assert eng._sampling_params(req).seed == 11  # reproducible, and not the opening draws again
-    assert eng._sampling_params(EngineRequest("h", [1], make_stop_checker("drone"))).seed is None
+    assert eng.sampling_params(req).seed == 11  # reproducible, and not the opening draws again
+    assert eng.sampling_params(EngineRequest("h", [1], make_stop_checker("drone"))).seed is None
 
 
 @engine
@@ -347,11 +347,11 @@ def test_a_suspended_generation_resumes_in_place_while_the_batch_has_room(eng, p
     _until_suspended(eng, "held-a")
     assert eng.held_ids() == {"held-a"} and eng.suspended_ids() == {"held-a"}
     assert eng.backend_has_request("held-a") and eng.backend_running_ids() == {"held-b"}
-    n_out = eng._subs["held-a"].n_out
+    n_out = eng.submission("held-a").n_out
     for _ in range(3):  # its robot executes
         rep = eng.step()
         assert rep.batch_size == 1 and rep.prefill_tokens == 0
-    assert eng._subs["held-a"].n_out == n_out  # not advanced while held
+    assert eng.submission("held-a").n_out == n_out  # not advanced while held
     in_place = eng.resumed_in_place
     eng.add(a)
     ev = _serve(eng, a)
@@ -466,7 +466,8 @@ def test_speculative_plans_are_token_identical_segment_by_segment(spec_pair):
             assert _plan(spec, tpl, f"spec-{tpl.name}-{park}", park_idle=park) == ref, (tpl.name, park)
     assert suspensions >= len(templates)  # segmented plans (a runaway one may end SEGMENT_TOO_LONG)
     assert spec.kept_past_boundary > kept  # accepted drafts crossed boundaries: the handover ran
-    assert not spec._carry and not spec._handover
+    kept_now = spec.bookkeeping()
+    assert not kept_now["carry"] and not kept_now["handover"]
 
 
 # -- no model below: finish reasons and bounded bookkeeping ---------------------------------------------------------
@@ -513,7 +514,7 @@ def test_every_finish_reason_of_the_installed_vllm_is_mapped():
     members = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "FinishReason")
     n_members = sum(isinstance(b, ast.Assign) for b in members.body)
     assert n_members == len(strings)  # FinishReason.__str__ indexes FINISH_REASON_STRINGS
-    assert set(strings) == set(EXPECTED) == set(vllm_engine._FINISH), strings
+    assert set(strings) == set(EXPECTED) == set(vllm_engine.FINISH_REASONS), strings
     for s in strings:
         assert finish_reason_from_vllm(s)[0] is EXPECTED[s]
 
@@ -551,13 +552,10 @@ class _FakeLLM:
 
 def _bare_engine() -> VllmEngine:
     """A VllmEngine without vLLM: its own bookkeeping over a fake LLMEngine."""
-    e = VllmEngine.__new__(VllmEngine)
-    Engine.__init__(e)
-    e._init_state()
-    e._llm, e._core, e.tokenizer, e.eos_token_ids = _FakeLLM(), None, _CharTokenizer(), {0}
-    e.info = EngineInfo("vllm", "fake", max_model_len=2048, supports_prefix_cache=True)
-    e._sampling_params = lambda req: SimpleNamespace(max_tokens=req.max_new_tokens - len(req.output_token_ids))
-    return e
+    return VllmEngine.for_testing(
+        _FakeLLM(), _CharTokenizer(), EngineInfo("vllm", "fake", max_model_len=2048, supports_prefix_cache=True),
+        eos_token_ids={0},
+        sampling_params=lambda req: SimpleNamespace(max_tokens=req.max_new_tokens - len(req.output_token_ids)))
 
 
 def _request(gid: str, max_new_tokens: int = 48, suspend: bool = False) -> EngineRequest:
@@ -568,9 +566,9 @@ def _request(gid: str, max_new_tokens: int = 48, suspend: bool = False) -> Engin
 def _output(e: VllmEngine, gid: str, text: str, reason: str | None = None, *, finished: bool | None = None,
             stop_reason=None, error=None):
     comp = SimpleNamespace(token_ids=[ord(c) for c in text], finish_reason=reason, stop_reason=stop_reason)
-    e._llm.queued.append(SimpleNamespace(request_id=e._subs[gid].ext_id, outputs=[comp], num_cached_tokens=0,
-                                         finished=reason is not None if finished is None else finished,
-                                         error=error))
+    e.llm_engine.queued.append(SimpleNamespace(request_id=e.submission(gid).ext_id, outputs=[comp],
+                                               num_cached_tokens=0, error=error,
+                                               finished=reason is not None if finished is None else finished))
 
 
 @pytest.mark.parametrize(("reason", "kw", "max_new", "expected", "words"), [
@@ -599,8 +597,9 @@ def test_a_failed_vllm_request_ends_the_generation_with_what_vllm_reported(reaso
     if expected is FinishReason.ERROR:  # nothing of a failed output reaches the plan
         assert [ev.reason for ev in events] == [FinishReason.ERROR]
         assert "".join(map(chr, req.output_token_ids)) == "mf(5"
-    assert not e.has_work() and e._finish_errors == {}
-    assert "g" not in e._history and "g" in e._retired and not e._subs and not e._by_ext
+    kept = e.bookkeeping()
+    assert not e.has_work() and kept["finish_errors"] == []
+    assert "g" not in kept["history"] and "g" in kept["retired"] and not kept["submissions"] and not kept["by_ext"]
 
 
 def test_a_clean_stop_succeeds_and_our_own_token_budget_is_left_to_the_scheduler():
@@ -626,18 +625,18 @@ def test_history_and_submissions_stay_bounded(monkeypatch):
         e.add(_request(f"f{i}"))
         _output(e, f"f{i}", "mf(50);", "stop")
         e.step()
-    assert not e._history and list(e._retired) == ["f7", "f8", "f9"]
+    assert not e.bookkeeping()["history"] and e.bookkeeping()["retired"] == ["f7", "f8", "f9"]
     assert len(e.submissions) == 10 and [s["gen_id"] for s in e.submissions] == ["f6", "f7", "f8", "f9"]
     for i in range(8):  # generations suspended and never resumed nor aborted: LRU-capped
         e.add(_request(f"s{i}", suspend=True))
         _output(e, f"s{i}", "mf(50);")
         (ev,) = e.step().events
         assert ev.suspended
-    assert list(e._history) == ["s3", "s4", "s5", "s6", "s7"]
+    assert e.bookkeeping()["history"] == ["s3", "s4", "s5", "s6", "s7"]
     e.add(_request("f9"))  # a retired gen_id used again: back in the live history
-    assert "f9" in e._history and "f9" not in e._retired
+    assert "f9" in e.bookkeeping()["history"] and "f9" not in e.bookkeeping()["retired"]
     e.abort("f9")
-    assert "f9" in e._retired and e._llm.aborted[-1] == e._llm.added[-1]
+    assert "f9" in e.bookkeeping()["retired"] and e.llm_engine.aborted[-1] == e.llm_engine.added[-1]
 
 
 def test_submission_log_keeps_absolute_indices():
@@ -665,7 +664,7 @@ def _drive(e: VllmEngine, req: EngineRequest, chunks: list[tuple[str, str | None
     chunks, events = list(chunks), []
     e.add(req)
     for _ in range(100):
-        if req.gen_id in e._subs and chunks:
+        if e.submission(req.gen_id) is not None and chunks:
             _output(e, req.gen_id, *chunks.pop(0))
         events += e.step().events
         if events and events[-1].final:
@@ -696,10 +695,11 @@ def test_tokens_a_step_writes_past_a_boundary_are_handed_over_on_resume(in_place
     assert e.kept_past_boundary == len(";tc(9") + len(";\x00")
     # In place: vLLM's request goes on after the kept tokens. Resubmitted: they are part of the new prompt.
     # The end vLLM reported with the last kept tokens needs no request at all.
-    assert len(e._llm.added) == (1 if in_place else 2)
+    llm = e.llm_engine
+    assert len(llm.added) == (1 if in_place else 2)
     if not in_place:
-        assert e._llm.prompts[e._llm.added[1]][-len(";tc(9"):] == [ord(c) for c in ";tc(9"]
-    assert not e._carry and not e._handover and not e.has_work()
+        assert llm.prompts[llm.added[1]][-len(";tc(9"):] == [ord(c) for c in ";tc(9"]
+    assert not e.bookkeeping()["carry"] and not e.bookkeeping()["handover"] and not e.has_work()
 
 
 def test_a_constrained_resubmission_generates_the_kept_tokens_again():
@@ -713,11 +713,11 @@ def test_a_constrained_resubmission_generates_the_kept_tokens_again():
         e.add(req)
         _output(e, "g", "mf(50);tc(9")
         (ev,) = e.step().events
-        assert ev.suspended and "g" in e._carry
+        assert ev.suspended and "g" in e.bookkeeping()["carry"]
         e.add(req)
-        assert "g" not in e._carry and bool(e._handover) is in_place
+        assert "g" not in e.bookkeeping()["carry"] and bool(e.bookkeeping()["handover"]) is in_place
         if not in_place:
-            assert e._llm.prompts[e._llm.added[-1]] == req.all_token_ids  # from the boundary
+            assert e.llm_engine.prompts[e.llm_engine.added[-1]] == req.all_token_ids  # from the boundary
 
 
 def test_kept_tokens_are_dropped_with_their_generation_and_bounded(monkeypatch):
@@ -729,14 +729,14 @@ def test_kept_tokens_are_dropped_with_their_generation_and_bounded(monkeypatch):
         _output(e, f"s{i}", "mf(50);tc(9")
         (ev,) = e.step().events
         assert ev.suspended and ev.text == "mf(50)"
-    assert list(e._carry) == ["s2", "s3", "s4"]
+    assert e.bookkeeping()["carry"] == ["s2", "s3", "s4"]
     e.abort("s3")  # a task cancelled while suspended: nothing of it stays
-    assert list(e._carry) == ["s2", "s4"]
+    assert e.bookkeeping()["carry"] == ["s2", "s4"]
     resumed = _request("s4", suspend=True)
     resumed.output_token_ids = [ord(c) for c in "mf(5"]  # not where it was cut: generated again, not handed over
     e.add(resumed)
-    assert "s4" not in e._carry and not e._handover
-    assert e._llm.prompts[e._llm.added[-1]] == resumed.all_token_ids
+    assert "s4" not in e.bookkeeping()["carry"] and not e.bookkeeping()["handover"]
+    assert e.llm_engine.prompts[e.llm_engine.added[-1]] == resumed.all_token_ids
 
 
 # -- dtype and speculative options, decided at configure (no model) ---------------------------------------------------

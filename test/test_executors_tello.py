@@ -157,12 +157,12 @@ def test_the_emulator_hovers_wherever_sdk_stop_cuts_a_take_off_a_move_or_a_landi
                 tello.send_command_without_return("stop")
                 t.join(15)
                 assert out.get("value") is True, (cmd, out)  # the cut command is over: 'ok'
-                backend._clear_replies()  # the 'ok' of 'stop' itself
+                backend.clear_replies()  # the 'ok' of 'stop' itself
                 dm = int(tello.send_read_command("height?").removesuffix("dm"))
                 assert 0 < dm < 8 or cmd != "takeoff", (cmd, dm)  # part of the way up (80 cm)
                 # hovering in the air: a move is accepted (it is refused on the ground: 'error Not flying')
                 assert tello.send_control_command("up 20", 10) is True, cmd
-                backend._clear_replies()
+                backend.clear_replies()
             tello.send_control_command("land", 10)
         finally:
             backend.close(land=False)

@@ -354,7 +354,9 @@ def test_planner_refuses_a_damaged_journal_resets_on_request_and_refuses_goals_i
     from timelyllm_ros.model.types import TaskStatus
     from timelyllm_ros.msg import TimeUtility
     from timelyllm_ros.paths import config_dir
+    from timelyllm_ros.ros.convert import tuf_request
     from timelyllm_ros.ros.planner_node import GoalError, build_planner
+    from timelyllm_ros.sched.planner_io import PlanRequest
 
     state = _journal_left(tmp_path / "s")
     (state / (DB_NAME + "-wal")).unlink()
@@ -368,20 +370,21 @@ def test_planner_refuses_a_damaged_journal_resets_on_request_and_refuses_goals_i
         planner, sched = build_planner(params + [Parameter("journal_reset_damaged", value=True)], context=ctx)
         try:
             assert planner.journal.reset_report and planner.journal.unfinished() == []
-            tuf = TimeUtility(level="normal")
+            tuf = tuf_request(TimeUtility(level="normal"))
             conn = planner.journal._conn  # SQLite's full disk, for this connection: no page beyond these
             conn.execute(f"PRAGMA max_page_count = {conn.execute('PRAGMA page_count').fetchone()[0]}")
             task = "take off and fly to the window " * 40
             with pytest.raises(GoalError, match=f"{state / DB_NAME}.*full") as e:
                 for k in range(200):
-                    planner._accept(f"g{k}", "drone_0", "drone", task, tuf)
+                    planner.service.accept(PlanRequest(f"g{k}", "drone_0", "drone", task, tuf))
             assert e.value.status is TaskStatus.BUSY
             refused = f"g{k}"
-            assert refused not in planner._open and planner.core.task_status(refused) is None
+            assert refused not in planner.service.open_tasks() and planner.core.task_status(refused) is None
             assert planner.journal.status(refused) is None
             assert all(planner.journal.status(f"g{i}") == "active" for i in range(k))
             planner.journal._conn.execute("PRAGMA max_page_count = 1000000")
-            assert planner._accept(refused, "drone_0", "drone", task, tuf)[0] == refused  # space again
+            # space again
+            assert planner.service.accept(PlanRequest(refused, "drone_0", "drone", task, tuf))[0] == refused
             assert planner.journal.status(refused) == "active"
         finally:
             planner.shutdown()

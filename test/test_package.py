@@ -168,3 +168,91 @@ def test_installed_interfaces_match_sources():
         for f in (ROOT / kind).iterdir():
             stale = f"{kind}/{f.name} is stale: run scripts/setup.sh"
             assert (share / kind / f.name).read_text() == f.read_text(), stale
+
+
+MODULE_LINES_MAX, CLASS_METHODS_MAX = 800, 40
+
+
+def test_modules_and_classes_stay_small():
+    """No module of the package over 800 lines and no class over 40 methods: past that, one holds more than one
+    concept, and a newcomer no longer finds each in one guess (README "Where things live")."""
+    big = []
+    for py in (ROOT / "timelyllm_ros").rglob("*.py"):
+        text = py.read_text()
+        if (n := len(text.splitlines())) > MODULE_LINES_MAX:
+            big.append(f"{py.relative_to(ROOT)}: {n} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef):
+                methods = [f for f in node.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)]
+                if len(methods) > CLASS_METHODS_MAX:
+                    big.append(f"{py.relative_to(ROOT)}: class {node.name} has {len(methods)} methods")
+    assert not big, big
+
+
+# Reads of another object's private attribute that stay: the object is of the reading class itself (a copy it
+# makes, an instance its own constructor builds), or a standard-library type named in an annotation.
+SAME_CLASS_PRIVATES = {("skills/minispec.py", "c"), ("engines/vllm_engine.py", "e"), ("bags/cli.py", "argparse"),
+                       ("ros/bag_cli.py", "argparse")}
+
+
+def test_no_module_reads_another_objects_private_attributes():
+    """``obj._x`` only on ``self``/``cls`` (or an instance of the same class, listed above): what a module needs of
+    another is public, so a change inside one cannot silently break the other."""
+    pkg = ROOT / "timelyllm_ros"
+    offenders = []
+    for py in pkg.rglob("*.py"):
+        rel = py.relative_to(pkg).as_posix()
+        for node in ast.walk(ast.parse(py.read_text())):
+            if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+                continue
+            base = node.value
+            if isinstance(base, ast.Name) and (base.id in ("self", "cls") or (rel, base.id) in SAME_CLASS_PRIVATES):
+                continue
+            if isinstance(base, ast.Call) and isinstance(base.func, ast.Name) and base.func.id == "super":
+                continue
+            offenders.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+    assert not offenders, offenders
+
+
+def _module_graph() -> dict[str, set[str]]:
+    pkg = ROOT / "timelyllm_ros"
+    names = {".".join(py.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+             for py in pkg.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for py in pkg.rglob("*.py"):
+        me = ".".join(py.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        deps = set()
+        tree = ast.parse(py.read_text())
+        typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                       and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names if a.name in names)
+            elif isinstance(node, ast.ImportFrom) and node.module in names:
+                subs = {f"{node.module}.{a.name}" for a in node.names} & names
+                deps.update(subs or {node.module})
+        graph[me] = deps - {me}
+    return graph
+
+
+def test_the_package_modules_form_no_import_cycle():
+    """No module of the package reaches itself through its imports (imports inside functions included; those only
+    for type annotations excepted): the layers of "Where things live" hold module by module, not only by folder."""
+    graph = _module_graph()
+    state: dict[str, int] = {}
+
+    def cycle_from(mod: str, path: list[str]) -> list[str] | None:
+        state[mod] = 1
+        for dep in sorted(graph.get(mod, ())):
+            if state.get(dep) == 1:
+                return [*path, mod, dep]
+            if dep not in state and (found := cycle_from(dep, [*path, mod])):
+                return found
+        state[mod] = 2
+        return None
+
+    for mod in sorted(graph):
+        if mod not in state:
+            assert (found := cycle_from(mod, [])) is None, " -> ".join(found)

@@ -7,9 +7,11 @@ from timelyllm_ros.engines.sim_engine import SimEngine
 from timelyllm_ros.model.clock import SimClock
 from timelyllm_ros.model.tuf import LEVELS
 from timelyllm_ros.model.types import TaskSpec, TaskStatus
+from timelyllm_ros.sched import telemetry
+from timelyllm_ros.sched.config import CoreConfig
 from timelyllm_ros.sched.lengths import PlanLengths, Welford, text_key, type_key
 from timelyllm_ros.sched.policies import make_policy
-from timelyllm_ros.sched.scheduler import CoreConfig, PlannerCore
+from timelyllm_ros.sched.scheduler import PlannerCore
 
 PRIOR = {"drone": 6.0, "arm": 12.0}
 
@@ -160,14 +162,14 @@ def test_the_scheduler_plans_a_long_task_longer_after_learning():
     assert core.snapshot()["length_model"] == "learned"
     core.submit(task(10, "look for the keyboard and go there", LONG))
     core.submit(task(11, "descend", SHORT))
-    long_g, short_g = core._tasks["t10"], core._tasks["t11"]
+    long_g, short_g = core.generation("t10"), core.generation("t11")
     firsts = {r.task_id: len(r.segments[0].token_ids) for r in core.trained_results}
     assert long_g.tok_est == pytest.approx(firsts["t0"])  # exactly its first segment's tokens
     assert short_g.tok_est == pytest.approx(firsts["t100"])
     assert long_g.tok_est > short_g.tok_est
     assert long_g.rem_tok_est > 2 * short_g.rem_tok_est  # the whole plan left
     # PUD ranks with it: G = tok_est x the step time (the short task's first segment is cheaper)
-    rows = {r["task_id"]: r for r in core.queue_view()}
+    rows = {r["task_id"]: r for r in telemetry.queue_view(core)}
     assert rows["t10"]["slack_s"] < rows["t11"]["slack_s"]
     drain(core, clock)
 
@@ -178,7 +180,7 @@ def test_the_estimate_follows_the_plan_segment_by_segment():
     core.submit(task(20, "look for the keyboard and go there", LONG))
     seen = []
     for _ in range(2000):
-        g = core._tasks.get("t20")
+        g = core.generation("t20")
         if g is None:
             break
         seen.append((len(g.segments), g.tok_est))
@@ -202,10 +204,10 @@ def test_urgent_tasks_plan_with_a_high_quantile():
     core, _ = make_core(clock)
     s = TaskSpec(robot_id="x", prompt="varies", tuf=LEVELS["normal"])
     for n in (4, 6, 8, 10, 4, 6, 8, 10):  # taught directly: the spread of a model's sampled plans
-        core.lengths.observe_segment(s, 0, n)
+        core.lengths.learned.observe_segment(s, 0, n)
     core.submit(task(1, "varies", SHORT, level="normal"))
     core.submit(task(2, "varies", SHORT, level="urgent"))
-    normal, urgent = core._tasks["t1"].tok_est, core._tasks["t2"].tok_est
+    normal, urgent = core.generation("t1").tok_est, core.generation("t2").tok_est
     assert normal == pytest.approx(7.0)
     assert urgent > 9.0  # the 90 % quantile
 
@@ -215,8 +217,8 @@ def test_ewma_keeps_todays_per_robot_type_estimate():
     core = trained(clock, length_model="ewma")
     core.submit(task(10, "look for the keyboard and go there", LONG))
     core.submit(task(11, "descend", SHORT))
-    assert core._tasks["t10"].tok_est == core._tasks["t11"].tok_est == core._tok_est["drone"]
-    assert core.lengths.predict(core._tasks["t10"].spec, 0).seg_level == "text"  # still learned, not used
+    assert core.generation("t10").tok_est == core.generation("t11").tok_est == core.lengths.mean("drone")
+    assert core.lengths.learned.predict(core.generation("t10").spec, 0).seg_level == "text"  # still learned, not used
     drain(core, clock)
 
 
@@ -232,10 +234,10 @@ def test_length_settings_are_checked():
 def test_bench_cuts_recorded_plans_as_the_planner_does_and_beats_todays_estimate():
     from bench.plan_lengths import prediction_error, recorded_plans, segment
     from timelyllm_ros.engines.sim_engine import bpe_pieces
-    from timelyllm_ros.sched.scheduler import _SkillHooks
+    from timelyllm_ros.sched.hooks import SkillHooks
 
     pieces = bpe_pieces("?s('cat')==True{g('cat');};")
-    toks, calls = segment(_SkillHooks(learn=False), "drone", pieces)
+    toks, calls = segment(SkillHooks(learn=False), "drone", pieces)
     assert sum(toks) == len(pieces) and len(toks) >= 2 and calls[0] and not calls[-1]  # '};' calls nothing
     plans = recorded_plans()
     real = plans["real engine (real_policies runs)"]

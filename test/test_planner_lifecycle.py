@@ -159,11 +159,11 @@ def test_deactivate_drains_open_tasks_and_ends_the_rest_with_a_result():
         assert m.transition(Transition.TRANSITION_CONFIGURE) and m.transition(Transition.TRANSITION_ACTIVATE)
         assert m.action.wait_for_server(timeout_sec=30)
         fut = m.send()
-        assert wait_until(lambda: m.planner._open, 30)
+        assert wait_until(lambda: m.planner.service.open_tasks(), 30)
         assert m.transition(Transition.TRANSITION_DEACTIVATE)
         r = _result(fut)
         assert r.status == S.STATUS_CANCELED and "deactivated" in r.message, (r.status, r.message)
-        assert not m.planner._open
+        assert not m.planner.service.open_tasks()
     finally:
         m.close()
 

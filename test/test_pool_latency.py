@@ -72,8 +72,8 @@ def test_each_member_learns_its_own_speed_from_its_own_steps():
     pool1 = EnginePool(streamed, background_probes=False)
     _run(pool1, 3)
     est = pool1.member_estimator(0)
-    b = max(range(1, 4), key=lambda b: est._n[b])  # the batch size it saw most
-    assert est._n[b] >= 3 and est.step_time(b) >= streamed[0].cfg.step_time(b) * 0.999
+    b = max(range(1, 4), key=est.samples_at)  # the batch size it saw most
+    assert est.samples_at(b) >= 3 and est.step_time(b) >= streamed[0].cfg.step_time(b) * 0.999
     # /engine_state's member values: what the scheduler plans with for each member (idle: batch 1)
     assert [s.est_time_per_token_s for s in pool.members()] == [pool.member_estimator(i).step_time(1)
                                                                 for i in range(2)]

@@ -7,8 +7,9 @@ from timelyllm_ros.engines.sim_engine import SimEngine
 from timelyllm_ros.model.clock import SimClock
 from timelyllm_ros.model.tuf import LEVELS
 from timelyllm_ros.model.types import TaskSpec, TaskStatus
+from timelyllm_ros.sched.config import CoreConfig
 from timelyllm_ros.sched.policies import make_policy
-from timelyllm_ros.sched.scheduler import CoreConfig, PlannerCore
+from timelyllm_ros.sched.scheduler import PlannerCore
 
 COMM = CoreConfig().comm_s
 
@@ -40,7 +41,7 @@ def test_a_short_first_segment_is_judged_by_its_own_length_not_the_mean():
     core, results = make_core("pud-shed", clock, segment_tokens_prior={"drone": 14.0})
     core.submit(task("teach", "normal", 0.0, "d(3);"))
     drain(core, clock)
-    assert results[-1].status is TaskStatus.DONE and core._tok_min[("drone", True)] == 4  # d ( 3 );
+    assert results[-1].status is TaskStatus.DONE and core.overload.fewest_tokens("drone", True) == 4  # d ( 3 );
     t0 = clock.now() + 1.0
     clock.set(t0)
     core.submit(task("u", "urgent", t0 - 0.2, "d(3);"))  # queued 0.2 s already (a burst ahead of it)
@@ -48,7 +49,7 @@ def test_a_short_first_segment_is_judged_by_its_own_length_not_the_mean():
     assert core.running_ids() == ["u"]
     per_token = core.estimator.step_time(1)
     clock.set(t0 - 0.2 + 0.40)  # 0.40 s after arrival, 3 tokens to go: ~0.47 s at best, inside the 0.5 s cutoff
-    mean_left = (core._tok_est["drone"] - 1) * per_token
+    mean_left = (core.lengths.mean("drone") - 1) * per_token
     assert LEVELS["urgent"].tuf0(0.40 + mean_left + COMM) < 0  # what the mean-based rule shed
     assert LEVELS["urgent"].tuf0(0.40 + 3 * per_token + COMM) > 0
     drain(core, clock)

@@ -48,7 +48,7 @@ def _run(jobs, policy: str, seed: int, model: SimEngineConfig):
     sim.engine.step = logged
     res = sim.run()
     replay = replay_of(res.records, jobs, bpe_pieces, lambda ids: ids[0],
-                       lambda job, rt: sim._prompt_ids(job, rt))
+                       lambda job, rt: sim.prompt_ids(job, rt))
     return res, steps, replay
 
 

@@ -7,9 +7,11 @@ from timelyllm_ros.engines.sim_engine import SimEngine
 from timelyllm_ros.model.clock import RealClock, SimClock
 from timelyllm_ros.model.tuf import LEVELS
 from timelyllm_ros.model.types import TaskSpec, TaskStatus
+from timelyllm_ros.sched import telemetry
 from timelyllm_ros.sched.admission import FixedCap, make_admission
+from timelyllm_ros.sched.config import CoreConfig
 from timelyllm_ros.sched.policies import make_policy
-from timelyllm_ros.sched.scheduler import CoreConfig, PlannerCore
+from timelyllm_ros.sched.scheduler import PlannerCore
 
 
 def make_core(policy="pud", clock=None, **cfg):
@@ -61,10 +63,10 @@ def test_report_done_moves_resume_time():
         rep = core.start_step()
         clock.advance(rep.duration_s)
         core.complete_step(rep)
-    g = core._tasks["t0"]
+    g = core.generation("t0")
     assert g.eligible_at < clock.now() + 2.0  # predicted from the model's minimum
     core.report_segment_done("t0", 0, finish_time=clock.now() + 5.0)
-    assert core._tasks["t0"].eligible_at > clock.now() + 4.5
+    assert core.generation("t0").eligible_at > clock.now() + 4.5
     core.report_segment_done("t0", 0, finish_time=clock.now() + 0.01)
     assert core.next_wakeup() == clock.now()  # resume now
     drain(core, clock)
@@ -213,7 +215,7 @@ def test_the_decision_log_keeps_the_most_recent_decisions_only(monkeypatch):
 
 
 def _prefill_est(core, task_id):
-    return next(q["prefill_est_s"] for q in core.queue_view() if q["task_id"] == task_id)
+    return next(q["prefill_est_s"] for q in telemetry.queue_view(core) if q["task_id"] == task_id)
 
 
 def test_every_task_is_estimated_with_the_prefix_its_own_warmed_prompt_leaves_cached():

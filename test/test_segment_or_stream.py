@@ -1,7 +1,6 @@
 """Segment when it pays, stream when it does not (issue 28 item 1): pud-shed suspends a generation at a segment
-boundary only when a waiting generation gains more from its place than the resume costs
-(PlannerCore._decide_boundaries); otherwise the plan is written on in place, each segment still sent as it is
-detected."""
+boundary only when a waiting generation gains more from its place than the resume costs (sched/boundaries.py,
+SegmentOrStream.decide); otherwise the plan is written on in place, each segment still sent as it is detected."""
 
 import pytest
 from test_pud_shed_rule import step
@@ -153,11 +152,16 @@ def test_a_resume_held_in_place_costs_no_prefill():
     for core in (resub, held):
         core.submit(arm_spec())
         core.start_step()
-    g1, g2 = resub._running["arm0"], held._running["arm0"]
-    assert resub._resume_cost(g1, tight=False) > 0
-    assert held._resume_cost(g2, tight=False) == pytest.approx(0.1 * resub._resume_cost(g1, tight=False))
+    g1, g2 = resub.generation("arm0"), held.generation("arm0")
+    assert g1.task_id in resub.running_ids() and g2.task_id in held.running_ids()
+
+    def cost(core: PlannerCore, g, tight: bool) -> float:
+        return core.segmenting.resume_cost(g, tight, core.estimator, core.engine)
+
+    assert cost(resub, g1, tight=False) > 0
+    assert cost(held, g2, tight=False) == pytest.approx(0.1 * cost(resub, g1, tight=False))
     # with the KV cache tight, a resubmission recomputes all but the shared prefix
-    assert resub._resume_cost(g1, tight=True) > resub._resume_cost(g1, tight=False)
+    assert cost(resub, g1, tight=True) > cost(resub, g1, tight=False)
 
 
 def test_switching_to_pud_at_run_time_suspends_a_plan_written_in_place_again():

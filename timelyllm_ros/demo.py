@@ -30,6 +30,7 @@ from rich.table import Table
 
 from timelyllm_ros.measure import metrics
 from timelyllm_ros.measure.records import SegRecord, TaskRecord
+from timelyllm_ros.sched import telemetry
 from timelyllm_ros.sim.workloads import Job, Workload, load_workload
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 130)
@@ -185,7 +186,7 @@ def run_policy(engine: Any, constrained: bool, policy: str, jobs: list[Job], arg
             if recorder is not None:
                 n_msgs = sum(recorder.counts.values())
                 console.print(f"recorded {n_msgs} messages to {recorder.stop()}")
-            decisions = metrics.decision_stats(planner.core.decision_log())
+            decisions = metrics.decision_stats(telemetry.decision_log(planner.core))
             admission, estimate = planner.core.admission.name, planner.core.estimator.describe()
             planner.shutdown()
     finally:

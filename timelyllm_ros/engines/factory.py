@@ -41,8 +41,9 @@ _POOL_KEYS = frozenset({"backend", "_path", "constrained", "members", "step_wait
                         "probe_max_backoff_s", "max_failovers"})
 _REMOTE_LIMITS = ("connect_timeout_s", "read_timeout_s", "first_token_timeout_s", "token_timeout_s", "max_batch",
                   "step_wait_s")
-_REMOTE_KEYS = frozenset({"backend", "_path", "constrained", "url", "model", "tokenizer", "metrics_interval_s",
-                          "step_model", *_REMOTE_LIMITS})
+# the keys a remote engine's config may have (a shipped file's keys are checked against it)
+REMOTE_KEYS = frozenset({"backend", "_path", "constrained", "url", "model", "tokenizer", "metrics_interval_s",
+                         "step_model", *_REMOTE_LIMITS})
 _STEP_MODEL_KEYS = ("decode_s", "batch_slowdown", "prefill_s_per_token")
 _NOT_SIM_KEYS = ("backend", "_path", "constrained", "time_scale")  # top-level keys that are no SimEngineConfig field
 
@@ -175,7 +176,8 @@ def make_engine(config: dict | str | Path, *, realtime: bool = False, **override
 
 def _real_engine(cfg: dict, backend: str) -> Engine:
     if backend == "vllm":
-        from timelyllm_ros.engines.vllm_engine import EngineOptionError, VllmEngine, apply_default_env
+        from timelyllm_ros.engines.vllm_common import EngineOptionError, apply_default_env
+        from timelyllm_ros.engines.vllm_engine import VllmEngine
 
         args = dict(cfg.get("engine_args") or {})
         if "model" not in args:
@@ -193,9 +195,9 @@ def _real_engine(cfg: dict, backend: str) -> Engine:
         if missing:
             raise EngineConfigError(f"remote backend: {' and '.join(missing)} required (the server's address and "
                                     f"its --served-model-name)")
-        unknown = sorted(set(cfg) - _REMOTE_KEYS)
+        unknown = sorted(set(cfg) - REMOTE_KEYS)
         if unknown:  # a misspelt timeout would otherwise fall back to its default unnoticed
-            raise EngineConfigError(f"remote backend: unknown key(s) {unknown}; known: {sorted(_REMOTE_KEYS)}")
+            raise EngineConfigError(f"remote backend: unknown key(s) {unknown}; known: {sorted(REMOTE_KEYS)}")
         for k in _REMOTE_LIMITS:
             if k in cfg and not (isinstance(cfg[k], int | float) and not isinstance(cfg[k], bool) and cfg[k] > 0):
                 raise EngineConfigError(f"remote backend: {k} must be a number > 0, got {cfg[k]!r}")

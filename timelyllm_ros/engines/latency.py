@@ -50,6 +50,14 @@ class LatencyEstimator:
         self._prior = (decode_s, slope_s)
         self._dirty = 0
 
+    def restart_prefill(self, s_per_token: float) -> None:
+        """Start the prefill estimate over from this prior, forgetting what was learned (a test's wrong start;
+        an operator who knows the engine changed)."""
+        if not s_per_token >= 0:
+            raise ValueError(f"prefill s_per_token must be >= 0, got {s_per_token!r}")
+        self.prefill_s_per_token = self._prefill_prior = s_per_token
+        self._prefill.clear()
+
     @classmethod
     def from_step_model(cls, model: StepModel, **kw: Any) -> LatencyEstimator:
         return cls(decode_s=model.decode_s, slope_s=model.decode_s * model.batch_slowdown,
@@ -123,6 +131,10 @@ class LatencyEstimator:
     def decode_samples(self) -> int:
         """Decode steps learned from so far (0: still the seed)."""
         return self._samples
+
+    def samples_at(self, batch: int) -> int:
+        """Decode steps of batch size ``batch`` learned from (from 3 on, :meth:`step_time` answers their average)."""
+        return self._n[batch] if 0 <= batch < len(self._n) else 0
 
     def describe(self) -> dict[str, Any]:
         """What the estimate is now and where it started (results files and /engine_state state it)."""

@@ -152,6 +152,113 @@ class _Member:
     owned: set[str] = field(default_factory=set)
 
 
+def _agree(members: Sequence[Engine], names: Sequence[str], probe_tokens: list[int]) -> EngineInfo:
+    """The pool's info; PoolMismatchError naming the members that serve something else than the first."""
+    first = members[0].info
+    bad = [f"{names[i]} ({problem})" for i, m in enumerate(members[1:], 1)
+           if (problem := _mismatch(first, m, names[0], probe_tokens))]
+    if bad:
+        raise PoolMismatchError(f"engine pool: every member must serve the same model; {', '.join(bad)}")
+    return EngineInfo(name="pool", model=first.model, max_model_len=first.max_model_len,
+                      needs_plan_text=first.needs_plan_text, supports_prefix_cache=first.supports_prefix_cache,
+                      step_model=first.step_model, kv_block_tokens=first.kv_block_tokens)
+
+
+def _mismatch(ref: EngineInfo, m: Engine, ref_name: str, probe_tokens: list[int]) -> str:
+    """What ``m`` serves differently from ``ref`` ("" if nothing); ``probe_tokens``: the reference's tokenization
+    of :data:`TOKENIZER_PROBE`."""
+    info = m.info
+    for what in ("model", "max_model_len", "needs_plan_text", "supports_prefix_cache"):
+        if getattr(info, what) != getattr(ref, what):
+            return f"{what}={getattr(info, what)!r}, {ref_name} has {getattr(ref, what)!r}"
+    if m.tokenize(TOKENIZER_PROBE) != probe_tokens:
+        return f"its tokenizer disagrees with {ref_name}'s on {TOKENIZER_PROBE!r}"
+    return ""
+
+
+def _remember(d: OrderedDict, key: Any, value: Any, bound: int = MEMORY_LEN) -> None:
+    d[key] = value
+    d.move_to_end(key)
+    while len(d) > bound:
+        d.popitem(last=False)
+
+
+def _detach(m: _Member, gid: str) -> list[int]:
+    """Take ``gid`` off a failed member: the tokens of its unfinished segment, if the member can still say."""
+    try:
+        seg = m.engine.segment_so_far(gid)
+    except Exception:  # noqa: BLE001 - a broken member: the segment restarts at the checker's state
+        seg = []
+    with contextlib.suppress(Exception):
+        m.engine.abort(gid)
+    return seg
+
+
+class _Rejoins:
+    """The pool's rejoin (module doc): each member that is down is rebuilt after its backoff, in a background
+    thread unless ``background`` is off; one rebuilt in the background joins at the next :meth:`run`."""
+
+    def __init__(self, pool: EnginePool, probe_tokens: list[int], clock: Callable[[], float],
+                 background: bool) -> None:
+        self.pool, self.probe_tokens, self.clock = pool, probe_tokens, clock
+        self.executor = concurrent.futures.ThreadPoolExecutor(1, "engine-pool-probe") if background else None
+
+    def run(self, members: Sequence[_Member]) -> None:
+        now = self.clock()
+        for m in members:
+            if m.up:
+                continue
+            if m.probe is not None:
+                if m.probe.done():
+                    self.probed(m, m.probe)
+                continue
+            if m.rebuild is None or now < m.next_probe:
+                continue
+            if self.executor is None:
+                f: concurrent.futures.Future = concurrent.futures.Future()
+                try:
+                    f.set_result(self.rebuild(m))
+                except Exception as e:  # noqa: BLE001
+                    f.set_exception(e)
+                self.probed(m, f)
+            else:
+                m.probe = self.executor.submit(self.rebuild, m)
+
+    def rebuild(self, m: _Member) -> Engine:
+        """Probe thread: close the failed engine, build it again, check it serves the pool's model."""
+        with contextlib.suppress(Exception):
+            m.engine.close()
+        assert m.rebuild is not None
+        eng = m.rebuild()
+        problem = _mismatch(self.pool.info, eng, "the pool", self.probe_tokens)
+        if problem:
+            with contextlib.suppress(Exception):
+                eng.close()
+            raise PoolMismatchError(f"it came back serving something else: {problem}")
+        return eng
+
+    def probed(self, m: _Member, f: concurrent.futures.Future) -> None:
+        m.probe = None
+        try:
+            eng = f.result()
+        except Exception as e:  # noqa: BLE001
+            m.down_reason = f"{m.down_reason.split(' [rejoin failed')[0]} [rejoin failed: {type(e).__name__}: {e}]"
+            m.backoff_s = min(m.backoff_s * 2, self.pool.probe_max_backoff_s)
+            m.next_probe = self.clock() + m.backoff_s
+            log.info("engine pool: %s still down (%s); next try in %g s", m.name, e, m.backoff_s)
+            return
+        m.engine, m.up, m.down_reason, m.rejoins = eng, True, "", m.rejoins + 1
+        m.max_batch = max(1, int(eng.stats().max_batch))
+        m.step_s = eng.info.step_model.decode_s if eng.info.step_model else None
+        m.est = LatencyEstimator.for_engine(eng)  # a rebuilt server may run elsewhere: learn it afresh
+        m.unlearned.clear()
+        log.warning("engine pool: %s rejoined", m.name)
+
+    def close(self) -> None:
+        if self.executor is not None:
+            self.executor.shutdown(wait=True, cancel_futures=True)
+
+
 class EnginePool(Engine):
     """:class:`Engine` over several member engines; see the module docstring for placement and failover.
 
@@ -176,8 +283,8 @@ class EnginePool(Engine):
                 raise ValueError(f"{names[i]}: a pool cannot be a member of a pool")
         if not (step_wait_s > 0 and poll_s > 0 and 0 < probe_backoff_s <= probe_max_backoff_s):
             raise ValueError("step_wait_s, poll_s > 0 and 0 < probe_backoff_s <= probe_max_backoff_s")
-        self._probe_tokens = members[0].tokenize(TOKENIZER_PROBE)
-        self.info = self._agree(members, names)
+        probe_tokens = members[0].tokenize(TOKENIZER_PROBE)
+        self.info = _agree(members, names, probe_tokens)
         self.tokenizer: Any = getattr(members[0], "tokenizer", None)  # what PromptRenderer builds prompts with
         self.step_wait_s, self.poll_s = float(step_wait_s), float(poll_s)
         self.probe_backoff_s, self.probe_max_backoff_s = float(probe_backoff_s), float(probe_max_backoff_s)
@@ -201,34 +308,13 @@ class EnginePool(Engine):
         self._pending: list[SegmentEvent] = []  # ERROR finishes of generations no member could take
         self.failovers = 0
         self.failed_unplaced = 0
-        self._probes = concurrent.futures.ThreadPoolExecutor(1, "engine-pool-probe") if background_probes else None
-
-    # -- construction checks ------------------------------------------------------------------------------
-    def _agree(self, members: Sequence[Engine], names: Sequence[str]) -> EngineInfo:
-        """The pool's info; PoolMismatchError naming the members that serve something else than the first."""
-        first = members[0].info
-        bad = [f"{names[i]} ({problem})" for i, m in enumerate(members[1:], 1)
-               if (problem := self._mismatch(first, m, names[0]))]
-        if bad:
-            raise PoolMismatchError(f"engine pool: every member must serve the same model; {', '.join(bad)}")
-        return EngineInfo(name="pool", model=first.model, max_model_len=first.max_model_len,
-                          needs_plan_text=first.needs_plan_text, supports_prefix_cache=first.supports_prefix_cache,
-                          step_model=first.step_model, kv_block_tokens=first.kv_block_tokens)
-
-    def _mismatch(self, ref: EngineInfo, m: Engine, ref_name: str) -> str:
-        info = m.info
-        for what in ("model", "max_model_len", "needs_plan_text", "supports_prefix_cache"):
-            if getattr(info, what) != getattr(ref, what):
-                return f"{what}={getattr(info, what)!r}, {ref_name} has {getattr(ref, what)!r}"
-        if m.tokenize(TOKENIZER_PROBE) != self._probe_tokens:
-            return f"its tokenizer disagrees with {ref_name}'s on {TOKENIZER_PROBE!r}"
-        return ""
+        self._rejoins = _Rejoins(self, probe_tokens, clock, background_probes)
 
     # -- the Engine API ------------------------------------------------------------------------------------
     def add(self, req: EngineRequest, segment_so_far: Sequence[int] = ()) -> None:
         if req.gen_id in self._owner:
             raise ValueError(f"gen_id {req.gen_id!r} is already running in the engine pool")
-        self._probe_down()
+        self._rejoins.run(self._members)
         self._place(req, list(segment_so_far))
 
     def abort(self, gen_id: str) -> None:
@@ -269,7 +355,7 @@ class EnginePool(Engine):
     def step(self) -> StepReport:
         self.learn()
         t0 = time.perf_counter()
-        self._probe_down()
+        self._rejoins.run(self._members)
         events, self._pending = self._pending, []
         batch = new = prefill = 0
         longest = 0.0
@@ -358,7 +444,7 @@ class EnginePool(Engine):
                     self._last.pop(ev.gen_id, None)
                     self._moves.pop(ev.gen_id, None)
                 elif req is not None:
-                    self._remember(self._last, ev.gen_id, m.index)
+                    _remember(self._last, ev.gen_id, m.index)
         if failed:
             self._down(m, cause or "it ended a generation with an error", failed)
         return out
@@ -411,7 +497,7 @@ class EnginePool(Engine):
         while True:
             order = self.placement_order(req, frozenset(tried))
             if not order:
-                raise NoMemberUp(f"{req.gen_id}: no member of the engine pool is up to take it ({self._why_down()})")
+                raise NoMemberUp(f"{req.gen_id}: no member of the engine pool is up to take it ({self.why_down()})")
             m = self._members[order[0]]
             try:
                 m.engine.add(req, seg)
@@ -431,19 +517,13 @@ class EnginePool(Engine):
             m.owned.add(req.gen_id)
             self._owner[req.gen_id] = m.index
             self._reqs[req.gen_id] = req
-            self._remember(self._last, req.gen_id, m.index)
+            _remember(self._last, req.gen_id, m.index)
             key = self.affinity_key(req)
-            self._remember(self._prompts, (key, m.index), req.prompt_token_ids, PREFIX_MEMORY_LEN)
+            _remember(self._prompts, (key, m.index), req.prompt_token_ids, PREFIX_MEMORY_LEN)
             return
 
-    @staticmethod
-    def _remember(d: OrderedDict, key: Any, value: Any, bound: int = MEMORY_LEN) -> None:
-        d[key] = value
-        d.move_to_end(key)
-        while len(d) > bound:
-            d.popitem(last=False)
-
-    def _why_down(self) -> str:
+    def why_down(self) -> str:
+        """Each member and why it is down ("up" for one serving): what a generation no member takes is told."""
         return "; ".join(f"{m.name}: {m.down_reason or 'up'}" for m in self._members)
 
     # -- failover -------------------------------------------------------------------------------------------
@@ -459,7 +539,7 @@ class EnginePool(Engine):
             m.last_collect = None
         moved = []
         for gid in sorted(m.owned):  # sorted: a deterministic order of resubmission
-            seg = ended[gid] if gid in ended else self._detach(m, gid)
+            seg = ended[gid] if gid in ended else _detach(m, gid)
             moved.append((gid, seg))
         m.owned.clear()
         for gid, seg in moved:
@@ -468,15 +548,10 @@ class EnginePool(Engine):
             self._last.pop(gid, None)
             self._failover(req, seg, m, reason)
 
-    @staticmethod
-    def _detach(m: _Member, gid: str) -> list[int]:
-        try:
-            seg = m.engine.segment_so_far(gid)
-        except Exception:  # noqa: BLE001 - a broken member: the segment restarts at the checker's state
-            seg = []
-        with contextlib.suppress(Exception):
-            m.engine.abort(gid)
-        return seg
+    def mark_down(self, index: int, reason: str) -> None:
+        """Take member ``index`` out of service as a failure would (its generations move to the others; it is
+        rebuilt after the backoff where it can be): for an operator, and tests of what follows a failure."""
+        self._down(self._members[index], reason)
 
     def _failover(self, req: EngineRequest, seg: list[int], src: _Member, reason: str) -> None:
         n = self._moves.get(req.gen_id, 0) + 1
@@ -490,7 +565,7 @@ class EnginePool(Engine):
             self._place(req, seg, frozenset({src.index}))
         except NoMemberUp:
             self._fail(req, seg, f"{src.name} failed ({reason}) and no other member of the engine pool is up "
-                                 f"to resume it ({self._why_down()})")
+                                 f"to resume it ({self.why_down()})")
         except ValueError as e:
             self._fail(req, seg, f"{src.name} failed ({reason}); moving it was refused: {e}")
         else:
@@ -505,58 +580,6 @@ class EnginePool(Engine):
         log.error("engine pool: %s ends: %s", req.gen_id, error)
         self._pending.append(SegmentEvent(req.gen_id, req.stop_checker.pending_text, seg, FinishReason.ERROR,
                                           suspended=False, error=error))
-
-    # -- rejoin --------------------------------------------------------------------------------------------
-    def _probe_down(self) -> None:
-        now = self._clock()
-        for m in self._members:
-            if m.up:
-                continue
-            if m.probe is not None:
-                if m.probe.done():
-                    self._probed(m, m.probe)
-                continue
-            if m.rebuild is None or now < m.next_probe:
-                continue
-            if self._probes is None:
-                f: concurrent.futures.Future = concurrent.futures.Future()
-                try:
-                    f.set_result(self._rebuild(m))
-                except Exception as e:  # noqa: BLE001
-                    f.set_exception(e)
-                self._probed(m, f)
-            else:
-                m.probe = self._probes.submit(self._rebuild, m)
-
-    def _rebuild(self, m: _Member) -> Engine:
-        """Probe thread: close the failed engine, build it again, check it serves the pool's model."""
-        with contextlib.suppress(Exception):
-            m.engine.close()
-        assert m.rebuild is not None
-        eng = m.rebuild()
-        problem = self._mismatch(self.info, eng, "the pool")
-        if problem:
-            with contextlib.suppress(Exception):
-                eng.close()
-            raise PoolMismatchError(f"it came back serving something else: {problem}")
-        return eng
-
-    def _probed(self, m: _Member, f: concurrent.futures.Future) -> None:
-        m.probe = None
-        try:
-            eng = f.result()
-        except Exception as e:  # noqa: BLE001
-            m.down_reason = f"{m.down_reason.split(' [rejoin failed')[0]} [rejoin failed: {type(e).__name__}: {e}]"
-            m.backoff_s = min(m.backoff_s * 2, self.probe_max_backoff_s)
-            m.next_probe = self._clock() + m.backoff_s
-            log.info("engine pool: %s still down (%s); next try in %g s", m.name, e, m.backoff_s)
-            return
-        m.engine, m.up, m.down_reason, m.rejoins = eng, True, "", m.rejoins + 1
-        m.max_batch = max(1, int(eng.stats().max_batch))
-        m.step_s = eng.info.step_model.decode_s if eng.info.step_model else None
-        m.est = LatencyEstimator.for_engine(eng)  # a rebuilt server may run elsewhere: learn it afresh
-        m.unlearned.clear()
-        log.warning("engine pool: %s rejoined", m.name)
 
     # -- introspection ---------------------------------------------------------------------------------------
     def members(self) -> list[MemberStats]:
@@ -589,6 +612,10 @@ class EnginePool(Engine):
     def member_engine(self, index: int) -> Engine:
         return self._members[index].engine
 
+    def rejoin_probe(self, index: int) -> concurrent.futures.Future | None:
+        """The background rebuild of member ``index`` in flight, if any: tests wait on it instead of sleeping."""
+        return self._members[index].probe
+
     def stats(self) -> PoolStats:
         ms = self.members()
         up = [s.stats for s in ms if s.stats is not None]
@@ -618,8 +645,7 @@ class EnginePool(Engine):
         return done
 
     def close(self) -> None:
-        if self._probes is not None:
-            self._probes.shutdown(wait=True, cancel_futures=True)
+        self._rejoins.close()
         for m in self._members:
             if m.probe is not None and m.probe.done() and m.probe.exception() is None:
                 with contextlib.suppress(Exception):

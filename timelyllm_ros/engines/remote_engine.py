@@ -60,7 +60,7 @@ from timelyllm_ros.engines.base import (
     RawTokens,
 )
 from timelyllm_ros.engines.detok import IncrementalDetokenizer
-from timelyllm_ros.engines.vllm_engine import finish_reason_from_vllm
+from timelyllm_ros.engines.vllm_common import finish_reason_from_vllm
 
 log = logging.getLogger(__name__)
 
@@ -310,7 +310,9 @@ class RemoteEngine(Engine):
         return (body.get("usage") or {}).get("prompt_tokens_details") is not None
 
     # -- streams ----------------------------------------------------------------------------------------------
-    def _body(self, req: EngineRequest, ids: list[int], remaining: int) -> dict:
+    def request_body(self, req: EngineRequest, ids: list[int], remaining: int) -> dict:
+        """The /v1/completions body of a (re)submission of ``req``: the prompt ``ids`` (the plan so far included),
+        at most ``remaining`` tokens, its sampling, seed for this point and grammar; streamed, with token ids."""
         ex = req.extra
         body: dict[str, Any] = {
             "model": self.model,
@@ -490,7 +492,7 @@ class RemoteEngine(Engine):
         remaining = req.max_new_tokens - len(req.output_token_ids)
         if remaining <= 0:
             raise ValueError(f"{req.gen_id}: no tokens left (max_new_tokens={req.max_new_tokens})")
-        body = self._body(req, ids, remaining)
+        body = self.request_body(req, ids, remaining)
         s = _Stream(req.gen_id, f"{req.gen_id}#{next(self._seq)}", ids, remaining,
                     IncrementalDetokenizer(self.tokenizer, ids, skip_ids=self.eos_token_ids), time.perf_counter())
         with self._cond:

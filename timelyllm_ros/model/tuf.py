@@ -87,6 +87,36 @@ class TimeUtility:
             raise ValueError(f"unknown urgency level {level!r}; known: {sorted(LEVELS)}") from None
 
 
+
+@dataclass(frozen=True, slots=True)
+class TufRequest:
+    """A TimeUtility as a request gives it: a named ``level`` (fields left at 0 take the level's values) or custom
+    alpha/beta/ert. Kept as given, since a retry matches its first request on these fields, not on what they
+    resolve to."""
+
+    level: str = ""
+    alpha: float = 0.0
+    beta: float = 0.0
+    ert: float = 0.0
+
+    def resolve(self) -> TimeUtility:
+        """The TimeUtility asked for; ValueError naming the field on bad input (NaN, wrong sign, unknown level)."""
+        for name in ("alpha", "beta", "ert"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"tuf.{name} must be a finite number, got {getattr(self, name)}")
+        level = self.level.strip()
+        if level:
+            if level not in LEVELS:
+                raise ValueError(f"tuf.level: unknown urgency level {level!r}; known: {sorted(LEVELS)} or '' for "
+                                 "custom")
+            base = LEVELS[level]
+            return TimeUtility(alpha=self.alpha or base.alpha, beta=self.beta or base.beta,
+                               ert=self.ert or base.ert, level=level)
+        try:
+            return TimeUtility(alpha=self.alpha, beta=self.beta, ert=self.ert, level="custom")
+        except ValueError as e:
+            raise ValueError(f"tuf: {e} (or set tuf.level to one of {sorted(LEVELS)})") from None
+
 # Named urgency levels (design §3): normal 0 at 1.5 s, urgent 0 at 0.5 s.
 LEVELS: dict[str, TimeUtility] = {
     "normal": TimeUtility(alpha=-2.0, beta=1.0, ert=1.0, level="normal"),

@@ -109,6 +109,15 @@ class Segment:
     def end(self) -> float | None:
         return self.real_end if self.real_end is not None else self.pred_end
 
+    def predict(self, comm_s: float, prev_end: float | None) -> None:
+        """Predict when this dispatched segment runs: it starts once it has reached its robot (``dispatch +
+        comm_s``) and the segment before it has ended (``prev_end``, reported or predicted; None: the first),
+        and takes its model minimum."""
+        assert self.dispatch is not None
+        arrive = self.dispatch + comm_s
+        self.pred_start = arrive if prev_end is None else max(arrive, prev_end)
+        self.pred_end = self.pred_start + self.est_exec_s
+
 
 @dataclass
 class TaskResult:
@@ -172,6 +181,19 @@ class Generation:
 
     def seg_tokens(self) -> int:
         return len(self.req.output_token_ids) - self.seg_start_len if self.req is not None else 0
+
+    def dispatch(self, seg: Segment, now: float, comm_s: float) -> None:
+        """``seg`` leaves for the robot now (:meth:`Segment.predict`)."""
+        seg.dispatch = now
+        seg.predict(comm_s, self.segments[seg.index - 1].end if seg.index > 0 else None)
+
+    def repredict(self, from_index: int, comm_s: float) -> None:
+        """Segment ``from_index`` has a real finish time: shift the predictions of the sent ones after it."""
+        segs = self.segments
+        for seg in segs[from_index + 1:]:
+            if seg.dispatch is None or seg.real_end is not None:
+                continue
+            seg.predict(comm_s, segs[seg.index - 1].end)
 
     def deadline(self) -> float:
         """Deadline of the segment to generate next (TimeUtility.deadline)."""

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from timelyllm_ros.robots.base import ExecutionError, RefusedError, StopSignal
 from timelyllm_ros.robots.perception import ScriptedScene
 from timelyllm_ros.skills.exec_model import ExecTimeModel
-from timelyllm_ros.skills.schema import SkillCall, SkillParseError, SkillSet
+from timelyllm_ros.skills.minispec import SkillCall, SkillParseError
+from timelyllm_ros.skills.schema import SkillSet
 
 JOINTS = ("joint0", "joint1", "joint2", "joint3", "joint4", "joint5", "gripper")
 UPPER_ARM_M, FOREARM_M, BASE_HEIGHT_M = 0.45, 0.35, 0.30

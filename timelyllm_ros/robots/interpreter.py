@@ -42,7 +42,7 @@ from typing import Any, Protocol
 
 from timelyllm_ros.robots.base import ExecutionError, Interrupted, RefusedError, StopSignal
 from timelyllm_ros.robots.perception import Perception, bearing_error
-from timelyllm_ros.skills.exec_model import call_estimate
+from timelyllm_ros.skills.call_time import call_estimate
 from timelyllm_ros.skills.minispec import (
     Assign,
     BinOp,

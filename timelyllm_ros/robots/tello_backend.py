@@ -98,7 +98,7 @@ class TelloBackend:
         """Airborne. Unknown after a take-off or landing that a halt cut (or that failed): the drone is asked."""
         if self._flying is None:
             with self._lock:
-                self._clear_replies()
+                self.clear_replies()
                 try:
                     reply = self.tello.send_read_command("height?")
                 except (TelloException, OSError) as e:
@@ -118,7 +118,7 @@ class TelloBackend:
     def connect(self) -> int:
         """Enter SDK mode and wait for state packets; returns the battery level (%)."""
         try:
-            self._clear_replies()
+            self.clear_replies()
             self.tello.connect()
         except TelloException as e:
             raise RobotConnectionError(f"tello {self.host}: connect failed: {_reason(e)}") from None
@@ -127,7 +127,7 @@ class TelloBackend:
         return self.battery()
 
     def battery(self) -> int:
-        self._clear_replies()
+        self.clear_replies()
         try:
             self._battery = self.tello.query_battery()
         except (TelloException, ValueError) as e:
@@ -235,7 +235,9 @@ class TelloBackend:
     def _timeout(self, expected_s: float) -> int:
         return max(self.min_timeout_s, int(math.ceil(expected_s * self.time_scale + self.timeout_margin_s)))
 
-    def _clear_replies(self) -> None:
+    def clear_replies(self) -> None:
+        """Drop the drone's replies not read yet (djitellopy queues them per address): a reply still queued, such
+        as the 'ok' of a 'stop', would otherwise answer the next command."""
         try:
             self.tello.get_own_udp_object()["responses"].clear()
         except KeyError:
@@ -248,7 +250,7 @@ class TelloBackend:
                 if self._halted and cmd.split(" ")[0] not in ("land", "keepalive"):
                     raise Interrupted(f"tello {self.host}: halted, {cmd!r} not sent")
                 self._in_flight, self._cut = cmd, False
-            self._clear_replies()
+            self.clear_replies()
             try:
                 self.tello.send_control_command(cmd, timeout=int(timeout))
                 self._heard = time.monotonic()

@@ -16,7 +16,8 @@ from typing import Any
 
 from timelyllm_ros.robots.interpreter import OPERATIONS
 from timelyllm_ros.skills.exec_model import ExecTimeModel
-from timelyllm_ros.skills.schema import SkillCall, SkillSet, SkillSpec
+from timelyllm_ros.skills.minispec import SkillCall
+from timelyllm_ros.skills.schema import SkillSet, SkillSpec
 
 # The SDK's motion words ("<word> <value>"). The move words are also the interpreter's directions.
 SDK_MOVES: tuple[str, ...] = ("forward", "back", "left", "right", "up", "down")  # value: cm, 20..500

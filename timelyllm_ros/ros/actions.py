@@ -1,4 +1,5 @@
-"""rclpy's ActionClient and ActionServer, fixed for load: every PlanTask client and server of ours uses them.
+"""rclpy's ActionClient and ActionServer, fixed for load: every PlanTask client and server of ours uses them;
+and :class:`ActionServerWatch`, which tells a client whether the server is there and which instance it is.
 
 rclpy's ``take_data`` (client and server) takes one message of each kind per
 executor wake-up. A node that sent 200 goals at once had 180 goal responses
@@ -11,10 +12,12 @@ wake-up takes what is there (up to ``MAX_TAKE`` per kind).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from rclpy.action import ActionClient, ActionServer
+from rclpy.node import Node
 from rclpy.task import Future
 
 # Requests, responses and messages taken per kind and executor wake-up (bounded: other entities get their turn).
@@ -128,3 +131,39 @@ class BatchedActionServer(ActionServer):
                 await super().execute({kind: item})
         if "expired" in taken_data:
             await super().execute({"expired": taken_data["expired"]})
+
+
+class ActionServerWatch:
+    """Is an action's server there, and is it a new instance? A restarted server's endpoints can show up before
+    the killed one's have timed out (discovery leases), so instances are told apart by the endpoint GIDs of their
+    status publishers: ``epoch`` goes up by one each time one not seen before appears. ``ready`` and
+    ``down_since`` (monotonic; None while ready) are as of the last :meth:`update`."""
+
+    def __init__(self, node: Node, client: ActionClient, action_name: str) -> None:
+        name = action_name if action_name.startswith("/") else f"{node.get_namespace().rstrip('/')}/{action_name}"
+        self._node, self._client = node, client
+        self._status_topic = f"{name}/_action/status"
+        self._seen_gids: set[bytes] = set()  # every status publisher seen
+        self._lock = threading.Lock()
+        self.ready = False
+        self.epoch = 0
+        self.down_since: float | None = time.monotonic()
+
+    def update(self, now: float) -> bool:
+        """Look at the graph now (``now``: monotonic); returns ``ready``."""
+        try:
+            ready = self._client.server_is_ready()
+            gids = {bytes(i.endpoint_gid) for i in self._node.get_publishers_info_by_topic(self._status_topic)}
+        except Exception:  # noqa: BLE001 - destroyed
+            ready, gids = False, set()
+        with self._lock:
+            fresh = gids - self._seen_gids
+            if fresh:
+                self._seen_gids |= fresh
+                self.epoch += 1
+            if ready:
+                self.down_since = None
+            elif self.ready or self.down_since is None:
+                self.down_since = now
+            self.ready = ready
+        return ready

@@ -38,6 +38,9 @@ Example (script)::
 Example (node spinning in an executor)::
 
     handle = planner.send(goal, on_segment=execute_segment, on_done=lambda h: log(h.status_name))
+
+The handle, the goal's bookkeeping and the client-side errors are in :mod:`timelyllm_ros.ros.plan_handle`
+(importable from here too).
 """
 
 from __future__ import annotations
@@ -65,10 +68,33 @@ from timelyllm_ros.action import PlanTask
 from timelyllm_ros.model.types import TaskStatus
 from timelyllm_ros.msg import PlanResult, PlanSegment, TimeUtility
 from timelyllm_ros.ros import topics
-from timelyllm_ros.ros.actions import SafeActionClient
-from timelyllm_ros.ros.convert import duration_s, status_from_code, status_name, time_msg, time_s
+from timelyllm_ros.ros.actions import ActionServerWatch, SafeActionClient
+from timelyllm_ros.ros.convert import duration_s, status_from_code, status_name, time_msg
+from timelyllm_ros.ros.plan_handle import (  # the errors and the handle are part of this module's API too
+    ERR_CLOSED,
+    ERR_LOST,
+    ERR_NO_RESPONSE,
+    ERR_NO_SERVER,
+    ERR_NOT_ACCEPTED,
+    ERR_TIMEOUT,
+    PHASE_ACCEPTED,
+    PHASE_DONE,
+    PHASE_FALLBACK,
+    PHASE_SENDING,
+    PHASE_WAIT_SERVER,
+    Attempt,
+    PlanClientError,
+    PlanHandle,
+    PlanTimeoutError,
+)
 from timelyllm_ros.sched.hygiene import check_text
 from timelyllm_ros.srv import GetPlanResult
+
+__all__ = [
+    "ERR_CLOSED", "ERR_LOST", "ERR_NO_RESPONSE", "ERR_NO_SERVER", "ERR_NOT_ACCEPTED", "ERR_TIMEOUT", "SOURCE_ACTION",
+    "SOURCE_RESULTS_TOPIC", "SOURCE_SERVICE", "PlanClient", "PlanClientError", "PlanHandle", "PlanTimeoutError",
+    "main", "send_task",
+]
 
 # Deep queues on the client side too: a burst of hundreds of goals must not overflow a reader's history.
 _DEEP = QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE, history=QoSHistoryPolicy.KEEP_LAST)
@@ -77,167 +103,6 @@ _DEEP = QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE, histor
 SOURCE_ACTION = "action"
 SOURCE_RESULTS_TOPIC = "plan_results"
 SOURCE_SERVICE = "get_plan_result"
-
-# Client-side failures (the planner's own outcomes, REJECTED included, are results, not errors).
-ERR_NO_SERVER = "no_server"        # no PlanTask action server within server_timeout
-ERR_NOT_ACCEPTED = "not_accepted"  # the action server answered the goal "not accepted"
-ERR_NO_RESPONSE = "no_response"    # no goal response after max_attempts sends, and the planner never heard of it
-ERR_LOST = "lost"                  # accepted, then the planner forgot the task (restarted without its journal)
-ERR_TIMEOUT = "timeout"            # no terminal result within the goal's timeout
-ERR_CLOSED = "closed"              # the PlanClient was destroyed first
-
-
-class PlanClientError(RuntimeError):
-    """A goal that ended without a result from the planner; ``kind`` is one of the ERR_* names."""
-
-    def __init__(self, kind: str, message: str, handle: PlanHandle | None = None) -> None:
-        super().__init__(message)
-        self.kind, self.handle = kind, handle
-
-
-class PlanTimeoutError(PlanClientError, TimeoutError):
-    """No action server, no goal response, or no result in time."""
-
-
-# Phases of a handle.
-_WAIT_SERVER, _SENDING, _ACCEPTED, _FALLBACK, _DONE = "wait_server", "sending", "accepted", "fallback", "done"
-
-
-class _Attempt:
-    __slots__ = ("n", "sent_at", "rejoin", "future", "goal_handle", "result_future", "responded", "broken")
-
-    def __init__(self, n: int, sent_at: float, rejoin: bool = False) -> None:
-        self.n, self.sent_at, self.rejoin = n, sent_at, rejoin
-        self.future = self.goal_handle = self.result_future = None
-        self.responded = self.broken = False
-
-
-class _GoalState:
-    """The client's bookkeeping of one goal (its attempts, held segments, polls, deadlines), guarded by ``lock``.
-    A :class:`PlanHandle` carries it as ``tracking``; only :class:`PlanClient` changes it."""
-
-    __slots__ = ("lock", "event", "phase", "attempt_list", "deadline", "server_deadline", "response_deadline",
-                 "next_send_at", "epoch", "held", "next", "last_progress", "probe_due", "poll_due", "poll_future",
-                 "poll_sent_at", "unknown", "candidate", "candidate_n", "rejoined_epoch", "rejoins_in_epoch",
-                 "cancel_requested")
-
-    def __init__(self, created: float, timeout: float, server_timeout: float) -> None:
-        self.lock = threading.RLock()
-        self.event = threading.Event()
-        self.phase = _WAIT_SERVER
-        self.attempt_list: list[_Attempt] = []
-        self.deadline = created + timeout
-        self.server_deadline = created + server_timeout
-        self.response_deadline = math.inf
-        self.next_send_at: float | None = None
-        self.epoch = -1  # server epoch of the accepting attempt
-        self.held: dict[int, PlanSegment] = {}
-        self.next = 0
-        self.last_progress = created
-        self.probe_due = math.inf
-        self.poll_due = 0.0
-        self.poll_future = None
-        self.poll_sent_at = 0.0
-        self.unknown = 0
-        self.candidate: tuple[PlanResult, str, float] | None = None
-        self.candidate_n: int | None = None  # num_segments of a result that came without its segments
-        self.rejoined_epoch = -1  # server epoch of the last rejoin (same goal re-sent after a fallback)
-        self.rejoins_in_epoch = 0
-        self.cancel_requested = False
-
-
-class PlanHandle:
-    """One goal in flight (and its outcome). Created by :meth:`PlanClient.send`.
-
-    After :meth:`done`: ``result`` (a ``PlanTask.Result``; rebuilt from a ``PlanResult`` when it came
-    through the fallback, with ``segments`` = the segments this client saw) and ``source``, or ``error``
-    / ``error_kind`` for a client-side failure. ``segments`` is what was handed to ``on_segment``, in
-    order; ``complete`` says it covers the whole plan.
-    """
-
-    def __init__(self, client: PlanClient, goal: PlanTask.Goal, on_segment, on_done, timeout: float) -> None:
-        self.client = client
-        self.goal = goal
-        self.task_id: str = goal.task_id
-        self.robot_id: str = goal.robot_id
-        self.on_segment = on_segment
-        self.on_done = on_done
-        self.timeout = timeout
-        self.sent_wall: float = time_s(goal.stamp)  # the goal's send stamp (wall clock)
-        self.t_created = time.monotonic()
-        self.t_first_segment: float | None = None  # monotonic, when on_segment got index 0 (or the first one)
-        self.t_done: float | None = None
-        self.attempts = 0          # goal requests sent
-        self.responses = 0         # goal responses received (accepted or not)
-        self.accepted = False      # some attempt was accepted by the action server
-        self.result: PlanTask.Result | None = None
-        self.source: str | None = None
-        self.error: str | None = None
-        self.error_kind: str | None = None
-        self.segments: list[PlanSegment] = []
-        self.from_feedback = 0     # delivered as feedback arrived
-        self.from_result = 0       # filled in from the result's segments list
-        self.from_topic = 0        # from /plan_segments while in fallback
-        self.from_service = 0      # from /get_plan_result's segments list (fallback)
-        self.missing: list[int] = []  # indices never seen (fallback only)
-        self.undelivered: list[PlanSegment] = []  # seen beyond a gap, so never handed to on_segment
-        self.complete = False
-        self.fallback_reason: str | None = None
-        self.polls = 0
-        self.rejoins = 0           # the same goal re-sent in fallback, to join the task on a restarted planner
-        self.tracking = _GoalState(self.t_created, timeout, client.server_timeout)
-
-    # -- public -----------------------------------------------------------------------------
-    def done(self) -> bool:
-        return self.tracking.event.is_set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until done (another thread must spin the node); True if done."""
-        return self.tracking.event.wait(timeout)
-
-    @property
-    def ok(self) -> bool:
-        return self.status is TaskStatus.DONE
-
-    @property
-    def status(self) -> TaskStatus | None:
-        """How the planner ended the task (None until its result came, or for a code this build does not know)."""
-        return status_from_code(self.result.status) if self.result is not None else None
-
-    @property
-    def status_name(self) -> str:
-        """The TaskStatus value of the result ("done", "invalid", ...), else the client-side error or phase."""
-        if self.result is not None:
-            return status_name(self.result.status)
-        return self.error_kind or self.tracking.phase
-
-    @property
-    def phase(self) -> str:
-        return self.tracking.phase
-
-    def result_or_raise(self) -> PlanTask.Result:
-        """The planner's result, or PlanClientError / PlanTimeoutError for a client-side failure."""
-        if self.result is not None:
-            return self.result
-        if not self.done():
-            raise PlanTimeoutError(ERR_TIMEOUT, f"task {self.task_id}: not finished yet", self)
-        cls = PlanTimeoutError if self.error_kind in (ERR_NO_SERVER, ERR_NO_RESPONSE, ERR_TIMEOUT) else PlanClientError
-        raise cls(self.error_kind or "error", self.error or "failed", self)
-
-    def cancel(self) -> None:
-        """Ask the planner to cancel the task (its result then comes as STATUS_CANCELED)."""
-        with self.tracking.lock:
-            self.tracking.cancel_requested = True
-            handles = [a.goal_handle for a in self.tracking.attempt_list
-                       if a.goal_handle is not None and a.goal_handle.accepted]
-        for gh in handles:
-            try:
-                gh.cancel_goal_async()
-            except Exception:  # noqa: BLE001 - best effort
-                pass
-
-    def __repr__(self) -> str:
-        return f"PlanHandle({self.task_id!r}, {self.status_name}, segments={len(self.segments)})"
 
 
 class PlanClient:
@@ -278,12 +143,7 @@ class PlanClient:
         self._open: dict[int, PlanHandle] = {}           # id(handle) -> handle, until done
         self._by_task: dict[str, list[PlanHandle]] = {}  # task_id -> open handles
         self._subs: list = []                            # fallback subscriptions, created on first need
-        self._server_ready = False
-        self._server_epoch = 0                           # +1 each time a server (instance) appears
-        name = action_name if action_name.startswith("/") else f"{node.get_namespace().rstrip('/')}/{action_name}"
-        self._status_topic = f"{name}/_action/status"
-        self._seen_gids: set[bytes] = set()              # every action server status publisher seen
-        self._server_down_since: float | None = time.monotonic()
+        self._server = ActionServerWatch(node, self._action, action_name)
         self._closed = False
         self._timer = node.create_timer(tick, self._tick, callback_group=self._group,
                                         clock=Clock(clock_type=ClockType.STEADY_TIME))
@@ -293,7 +153,7 @@ class PlanClient:
     def wait_for_server(self, timeout: float | None = None) -> bool:
         """Block (without spinning) until the action server is discovered."""
         ok = self._action.wait_for_server(timeout_sec=self.server_timeout if timeout is None else timeout)
-        self._update_server(time.monotonic())
+        self._server.update(time.monotonic())
         return ok
 
     def prepare(self, goal: PlanTask.Goal) -> PlanTask.Goal:
@@ -324,9 +184,9 @@ class PlanClient:
             self._open[id(h)] = h
             self._by_task.setdefault(h.task_id, []).append(h)
         now = time.monotonic()
-        if self._update_server(now):
+        if self._server.update(now):
             with h.tracking.lock:
-                if h.tracking.phase == _WAIT_SERVER:
+                if h.tracking.phase == PHASE_WAIT_SERVER:
                     self._send_attempt(h, now)
         return h
 
@@ -379,6 +239,11 @@ class PlanClient:
                 own.shutdown(timeout_sec=1.0)
         return handle.done()
 
+    @property
+    def action_client(self) -> ActionClient:
+        """The rclpy action client the goals go through (given to the constructor, or this client's own)."""
+        return self._action
+
     def open_handles(self) -> list[PlanHandle]:
         with self._lock:
             return list(self._open.values())
@@ -403,18 +268,18 @@ class PlanClient:
 
     # -- sending -----------------------------------------------------------------------------------
     def _send_attempt(self, h: PlanHandle, now: float, *, rejoin: bool = False) -> None:
-        att = _Attempt(len(h.tracking.attempt_list) + 1, now, rejoin)
+        att = Attempt(len(h.tracking.attempt_list) + 1, now, rejoin)
         h.tracking.attempt_list.append(att)
         if rejoin:
             h.rejoins += 1
-            h.tracking.rejoined_epoch = self._server_epoch
+            h.tracking.rejoined_epoch = self._server.epoch
             self._count("rejoins")
         else:
             h.attempts += 1
             self._count("attempts")
             if h.attempts > 1:
                 self._count("retries")
-            h.tracking.phase = _SENDING
+            h.tracking.phase = PHASE_SENDING
             h.tracking.next_send_at = None
             h.tracking.response_deadline = now + self.goal_response_timeout
         try:
@@ -426,7 +291,7 @@ class PlanClient:
             return
         att.future.add_done_callback(lambda f, h=h, att=att: self._on_goal_response(h, att, f))
 
-    def _on_goal_response(self, h: PlanHandle, att: _Attempt, fut) -> None:
+    def _on_goal_response(self, h: PlanHandle, att: Attempt, fut) -> None:
         try:
             gh = fut.result()
         except Exception:  # noqa: BLE001
@@ -437,7 +302,7 @@ class PlanClient:
             att.responded = True
             att.goal_handle = gh
             h.responses += 1
-            if h.tracking.phase == _DONE:
+            if h.tracking.phase == PHASE_DONE:
                 return
             if not gh.accepted:
                 if not h.accepted and not att.rejoin:
@@ -449,11 +314,11 @@ class PlanClient:
             if att.rejoin:
                 pass
             elif first:
-                h.tracking.epoch = self._server_epoch
+                h.tracking.epoch = self._server.epoch
                 h.tracking.response_deadline = math.inf
                 h.tracking.next_send_at = None
-                if h.tracking.phase == _SENDING:
-                    h.tracking.phase = _ACCEPTED
+                if h.tracking.phase == PHASE_SENDING:
+                    h.tracking.phase = PHASE_ACCEPTED
                 h.tracking.probe_due = h.tracking.last_progress + self.stale_after
             cancel = h.tracking.cancel_requested
             try:
@@ -466,13 +331,13 @@ class PlanClient:
         if cancel:
             gh.cancel_goal_async()
 
-    def _on_result_response(self, h: PlanHandle, att: _Attempt, fut) -> None:
+    def _on_result_response(self, h: PlanHandle, att: Attempt, fut) -> None:
         try:
             resp = fut.result()
         except Exception:  # noqa: BLE001
             resp = None
         with h.tracking.lock:
-            if h.tracking.phase == _DONE:
+            if h.tracking.phase == PHASE_DONE:
                 return
             if resp is None or resp.status == GoalStatus.STATUS_UNKNOWN:
                 att.broken = True
@@ -500,7 +365,7 @@ class PlanClient:
 
     def _offer(self, h: PlanHandle, seg: PlanSegment, how: str) -> None:
         with h.tracking.lock:
-            if h.tracking.phase == _DONE:
+            if h.tracking.phase == PHASE_DONE:
                 return
             if h.tracking.next < 0:  # tracking: start wherever the stream is
                 h.tracking.next = seg.segment_index
@@ -544,7 +409,7 @@ class PlanClient:
 
     def _on_topic_segment(self, msg: PlanSegment) -> None:
         for h in self._handles_of(msg.task_id):
-            if h.tracking.phase == _FALLBACK:
+            if h.tracking.phase == PHASE_FALLBACK:
                 self._offer(h, msg, "topic")
 
     # -- results --------------------------------------------------------------------------------------
@@ -568,7 +433,7 @@ class PlanClient:
         return len(result.segments)
 
     def _fail(self, h: PlanHandle, kind: str, message: str) -> None:
-        if h.tracking.phase == _DONE:
+        if h.tracking.phase == PHASE_DONE:
             return
         self._flush(h, "feedback", final=True)
         h.error_kind, h.error = kind, message
@@ -582,7 +447,7 @@ class PlanClient:
         self._close(h)
 
     def _close(self, h: PlanHandle) -> None:
-        h.tracking.phase = _DONE
+        h.tracking.phase = PHASE_DONE
         h.t_done = time.monotonic()
         if h.tracking.poll_future is not None:
             self._srv.remove_pending_request(h.tracking.poll_future)
@@ -613,12 +478,12 @@ class PlanClient:
     def _offer_result(self, h: PlanHandle, msg: PlanResult, source: str) -> None:
         """A result that did not come through the action (it carries no segment list). It becomes the
         candidate outcome; :meth:`_settle` decides when to take it."""
-        if h.tracking.phase == _DONE:
+        if h.tracking.phase == PHASE_DONE:
             return
         now = time.monotonic()
         if h.tracking.candidate is None:
             h.tracking.candidate = (msg, source, now + self.result_grace)
-        if h.tracking.phase == _FALLBACK and source == SOURCE_RESULTS_TOPIC and len(h.segments) < msg.num_segments:
+        if h.tracking.phase == PHASE_FALLBACK and source == SOURCE_RESULTS_TOPIC and len(h.segments) < msg.num_segments:
             # published by the running planner, which keeps the result: a rejoin gets every segment
             self._maybe_rejoin(h, now)
         self._settle(h, now)
@@ -627,11 +492,11 @@ class PlanClient:
         """Take the candidate result, or wait for better: the action's own result (every segment) usually
         follows within ``result_grace``; a rejoin's within ``goal_response_timeout``. While the action still
         looks alive, a candidate with segments missing turns into a fallback (and a rejoin) first."""
-        if h.tracking.candidate is None or h.tracking.phase == _DONE:
+        if h.tracking.candidate is None or h.tracking.phase == PHASE_DONE:
             return
         msg, source, until = h.tracking.candidate
         missing = len(h.segments) < msg.num_segments
-        if h.tracking.phase != _FALLBACK:
+        if h.tracking.phase != PHASE_FALLBACK:
             if now < until:
                 return
             if missing:
@@ -658,12 +523,13 @@ class PlanClient:
     def _maybe_rejoin(self, h: PlanHandle, now: float) -> None:
         """The planner holds the task: re-send the same goal to join it (once per server instance, again only if
         that re-send went unanswered, e.g. sent before the new server's endpoints matched ours)."""
-        if h.tracking.phase != _FALLBACK or not h.goal.robot_id or not self._server_ready or self._rejoin_pending(h):
+        if (h.tracking.phase != PHASE_FALLBACK or not h.goal.robot_id or not self._server.ready
+                or self._rejoin_pending(h)):
             return
-        if h.tracking.rejoined_epoch == self._server_epoch and (h.tracking.rejoins_in_epoch >= 3 or any(
+        if h.tracking.rejoined_epoch == self._server.epoch and (h.tracking.rejoins_in_epoch >= 3 or any(
                 a.rejoin and a.responded and not a.broken for a in h.tracking.attempt_list)):
             return
-        if h.tracking.rejoined_epoch == self._server_epoch:
+        if h.tracking.rejoined_epoch == self._server.epoch:
             h.tracking.rejoins_in_epoch += 1
         else:
             h.tracking.rejoins_in_epoch = 1
@@ -678,9 +544,9 @@ class PlanClient:
 
     # -- fallback ------------------------------------------------------------------------------------
     def _enter_fallback(self, h: PlanHandle, why: str, now: float) -> None:
-        if h.tracking.phase in (_DONE, _FALLBACK):
+        if h.tracking.phase in (PHASE_DONE, PHASE_FALLBACK):
             return
-        h.tracking.phase = _FALLBACK
+        h.tracking.phase = PHASE_FALLBACK
         h.fallback_reason = why
         h.tracking.poll_due = now
         self._count("fallbacks")
@@ -720,7 +586,7 @@ class PlanClient:
         with h.tracking.lock:
             if h.tracking.poll_future is fut:
                 h.tracking.poll_future = None
-            if h.tracking.phase == _DONE or resp is None:
+            if h.tracking.phase == PHASE_DONE or resp is None:
                 return
             now = time.monotonic()
             if resp.state == GetPlanResult.Response.STATE_DONE:
@@ -739,14 +605,14 @@ class PlanClient:
             if resp.state == GetPlanResult.Response.STATE_ACTIVE:
                 h.tracking.unknown = 0
                 h.tracking.last_progress = now
-                if h.tracking.phase == _ACCEPTED:
+                if h.tracking.phase == PHASE_ACCEPTED:
                     h.tracking.probe_due = now + self.stale_after
                 else:
                     self._maybe_rejoin(h, now)
                     h.tracking.poll_due = now + self.poll_period
                 return
             # STATE_UNKNOWN
-            if h.tracking.phase == _ACCEPTED:  # the planner forgot a goal its action server accepted: restarted
+            if h.tracking.phase == PHASE_ACCEPTED:  # the planner forgot a goal its action server accepted: restarted
                 self._enter_fallback(h, "the planner does not know the task (restarted?)", now)
                 h.tracking.unknown = 1
                 h.tracking.poll_due = now + self.poll_period
@@ -765,32 +631,13 @@ class PlanClient:
                 h.tracking.poll_due = now + self.poll_period
 
     # -- the timer -----------------------------------------------------------------------------------
-    def _update_server(self, now: float) -> bool:
-        """Is a server there, and is it a new instance? A restarted planner's endpoints can show up before
-        the killed one's have timed out (discovery leases), so instances are told apart by endpoint GIDs."""
-        try:
-            ready = self._action.server_is_ready()
-            gids = {bytes(i.endpoint_gid) for i in self.node.get_publishers_info_by_topic(self._status_topic)}
-        except Exception:  # noqa: BLE001 - destroyed
-            ready, gids = False, set()
-        with self._lock:
-            fresh = gids - self._seen_gids
-            if fresh:
-                self._seen_gids |= fresh
-                self._server_epoch += 1
-            if ready:
-                self._server_down_since = None
-            elif self._server_ready or self._server_down_since is None:
-                self._server_down_since = now
-            self._server_ready = ready
-        return ready
-
     def _tick(self) -> None:
         if self._closed or not self._open:
             return
         now = time.monotonic()
-        ready = self._update_server(now)
-        down_for = 0.0 if self._server_down_since is None else now - self._server_down_since
+        ready = self._server.update(now)
+        down_since = self._server.down_since
+        down_for = 0.0 if down_since is None else now - down_since
         for h in self.open_handles():
             with h.tracking.lock:
                 try:
@@ -800,7 +647,7 @@ class PlanClient:
 
     def _step(self, h: PlanHandle, now: float, ready: bool, down_for: float) -> None:
         ph = h.tracking.phase
-        if ph == _DONE:
+        if ph == PHASE_DONE:
             return
         if now >= h.tracking.deadline:
             self._fail(h, ERR_TIMEOUT, f"task {h.task_id}: no result within {h.timeout:g} s "
@@ -809,15 +656,15 @@ class PlanClient:
         if h.tracking.candidate is not None:
             self._settle(h, now)
             ph = h.tracking.phase
-            if ph == _DONE:
+            if ph == PHASE_DONE:
                 return
-        if ph == _WAIT_SERVER:
+        if ph == PHASE_WAIT_SERVER:
             if ready:
                 self._send_attempt(h, now)
             elif now >= h.tracking.server_deadline:
                 self._fail(h, ERR_NO_SERVER, f"no PlanTask action server within {self.server_timeout:g} s "
                                              "(is the planner running?)")
-        elif ph == _SENDING:
+        elif ph == PHASE_SENDING:
             if h.tracking.next_send_at is None and now >= h.tracking.response_deadline:
                 if h.attempts >= self.max_attempts:
                     self._enter_fallback(h, f"no goal response after {h.attempts} attempts", now)
@@ -830,14 +677,14 @@ class PlanClient:
                     self._send_attempt(h, now)
                 elif now >= h.tracking.server_deadline:
                     self._enter_fallback(h, "the action server disappeared while re-sending", now)
-        elif ph == _ACCEPTED:
-            if (not ready and down_for >= self.server_lost_grace) or (ready and self._server_epoch != h.tracking.epoch):
+        elif ph == PHASE_ACCEPTED:
+            if (not ready and down_for >= self.server_lost_grace) or (ready and self._server.epoch != h.tracking.epoch):
                 self._enter_fallback(h, "the action server went away", now)
             elif now >= h.tracking.probe_due:  # no news for a while: ask whether the planner still knows the task
                 h.tracking.probe_due = now + self.stale_after
                 h.tracking.poll_due = now
                 self._poll(h, now)
-        if h.tracking.phase == _FALLBACK:
+        if h.tracking.phase == PHASE_FALLBACK:
             self._poll(h, now)
 
 

@@ -3,19 +3,34 @@
 from __future__ import annotations
 
 import math
-import time
+from typing import TYPE_CHECKING
 
 from builtin_interfaces.msg import Duration, Time
 
 from timelyllm_ros.action import PlanTask
-from timelyllm_ros.engines.base import EngineStats
+from timelyllm_ros.engines.base import EngineInfo, EngineStats
 from timelyllm_ros.engines.pool import MemberStats, PoolStats
 from timelyllm_ros.measure.records import result_robot_waiting
-from timelyllm_ros.model.tuf import LEVELS, TimeUtility
-from timelyllm_ros.model.types import STATUS_CODE, STATUS_FROM_CODE, TaskResult, TaskSpec, TaskStatus
-from timelyllm_ros.msg import EngineMember, PlanResult, PlanSegment, SegmentAck, SegmentDone, SkillCall
+from timelyllm_ros.model.clock import WallOffset
+from timelyllm_ros.model.tuf import LEVELS, TimeUtility, TufRequest
+from timelyllm_ros.model.types import STATUS_CODE, STATUS_FROM_CODE, TaskResult, TaskStatus
+from timelyllm_ros.msg import (
+    EngineMember,
+    EngineState,
+    PlanResult,
+    PlanSegment,
+    SegmentAck,
+    SegmentDone,
+    SkillCall,
+    TaskRequest,
+)
 from timelyllm_ros.msg import TimeUtility as TimeUtilityMsg
 from timelyllm_ros.sched.journal_records import status_of_record
+from timelyllm_ros.srv import GetPlanResult, Plan
+
+if TYPE_CHECKING:  # annotations only: executors import this module, not the planner's
+    from timelyllm_ros.sched.journal import JournaledSegment
+    from timelyllm_ros.sched.planner_io import TaskLookup
 
 
 def nan_if_none(x: float | None) -> float:
@@ -61,49 +76,15 @@ def started(t: Time) -> bool:
     return bool(t.sec or t.nanosec)
 
 
-def _clock_pair(tries: int = 5) -> tuple[float, float]:
-    """(monotonic, wall) read as nearly at once as this host allows: the wall reading bracketed by two
-    monotonic ones, the narrowest bracket of ``tries``, monotonic taken at its middle."""
-    best: tuple[float, float, float] | None = None
-    for _ in range(tries):
-        m0 = time.monotonic()
-        w = time.time()
-        m1 = time.monotonic()
-        if best is None or m1 - m0 < best[0]:
-            best = (m1 - m0, (m0 + m1) / 2, w)
-    return best[1], best[2]
-
-
-class ClockBridge:
-    """Maps the core's monotonic clock to ROS (wall) time stamps and back.
-
-    The core schedules on a monotonic clock; messages carry wall time. The
-    offset is taken once, so both directions agree to the nanosecond. It is
-    read between two monotonic readings, the tightest of a few tries: a thread
-    preempted between the two clock reads (a busy host: milliseconds) would
-    otherwise shift every stamp by that much (seen: a bag's reception time
-    1.6 ms before the planner's arrival stamp).
-    """
-
-    def __init__(self, core_now: float | None = None, wall_now: float | None = None) -> None:
-        if core_now is None and wall_now is None:
-            core_now, wall_now = _clock_pair()
-        else:
-            core_now = time.monotonic() if core_now is None else core_now
-            wall_now = time.time() if wall_now is None else wall_now
-        self.offset = wall_now - core_now
+class ClockBridge(WallOffset):
+    """:class:`WallOffset` with ROS time stamps: the core's monotonic clock to ``builtin_interfaces/Time`` and
+    back."""
 
     def to_msg(self, core_t: float | None) -> Time:
         return Time() if core_t is None else time_msg(core_t + self.offset)
 
     def to_core(self, t: Time) -> float:
         return time_s(t) - self.offset
-
-    def to_wall(self, core_t: float | None) -> float | None:
-        return None if core_t is None else core_t + self.offset
-
-    def to_core_s(self, wall_s: float) -> float:
-        return wall_s - self.offset
 
 
 def status_code(status: TaskStatus) -> int:
@@ -123,25 +104,17 @@ def status_name(code: int) -> str:
     return st.value if st is not None else str(code)
 
 
+def tuf_request(msg: TimeUtilityMsg) -> TufRequest:
+    """A TimeUtility message's fields as given (a named level, or custom alpha/beta/ert)."""
+    return TufRequest(level=msg.level, alpha=msg.alpha, beta=msg.beta, ert=msg.ert)
+
+
 def tuf_from_msg(msg: TimeUtilityMsg) -> TimeUtility:
     """Named level (fields left at 0 take the level's values) or custom alpha/beta/ert.
 
     Raises ValueError naming the field on bad input (NaN, wrong sign, unknown level).
     """
-    for name in ("alpha", "beta", "ert"):
-        if not math.isfinite(getattr(msg, name)):
-            raise ValueError(f"tuf.{name} must be a finite number, got {getattr(msg, name)}")
-    level = msg.level.strip()
-    if level:
-        if level not in LEVELS:
-            raise ValueError(f"tuf.level: unknown urgency level {level!r}; known: {sorted(LEVELS)} or '' for custom")
-        base = LEVELS[level]
-        return TimeUtility(alpha=msg.alpha or base.alpha, beta=msg.beta or base.beta,
-                           ert=msg.ert or base.ert, level=level)
-    try:
-        return TimeUtility(alpha=msg.alpha, beta=msg.beta, ert=msg.ert, level="custom")
-    except ValueError as e:
-        raise ValueError(f"tuf: {e} (or set tuf.level to one of {sorted(LEVELS)})") from None
+    return tuf_request(msg).resolve()
 
 
 def tuf_to_msg(tuf: TimeUtility) -> TimeUtilityMsg:
@@ -170,6 +143,28 @@ def segment_msg(task_id: str, robot_id: str, seg, bridge: ClockBridge, skillset_
     )
 
 
+def journaled_segment_msg(task_id: str, robot_id: str, js: JournaledSegment, calls: list, skillset_id: str
+                           ) -> PlanSegment:
+    """A journaled segment (or end marker) as the PlanSegment that was sent; ``calls``: its skills parsed again
+    with the task's own skill set (none for a marker)."""
+    msg = PlanSegment(task_id=task_id, robot_id=robot_id, segment_index=js.index, text=js.text,
+                      is_final=bool(js.is_final or js.marker))
+    if not js.marker:
+        msg.skills = [skill_call_msg(c, skillset_id) for c in calls]
+        msg.predicted_execution = duration_msg(js.est_exec_s)
+    return msg
+
+
+def end_marker_msg(task_id: str, robot_id: str, index: int, generated: Time) -> PlanSegment:
+    """The end of a plan on its robot's topic: an empty final segment after the last one sent."""
+    return PlanSegment(task_id=task_id, robot_id=robot_id, segment_index=index, text="", is_final=True,
+                       stamp_generated=generated)
+
+
+def feedback_msg(segment: PlanSegment) -> PlanTask.Feedback:
+    return PlanTask.Feedback(segment=segment, utility_estimate=math.nan)
+
+
 def pool_members(stats: EngineStats) -> tuple[MemberStats, ...]:
     """An engine pool's members (none for a single engine)."""
     return stats.members if isinstance(stats, PoolStats) else ()
@@ -184,6 +179,17 @@ def engine_member_msg(m: MemberStats) -> EngineMember:
         step_time_s=nan_if_none(m.step_time_s),
         kv_cache_usage=float(st.kv_cache_usage) if st is not None else math.nan,
         failovers=m.failovers, rejoins=m.rejoins)
+
+
+def engine_state_msg(stats: EngineStats, info: EngineInfo, stamp: Time) -> EngineState:
+    described = {"dtype": info.dtype, "dtype_reason": info.dtype_reason, "speculative": info.speculative}
+    if "dtype" not in EngineState.get_fields_and_field_types():  # interfaces built before these fields
+        described = {}  # (msg/EngineState.msg): rebuilt by scripts/setup.sh
+    return EngineState(
+        stamp=stamp, backend=info.name, model=info.model, **described, running=stats.running,
+        waiting=stats.waiting, max_batch=stats.max_batch, tokens_per_second=float(stats.tokens_per_s),
+        step_time_s=float(stats.step_time_s), kv_cache_usage=float(stats.kv_cache_usage),
+        members=[engine_member_msg(m) for m in pool_members(stats)])
 
 
 # -- results: the core's TaskResult and the journal's record of one, as messages ---------------------------------
@@ -219,8 +225,49 @@ def plan_result_from_record(rec: dict) -> PlanResult:
                       utility=nan_if_none(rec.get("utility")))
 
 
-def spec_record(spec: TaskSpec, tuf_msg, bridge: ClockBridge) -> dict:
-    """The request as the robot sent it (the TUF fields as given, so a retry after a restart matches)."""
-    return {"task": spec.prompt, "tuf": {"level": tuf_msg.level, "alpha": tuf_msg.alpha, "beta": tuf_msg.beta,
-                                         "ert": tuf_msg.ert},
-            "sent_wall": bridge.to_wall(spec.sent)}
+def task_request_msg(stamp: Time, task_id: str, robot_id: str, robot_type: str, task: str,
+                     tuf: TimeUtilityMsg, sent: Time | None) -> TaskRequest:
+    """A request as it came (``accepted`` False until the planner accepts it), for /plan_requests."""
+    req = TaskRequest(stamp=stamp, task_id=task_id, robot_id=robot_id, robot_type=robot_type, task=task, tuf=tuf,
+                      accepted=False)
+    if sent is not None:
+        req.sent = sent
+    return req
+
+
+def fill_plan_result(resp: GetPlanResult.Response, task_id: str, found: TaskLookup, bridge: ClockBridge,
+                     stamp: Time) -> GetPlanResult.Response:
+    """/get_plan_result's answer from what the planner knows of the task: how it ended and every segment sent."""
+    if found.result is not None:
+        res = found.result
+        resp.state, resp.result = GetPlanResult.Response.STATE_DONE, plan_result_msg(res, stamp)
+        resp.segments = [segment_msg(task_id, res.robot_id, sg, bridge, found.skillset_id) for sg in res.segments]
+    elif found.record is not None:
+        resp.state, resp.result = GetPlanResult.Response.STATE_DONE, plan_result_from_record(found.record)
+        resp.segments = [journaled_segment_msg(task_id, found.robot_id, js, calls, found.skillset_id)
+                         for js, calls in found.journaled]
+    else:
+        active = found.state == "active"
+        resp.state = GetPlanResult.Response.STATE_ACTIVE if active else GetPlanResult.Response.STATE_UNKNOWN
+        resp.result = pending_plan_result(task_id)
+    return resp
+
+
+def fill_plan_response(resp: Plan.Response, res: TaskResult, bridge: ClockBridge, skillset_id: str) -> Plan.Response:
+    """/plan's answer: the whole plan, or why there is none."""
+    out = result_msg(res, bridge, skillset_id)
+    ok = res.status is TaskStatus.DONE
+    resp.status = Plan.Response.STATUS_OK if ok else Plan.Response.STATUS_FAILED
+    resp.error = "" if ok else out.message
+    resp.plan_text, resp.segments = out.plan_text, out.segments
+    return resp
+
+
+def refused_result(task_id: str, status: TaskStatus, message: str) -> PlanTask.Result:
+    """The PlanTask result of a goal that was never planned (refused, or failed before planning)."""
+    return PlanTask.Result(status=status_code(status), message=message, task_id=task_id)
+
+
+def pending_plan_result(task_id: str) -> PlanResult:
+    """/get_plan_result's answer for a task still open, or unknown: no figures yet."""
+    return PlanResult(task_id=task_id, response_time_from_send=math.nan, utility=math.nan)

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from timelyllm_ros.interfaces import is_end_marker
+
 
 @dataclass
 class _Pending:
@@ -184,6 +186,11 @@ class SegmentDelivery:
             for k in keys:
                 self._drop(k)
         return len(keys)
+
+    def forget_plan(self, task_id: str) -> int:
+        """:meth:`forget` all but the end-of-plan marker of a task that ended without running its plan: the robot
+        must still hear that the plan ended."""
+        return self.forget(task_id, keep=lambda msg: is_end_marker(msg.text, msg.is_final))
 
     def pending_for(self, robot_id: str) -> int:
         """Segments sent to ``robot_id`` and not acknowledged yet."""

@@ -290,27 +290,10 @@ class _Events:
 
 # -- planner ---------------------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class PlannerHealth:
-    """What the planner's statuses read, in one snapshot from ``planner.health()`` (the planner's public view of
-    its own state: nothing here reaches into its attributes). A planner being configured has no engine or core."""
-
-    lifecycle_state: str | None
-    engine: Any | None  # engines.base.Engine
-    core: Any | None  # sched.scheduler.PlannerCore
-    engine_error: str | None  # set while the engine is down and restarting (goals are refused)
-    engine_restarts: int
-    engine_thread_alive: bool | None  # None: the engine thread was never started
-    stopping: bool  # the planner is shutting down or deactivating its engine
-    journal_file: str | None  # None: no journal (state_dir not set)
-    journal_open: bool
-    journal_errors: int  # journal writes that failed so far
-    rejected_messages: dict[str, int] | None = None  # robot messages refused so far, per kind (ack, report, ...)
-
-
 class PlannerDiagnostics:
-    """The planner's statuses (see the module doc), from ``planner.health()``: the same sources as EngineState /
-    SchedulerState; a planner still being configured (no engine or core yet) reports STALE."""
+    """The planner's statuses (see the module doc), from ``planner.health()`` (a ``sched.service.PlannerHealth``):
+    the same sources as EngineState / SchedulerState; a planner still being configured (no engine or core yet)
+    reports STALE."""
 
     def __init__(self, planner: Node) -> None:
         from timelyllm_ros.msg import PlanResult, TaskRequest
@@ -547,12 +530,11 @@ class PlannerDiagnostics:
 def attach_planner_diagnostics(planner: Node) -> PlannerDiagnostics:
     """Publish the planner's statuses on /diagnostics (module doc). Call once the planner node has its engine and
     core; a second call returns the first handle (one publisher, one timer per node)."""
-    # Kept on the node itself: a map from nodes to handles (which hold their node) would keep every planner alive,
-    # and one that is not destroyed explicitly would stay on the graph.
-    h = getattr(planner, "_planner_diagnostics", None)
-    if h is None:
-        h = PlannerDiagnostics(planner)
-        planner._planner_diagnostics = h
+    # Kept on the node itself, as its ``diagnostics``: a map from nodes to handles (which hold their node) would keep
+    # every planner alive, and one that is not destroyed explicitly would stay on the graph.
+    h = getattr(planner, "diagnostics", None)
+    if not isinstance(h, PlannerDiagnostics):
+        h = planner.diagnostics = PlannerDiagnostics(planner)
     return h
 
 

@@ -98,6 +98,7 @@ class Replayer:
         self.speed = float(speed)
         self.keep_task_ids = keep_task_ids
         self.task_id_suffix = task_id_suffix
+        self.action = action
         self.client = SafeActionClient(node, PlanTask, action, callback_group=ReentrantCallbackGroup())
         self._done = threading.Semaphore(0)
         self._t0 = 0.0
@@ -106,7 +107,7 @@ class Replayer:
             stop: threading.Event | None = None) -> ReplayReport:
         """Block until every goal has a result (or ``timeout_s`` after the last one was sent)."""
         if not self.client.wait_for_server(timeout_sec=server_timeout_s):
-            raise TimeoutError(f"no PlanTask action server {self.client._action_name!r} within {server_timeout_s} s")
+            raise TimeoutError(f"no PlanTask action server {self.action!r} within {server_timeout_s} s")
         results = [ReplayResult(r) for r in self.requests]
         lateness = []
         wall0 = time.time()  # read first: a stamp is then never later than the moment its goal left

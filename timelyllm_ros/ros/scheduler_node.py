@@ -11,6 +11,7 @@ from rclpy.timer import Timer
 from timelyllm_ros.msg import QueuedGeneration, SchedulerState
 from timelyllm_ros.ros import topics
 from timelyllm_ros.ros.params import declare, on_change
+from timelyllm_ros.sched import telemetry
 from timelyllm_ros.sched.policies import DEFAULT_POLICY, POLICIES, make_policy
 from timelyllm_ros.sched.scheduler import PlannerCore
 
@@ -56,7 +57,7 @@ class SchedulerNode(Node):
         if core is None:  # detached by the planner's cleanup
             return
         now = core.clock.now()
-        ranked = core.queue_view(now)
+        ranked = telemetry.queue_view(core, now)
         snap = core.snapshot()
         dts = core.decision_times
         self._pub.publish(SchedulerState(

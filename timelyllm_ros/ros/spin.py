@@ -46,6 +46,11 @@ class PooledExecutor(MultiThreadedExecutor):
         self._started = threading.Condition(self._tasks_lock)
         self._ended: deque[Task] = deque()
 
+    @property
+    def queued(self) -> int:
+        """Handlers submitted to the thread pool that have not started yet (tests check the pool was saturated)."""
+        return len(self._queued)
+
     def _run(self, task: Task, entity, node) -> None:
         with self._started:
             self._queued.discard(task)

@@ -37,7 +37,7 @@ from statistics import NormalDist
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from timelyllm_ros.model.types import TaskSpec
+    from timelyllm_ros.model.types import Generation, TaskSpec
 
 _WS = re.compile(r"\s+")
 _SCENE = re.compile(r"scene:\s*\[[^\]]*\]", re.I)  # LRTrace drone prompts: "Scene: [objects with boxes] Task: ..."
@@ -249,3 +249,56 @@ class PlanLengths:
             out[level] += 1
         return out
 
+
+
+LENGTH_MODELS = ("learned", "ewma")
+
+
+class SegmentLengths:
+    """The scheduler's length estimate of a generation's next segment and of the plan left (``tok_est``,
+    ``rem_tok_est``) under one of :data:`LENGTH_MODELS`:
+
+    * ``learned``: per task, from :class:`PlanLengths` (``self.learned``); urgent tasks (beta >= ``urgent_beta``)
+      plan with its ``quantile_urgent``, not its mean, so their next segment is started early enough for a
+      longer than usual one and admission protects them for it;
+    * ``ewma``: one running mean per robot type of the skill-bearing segments, seeded by the prior (cheaper,
+      blind to the task).
+
+    Both learn under either model, so a run-time switch keeps what was learned."""
+
+    def __init__(self, model: str, prior: dict[str, float], *, quantile_urgent: float = 0.9,
+                 urgent_beta: float = 1.5, max_keys: int = 1024) -> None:
+        self.model, self.quantile_urgent, self.urgent_beta = model, quantile_urgent, urgent_beta
+        self._mean = dict(prior)  # robot type -> tokens of a skill-bearing segment (EWMA)
+        self.learned = PlanLengths(prior, max_keys=max_keys)
+
+    def mean(self, robot_type: str) -> float:
+        """The running mean (the ``ewma`` model's estimate) of this robot type's skill-bearing segments."""
+        return self._mean.get(robot_type, 8.0)
+
+    def estimate(self, g: Generation) -> None:
+        """Set ``g``'s next-segment and remaining token estimates for the segment it writes next."""
+        if self.model == "ewma":
+            g.tok_est = g.rem_tok_est = self.mean(g.robot_type)
+            return
+        p = self.learned.predict(g.spec, len(g.segments))
+        q = self.quantile_urgent if g.tuf.beta >= self.urgent_beta else 0.5
+        g.tok_est, g.rem_tok_est = p.seg_quantile(q), p.rem_quantile(q)
+
+    def observe_segment(self, g: Generation, index: int, tokens: int, has_calls: bool) -> None:
+        """``g`` wrote segment ``index`` of ``tokens`` tokens (with skill calls or not); its estimates follow."""
+        if not tokens:
+            return
+        rt = g.robot_type
+        if has_calls:
+            self._mean[rt] = 0.9 * self._mean.get(rt, tokens) + 0.1 * tokens
+            if self.model == "ewma":
+                g.tok_est = g.rem_tok_est = self._mean[rt]
+        # the learned model counts every segment (a closer such as '};' takes its steps too), by its index
+        self.learned.observe_segment(g.spec, index, tokens)
+        if self.model == "learned":
+            self.estimate(g)
+
+    def observe_plan(self, spec: TaskSpec, seg_tokens: list[int]) -> None:
+        """A complete plan: how long plans of its task are."""
+        self.learned.observe_plan(spec, seg_tokens)

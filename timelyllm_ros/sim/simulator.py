@@ -39,8 +39,9 @@ from timelyllm_ros.model.plans import plan_templates
 from timelyllm_ros.model.tokens import common_prefix_len
 from timelyllm_ros.model.types import Segment, TaskResult, TaskSpec, TaskStatus
 from timelyllm_ros.sched.admission import Admission, make_admission
+from timelyllm_ros.sched.config import CoreConfig
 from timelyllm_ros.sched.policies import Policy, make_policy
-from timelyllm_ros.sched.scheduler import CoreConfig, PlannerCore
+from timelyllm_ros.sched.scheduler import PlannerCore
 from timelyllm_ros.sim.workloads import Job, Workload
 
 
@@ -147,13 +148,13 @@ class Simulator:
         pieces, prompt = self.replay.plan_pieces.get(job.job_id), self.replay.prompt_ids.get(job.job_id)
         spec = TaskSpec(robot_id=f"agent{job.agent_id}", prompt=job.task_input, tuf=job.time_utility,
                         robot_type=tpl.robot_type, task_id=f"j{job.job_id}", arrival=job.trigger_time,
-                        prompt_token_ids=prompt or self._prompt_ids(job, tpl.robot_type),
+                        prompt_token_ids=prompt or self.prompt_ids(job, tpl.robot_type),
                         extra={"plan_pieces": pieces} if pieces else {"plan_text": tpl.plan},
                         meta={"job_id": job.job_id}, task_type=tpl.name)
         self._runs[spec.task_id] = _Run(rec, job, spec.robot_id)  # first: submit may end it at once
         self.core.submit(spec)
 
-    def _prompt_ids(self, job: Job, robot_type: str) -> list[int]:
+    def prompt_ids(self, job: Job, robot_type: str) -> list[int]:
         """System prompt (shared by a robot type, so prefix-cacheable) + this task's own
         context (scene, history, examples: never shared) + the instruction."""
         r = random.Random(f"ctx-{self.cfg.seed}-{job.job_id}")

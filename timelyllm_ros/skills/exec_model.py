@@ -7,9 +7,8 @@ draw from :meth:`ExecTimeModel.sample`.
 
 A segment that closes a loop (``}``) makes the robot replay the loop's body
 count-1 more times: :meth:`ExecTimeModel.segment_range` predicts a segment in
-the context of the plan before it, replays included. :func:`call_estimate` is
-the YAML model of one call, also what plan bounds are checked with
-(:mod:`.minispec`).
+the context of the plan before it, replays included, starting from the YAML model of
+each call (:func:`.call_time.call_estimate`, also what plan bounds are checked with).
 
 Online learning: executors report how long segments really took;
 :meth:`ExecTimeModel.observe` adapts a per-skill multiplicative factor with a
@@ -23,33 +22,13 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from timelyllm_ros.skills.minispec import stream_cost
-from timelyllm_ros.skills.schema import ExecTimeSpec, SkillArg, SkillCall, SkillSet, SkillSpec, Var, load_skill_set
+from timelyllm_ros.skills.call_time import ZERO, ExecEstimate, arg_spec, call_estimate, formula
+from timelyllm_ros.skills.minispec import SkillCall, Var, stream_cost
+from timelyllm_ros.skills.schema import SkillSet, SkillSpec, load_skill_set
 
 _TEXT = "_text"  # learning key of the chatbot reading-time model
 
-
-@dataclass(frozen=True)
-class ExecEstimate:
-    min_s: float
-    typical_s: float
-    max_s: float
-
-    def __add__(self, other: ExecEstimate) -> ExecEstimate:
-        return ExecEstimate(self.min_s + other.min_s, self.typical_s + other.typical_s, self.max_s + other.max_s)
-
-    def scaled(self, f: float) -> ExecEstimate:
-        return ExecEstimate(self.min_s * f, self.typical_s * f, self.max_s * f)
-
-    @property
-    def scheduling_s(self) -> float:
-        """What the scheduler should plan with (design §7: the minimum)."""
-        return self.min_s
-
-
-ZERO = ExecEstimate(0.0, 0.0, 0.0)
 
 Segment = Sequence[SkillCall] | str
 
@@ -153,9 +132,9 @@ class ExecTimeModel:
         else:
             v = call.arg(et.arg or "")
             if isinstance(v, Var) or v is None:  # unknown until run time: any value in bounds
-                arg = _arg_spec(spec, call, et)
+                arg = arg_spec(spec, call, et)
                 v = rng.uniform(arg.min, arg.max) if arg.min is not None and arg.max is not None else arg.typical
-            t = _formula(et, float(v or 0.0))
+            t = formula(et, float(v or 0.0))
         return max(0.0, t * (1 + rng.uniform(-et.noise, et.noise)))
 
     # -- learning ---------------------------------------------------------------
@@ -218,62 +197,3 @@ class ExecTimeModel:
         words = len(text.split())
         return ExecEstimate(words * m.get("min_per_word", 0.0), words * m.get("typical_per_word", 0.0),
                             words * m.get("max_per_word", 0.0))
-
-
-def call_estimate(spec: SkillSpec, call: SkillCall) -> ExecEstimate:
-    """The YAML model of one call of ``spec``, without learning (pure: also what plan bounds are checked with)."""
-    et = spec.exec_time
-    p = et.params
-    if et.model == "constant":
-        lo = typ = hi = p["value"]
-    elif et.model in ("linear", "polynomial"):
-        lo, typ, hi = _formula_range(spec, call)
-    elif et.model == "repeated":
-        base = p.get("base", 0.0)
-        lo = base + p["unit"] * p["min_count"]
-        hi = base + p["unit"] * p["max_count"]
-        typ = base + p["unit"] * _expected_count(p)
-    elif et.model == "uniform":
-        lo, hi = p["low"], p["high"]
-        typ = (lo + hi) / 2
-    else:  # validated at load time
-        raise ValueError(f"unknown exec_time model {et.model!r}")
-    n = et.noise
-    return ExecEstimate(max(0.0, lo * (1 - n)), max(0.0, typ), max(0.0, hi * (1 + n)))
-
-
-def _formula_range(spec: SkillSpec, call: SkillCall) -> tuple[float, float, float]:
-    et = spec.exec_time
-    v = call.arg(et.arg or "")
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        t = _formula(et, float(v))
-        return t, t, t
-    # Variable argument: the range over the argument's bounds.
-    arg = _arg_spec(spec, call, et)
-    pts = [x for x in (arg.min, arg.max) if x is not None]
-    typical = arg.typical if arg.typical is not None else (sum(pts) / len(pts) if pts else 0.0)
-    vals = [_formula(et, float(x)) for x in (*pts, typical)]
-    return min(vals), _formula(et, float(typical)), max(vals)
-
-
-def _formula(et: ExecTimeSpec, v: float) -> float:
-    p = et.params
-    if et.model == "linear":
-        return p["a"] * v + p["b"]
-    return sum(c * v**i for i, c in enumerate(p["coeffs"]))
-
-
-def _expected_count(p: dict) -> float:
-    lo_k, hi_k = p["min_count"], p["max_count"]
-    w = p.get("count_weights")
-    if not w:
-        return (lo_k + hi_k) / 2
-    return sum((lo_k + i) * x for i, x in enumerate(w)) / sum(w)
-
-
-def _arg_spec(spec: SkillSpec, call: SkillCall, et: ExecTimeSpec) -> SkillArg:
-    for sig in spec.signatures:
-        for a in sig:
-            if a.name == et.arg:
-                return a
-    raise ValueError(f"{spec.name}: exec_time.arg {et.arg!r} is not an argument")

@@ -31,8 +31,9 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from timelyllm_ros.skills.minispec import Lexer
-from timelyllm_ros.skills.schema import SkillArg, SkillParseError, SkillSet
+from timelyllm_ros.skills.lexer import Lexer
+from timelyllm_ros.skills.minispec import SkillParseError
+from timelyllm_ros.skills.schema import SkillArg, SkillSet
 
 _STR_BODY = "[a-z][a-z0-9_ ]"
 MAX_NAMES = 32  # names offered per task: bounds the regex (and the model's choice)

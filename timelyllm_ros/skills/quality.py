@@ -31,7 +31,8 @@ from typing import Any
 
 from timelyllm_ros.model.plans import PlanTemplate
 from timelyllm_ros.skills.exec_model import ExecTimeModel
-from timelyllm_ros.skills.schema import ArgValue, SkillCall, SkillParseError, SkillSet, Var, load_skill_set
+from timelyllm_ros.skills.minispec import ArgValue, SkillCall, SkillParseError, Var
+from timelyllm_ros.skills.schema import SkillSet, load_skill_set
 
 CHECKS = ("require", "sequence", "numbers", "evasive")
 _EVASIVE_KEYS = ("moves", "max_wait_s", "hover_s")

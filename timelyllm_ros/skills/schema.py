@@ -3,8 +3,9 @@
 LLM output is untrusted. Nothing may reach a robot unless it parses as calls
 of that robot's skill set with every literal argument of the right type and
 inside its bounds; :meth:`SkillSet.parse` is that gate. The language itself
-(lexer, parser, validator, AST) is :mod:`timelyllm_ros.skills.minispec`; this
-module holds the schema it validates against.
+is :mod:`timelyllm_ros.skills.minispec` (parser, validator, AST) over
+:mod:`timelyllm_ros.skills.lexer`; this module holds the schema it validates
+against.
 
 Besides its signature and execution-time model, a skill may name the robot
 operation that runs it (``op``, with fixed ``op_args``; the skill's own
@@ -26,7 +27,7 @@ from typing import Any
 import yaml
 
 from timelyllm_ros import paths
-from timelyllm_ros.skills.minispec import (  # the language's types, also importable from here
+from timelyllm_ros.skills.minispec import (
     SKILL_NAME_RE,
     ArgValue,
     Program,

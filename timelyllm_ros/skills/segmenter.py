@@ -22,7 +22,7 @@ import abc
 import re
 from collections.abc import Iterable
 
-from timelyllm_ros.skills.minispec import SKILL_NAME_RE, Lexer, Token, is_space
+from timelyllm_ros.skills.lexer import SKILL_NAME_RE, Lexer, Token, is_space
 from timelyllm_ros.skills.schema import SkillSet, load_skill_set
 
 
@@ -52,7 +52,7 @@ class _CallScanner(StopChecker):
     """Scanner shared by the skill-language checkers.
 
     Characters go one at a time through the skill language's own
-    :class:`~timelyllm_ros.skills.minispec.Lexer` (so identifiers, numbers,
+    :class:`~timelyllm_ros.skills.lexer.Lexer` (so identifiers, numbers,
     strings and escapes are exactly the parser's); this class only follows
     the tokens: parentheses (and whether each one opened a call), MiniSpec
     conditions ``?...{`` and statement starts. The lexer and this state survive

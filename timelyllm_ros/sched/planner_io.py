@@ -1,0 +1,152 @@
+"""What passes between the planner node (``ros/planner_node.py``) and its PlannerService (``sched/service.py``):
+the plain request and answer types, and what the service needs of the node (:class:`PlannerSender` and the
+node's delivery, refusal counts and logger). Pure Python: no rclpy, no message types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+from timelyllm_ros.model.tuf import TufRequest
+from timelyllm_ros.model.types import Segment, TaskResult, TaskStatus
+from timelyllm_ros.sched.journal import JournaledSegment
+
+
+class Log(Protocol):
+    """A logger (rclpy's or the standard library's)."""
+
+    def debug(self, msg: str) -> Any: ...
+    def info(self, msg: str) -> Any: ...
+    def warning(self, msg: str) -> Any: ...
+    def error(self, msg: str) -> Any: ...
+
+
+class Rejections(Protocol):
+    """Refused robot messages, counted per kind (``ros/delivery.RejectedMessages``)."""
+
+    def note(self, kind: str, sender: str, why: str) -> None: ...
+    def snapshot(self) -> dict[str, int]: ...
+
+
+class Delivery(Protocol):
+    """The planner's half of the delivery contract (``ros/delivery.SegmentDelivery``): the node sends through it,
+    the service acknowledges, re-sends and gives up."""
+
+    give_up_s: float
+
+    def ack(self, task_id: str, index: int, now: float | None = None, robot_id: str | None = None) -> bool: ...
+    def heard(self, robot_id: str, now: float) -> None: ...
+    def due(self, now: float, reachable: Callable[[str], bool] | None = None) -> list[tuple[str, int, str]]: ...
+    def given_up_detail(self, task_id: str, index: int) -> str: ...
+    def forget_plan(self, task_id: str) -> int: ...
+    def pending_for(self, robot_id: str) -> int: ...
+    def unacked(self, task_id: str, index: int) -> bool: ...
+
+
+class PlannerSender(Protocol):
+    """The node's side of each step: it turns these plain values into messages and sends them. ``goals`` are
+    the node's own goal handles, kept here only to hand back; ``skillset_id`` names the skill set of a segment's
+    skills."""
+
+    @property
+    def lifecycle_state(self) -> str: ...
+
+    def send_segment(self, task_id: str, robot_id: str, seg: Segment, skillset_id: str, goals: list[Any]) -> None:
+        """A new segment: to its robot (until acknowledged), to the fleet-wide topic, as feedback to ``goals``."""
+
+    def resend_segment(self, task_id: str, robot_id: str, seg: Segment, skillset_id: str) -> None:
+        """An unreported segment to its robot again (a robot answers a copy of a finished one with its report)."""
+
+    def send_end_marker(self, task_id: str, robot_id: str, index: int, generated: float) -> None:
+        """The end of a plan (core time ``generated``) to its robot, after the last segment sent."""
+
+    def resend_journaled(self, task_id: str, robot_id: str, js: JournaledSegment, calls: list[Any],
+                         skillset_id: str) -> None:
+        """A segment (or end marker) journaled by a planner that died, to its robot again; ``calls``: its skills
+        parsed again (none for a marker)."""
+
+    def finish_goals(self, goals: list[Any], res: TaskResult) -> None:
+        """Complete each goal with the task's result."""
+
+    def publish_result(self, res: TaskResult) -> None:
+        """How a task ended, for everyone (/plan_results)."""
+
+    def publish_journaled_result(self, rec: dict[str, Any]) -> None:
+        """How a journaled task ended (a result record), for everyone."""
+
+
+class GoalError(ValueError):
+    """A goal that is refused; the message names the field and the problem. ``status``: INVALID for what the
+    request asked, BUSY for the planner's state at the time (the same request may succeed later). ``task_id``:
+    the task's id as refused (the one it was given, once validated)."""
+
+    def __init__(self, message: str, status: TaskStatus = TaskStatus.INVALID, task_id: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.task_id = task_id
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """A request in plain values. ``arrival``: core time (None: now); ``sent_wall``: the robot's own send stamp,
+    wall time (None: it gave none)."""
+
+    task_id: str
+    robot_id: str
+    robot_type: str
+    task: str
+    tuf: TufRequest
+    arrival: float | None = None
+    sent_wall: float | None = None
+
+    @property
+    def key(self) -> tuple:
+        """The request's content: a retry with the same task_id and key joins the task of the first."""
+        t = self.tuf
+        return (self.robot_id, self.robot_type, self.task, t.level, t.alpha, t.beta, t.ert)
+
+
+class Accepted(NamedTuple):
+    """A request taken: its task's id, its result if that task has already finished, and whether it was a retry
+    that joined its task (the node announces only new requests)."""
+
+    task_id: str
+    result: TaskResult | None
+    joined: bool
+
+
+class TaskLookup(NamedTuple):
+    """What the planner knows of a task: ``state`` 'done', 'active' or 'unknown'. One done in this run has its
+    ``result``; one done before a restart its journaled ``record``, its ``robot_id`` and the ``journaled``
+    segments it was sent, each with its skills parsed again. ``skillset_id``: its robot type's skill set."""
+
+    state: str
+    result: TaskResult | None = None
+    record: dict[str, Any] | None = None
+    robot_id: str = ""
+    journaled: tuple[tuple[JournaledSegment, list[Any]], ...] = ()
+    skillset_id: str = ""
+
+
+@dataclass(frozen=True)
+class PlannerHealth:
+    """What the planner's statuses read (/diagnostics), in one snapshot: the planner's public view of its own
+    state, so nothing reaches into its attributes. A planner being configured has no engine or core."""
+
+    lifecycle_state: str | None
+    engine: Any | None  # engines.base.Engine
+    core: Any | None  # sched.scheduler.PlannerCore
+    engine_error: str | None  # set while the engine is down and restarting (goals are refused)
+    engine_restarts: int
+    engine_thread_alive: bool | None  # None: the engine thread was never started
+    stopping: bool  # the planner is shutting down or deactivating its engine
+    journal_file: str | None  # None: no journal (state_dir not set)
+    journal_open: bool
+    journal_errors: int  # journal writes that failed so far
+    rejected_messages: dict[str, int] | None = None  # robot messages refused so far, per kind (ack, report, ...)
+
+
+__all__ = ["Accepted", "Delivery", "GoalError", "Log", "PlanRequest", "PlannerHealth", "PlannerSender", "Rejections",
+           "TaskLookup"]

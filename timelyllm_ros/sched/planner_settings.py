@@ -1,0 +1,90 @@
+"""The planner's parameters as plain data: name, default, description and range of each, and the checks a range
+cannot say. ``ros/planner_node.py`` declares them (``ros/params.declare``); ``sched/service.py`` reads their values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+
+class Setting(NamedTuple):
+    """One of the planner's parameters: the node declares each, read-only (``ros/params.declare``), with its range
+    where one applies; :func:`check_params` adds what a range cannot say."""
+
+    name: str
+    default: Any
+    description: str
+    min: float | None = None
+    max: float | None = None
+
+
+_BIG = 1e9
+# Every parameter is read once (at construction or configure): a set at run time is refused with a reason instead
+# of silently doing nothing.
+SETTINGS: tuple[Setting, ...] = (
+    Setting("engine_config", "engine_vllm_cpu.yaml",
+            "engine YAML (file name in config/ or a path); loaded at configure"),
+    Setting("admission", "auto", "'auto' (latency-guided for segmented policies, vLLM's cap of 256 for the fcfs "
+            "baselines), 'latency' (latency-guided) or a fixed batch cap"),
+    Setting("prefill_step_ms", 0.0, "latency-guided admission: the prefill one step may carry, ms of estimated "
+            "prefill, so a step in flight delays an urgent goal less (0 = off, the default: it costs throughput "
+            "under load)", 0.0, 10_000.0),
+    Setting("overdue", "serve", "'serve' overdue tasks last, or 'reject' them"),
+    Setting("comm_s", 0.008, "one network hop, s", 0.0, 10.0),
+    Setting("slack_floor_s", 0.001, "smallest slack a generation is ranked by, s", 0.0, 10.0),
+    Setting("resume_lead_s", 0.05, "resume a suspended generation this long before its robot is predicted idle, s",
+            0.0, 60.0),
+    Setting("state_period_s", 0.5, "EngineState period, s", 0.01, 3600.0),
+    Setting("robot_types", ["drone", "arm", "chatbot"], "robot types served (skill sets)"),
+    Setting("max_task_chars", 2000, "task text limit in characters", 1, 10**7),
+    Setting("max_task_tokens", 1024, "task text limit in tokens of the engine's tokenizer", 1, 10**7),
+    Setting("warm_up", True, "prefill each robot type's shared prompt at configure"),
+    Setting("max_active_tasks", 5000, "open tasks; goals beyond are refused BUSY, never dropped", 1, 10**7),
+    Setting("max_oneshot_calls", 8, "concurrent /plan service calls (each holds a thread); more are refused: use "
+            "the PlanTask action", 1, 1000),
+    Setting("keep_results_s", 600.0, "finished results kept this long (then the id is free)", 0.001, _BIG),
+    Setting("keep_results_max", 10000, "at most this many finished results kept", 1, 10**8),
+    Setting("action_result_timeout_s", 60, "rclpy keeps an action result this long, s", 1, 10**7),
+    Setting("resend_period_s", 0.2, "first re-send of an unacknowledged segment, s", 0.001, 3600.0),
+    Setting("resend_max_period_s", 1.0, "re-send backoff cap, s", 0.001, 3600.0),
+    Setting("delivery_timeout_s", 30.0, "a segment unacknowledged this long fails its task (ROBOT_FAILED), s",
+            0.001, _BIG),
+    Setting("robot_timeout_s", 10.0, "a robot silent this long fails its task (ROBOT_FAILED): no heartbeat, ack or "
+            "report from an executor that sends heartbeats; else past the model's longest time for the segment; "
+            "0: never", 0.0, _BIG),
+    Setting("robot_idle_release_s", 600.0, "a robot sent nothing this long, with no open task, has its segment "
+            "publisher and per-robot state released (bounded memory with many robot ids), s; 0: never", 0.0, _BIG),
+    Setting("max_clock_skew_s", 120.0, "a robot message stamped further than this from the planner's clock does "
+            "not count as how far behind the planner reads, s", 0.001, _BIG),
+    Setting("state_dir", "", "folder of the durable task journal (SQLite WAL); '' = none"),
+    Setting("journal_reset_damaged", False, "a damaged journal (lost commits, corrupt file) is moved aside and an "
+            "empty one started, instead of refused at configure"),
+    Setting("engine_restart_backoff_s", 0.5, "first wait before rebuilding a failed engine; doubles up to 30 s",
+            0.001, 3600.0),
+    Setting("autostart", True, "configure and activate at start-up; false: wait for the lifecycle transitions "
+            "(launch files, a lifecycle manager)"),
+    Setting("drain_timeout_s", 30.0, "deactivate lets open tasks finish this long, then ends them CANCELLED, s",
+            0.0, _BIG),
+)
+
+
+def check_params(p: Mapping[str, Any]) -> None:
+    """What the parameters' descriptors cannot say; ValueError naming the parameter."""
+    for name in ("max_active_tasks", "max_oneshot_calls", "keep_results_max", "max_task_tokens",
+                 "max_task_chars", "action_result_timeout_s"):
+        if int(p[name]) < 1:
+            raise ValueError(f"parameter {name}: must be >= 1, got {p[name]}")
+    for name in ("resend_period_s", "delivery_timeout_s", "keep_results_s", "engine_restart_backoff_s"):
+        if not float(p[name]) > 0:
+            raise ValueError(f"parameter {name}: must be > 0, got {p[name]}")
+    if float(p["robot_timeout_s"]) < 0:
+        raise ValueError(f"parameter robot_timeout_s: must be >= 0 (0 = never), got {p['robot_timeout_s']}")
+    if float(p["resend_max_period_s"]) < float(p["resend_period_s"]):
+        raise ValueError(f"parameter resend_max_period_s: must be >= resend_period_s ({p['resend_period_s']}), "
+                         f"got {p['resend_max_period_s']}")
+    if p["overdue"] not in ("serve", "reject"):
+        raise ValueError(f"parameter overdue: must be 'serve' or 'reject', got {p['overdue']!r}")
+
+
+__all__ = ["SETTINGS", "Setting", "check_params"]

@@ -1,0 +1,676 @@
+"""The planner without ROS: requests and their retries, the open tasks and their answers, the journal and the
+recovery after a restart, the engine thread and its restarts, the housekeeping of deliveries and robots.
+
+The node (``ros/planner_node.py``) owns everything ROS: lifecycle, parameters, servers, topics and timers. It
+converts requests and robot reports to the plain values taken here (``ros/convert.py``), and
+:class:`PlannerService` answers through the node's :class:`PlannerSender`: deliver a segment to a robot,
+complete a goal, publish a result. No rclpy and no message types here.
+
+Threads: the engine runs in its own thread (:meth:`PlannerService.start`, PlannerCore.serve_forever), never
+in an rclpy callback. A request only validates, submits to the core and returns; the core's callbacks (the
+engine thread, or a report's thread) deliver segments and answer goals, so no thread waits per goal and the
+open tasks are bounded by ``max_active_tasks``. One re-entrant lock guards the open tasks, the arrivals, the
+active flag and the engine error; :class:`RobotLinks` has its own.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from timelyllm_ros.engines.factory import planner_engine
+from timelyllm_ros.engines.prompts import PromptRenderer, TaskPromptError
+from timelyllm_ros.interfaces import robot_id_problem, segment_topic
+from timelyllm_ros.model.clock import RealClock, WallOffset
+from timelyllm_ros.model.tuf import TufRequest
+from timelyllm_ros.model.types import Segment, TaskResult, TaskSpec, TaskStatus
+from timelyllm_ros.sched.config import CoreConfig
+from timelyllm_ros.sched.hygiene import check_text, check_token_count
+from timelyllm_ros.sched.journal import ACTIVE, Journal, JournaledTask
+from timelyllm_ros.sched.journal_records import result_record, task_result_from_record
+from timelyllm_ros.sched.planner_io import (
+    Accepted,
+    Delivery,
+    GoalError,
+    Log,
+    PlannerHealth,
+    PlannerSender,
+    PlanRequest,
+    Rejections,
+    TaskLookup,
+)
+from timelyllm_ros.sched.planner_settings import check_params
+from timelyllm_ros.sched.policies import make_policy
+from timelyllm_ros.sched.robot_links import RobotLinks
+from timelyllm_ros.sched.scheduler import PlannerCore
+from timelyllm_ros.sched.warmup import warm_up
+
+
+@dataclass
+class _OpenTask:
+    """An accepted task: who waits for it and what its robot was sent."""
+
+    task_id: str
+    robot_id: str
+    robot_type: str
+    key: tuple  # PlanRequest.key
+    goals: list = field(default_factory=list)  # the node's goal handles (a retry adds one)
+    waiters: list = field(default_factory=list)  # queues of one-shot calls, each answered with the TaskResult
+    sent: int = 0  # segments handed to the robot's topic
+    final_sent: bool = False
+
+
+def _spec_record(spec: TaskSpec, tuf: TufRequest, bridge: WallOffset) -> dict:
+    """The request as the robot sent it (the TUF fields as given, so a retry after a restart matches)."""
+    return {"task": spec.prompt, "tuf": {"level": tuf.level, "alpha": tuf.alpha, "beta": tuf.beta, "ert": tuf.ert},
+            "sent_wall": bridge.to_wall(spec.sent)}
+
+
+class PlannerService:
+    """The planner's non-ROS half (module doc), over one PlannerCore per configure.
+
+    ``params``: the planner's parameter values by name, as the node declared them (checked here);
+    ``engine``/``constrained``/``engine_factory``/``core_config``: given instead of built from them.
+    ``robots`` and ``bridge`` are shared with the node, which sends on the links and converts stamps.
+    """
+
+    def __init__(self, params: Mapping[str, Any], sender: PlannerSender, log: Log, rejected: Rejections,
+                 robots: RobotLinks, bridge: WallOffset, *, engine: Any = None, constrained: bool = False,
+                 engine_factory: Callable[[], Any] | None = None, core_config: CoreConfig | None = None) -> None:
+        check_params(params)
+        self._p = params
+        self._sender, self._log, self._rejected, self._robots, self._bridge = sender, log, rejected, robots, bridge
+        self._given = (engine, constrained, engine_factory, core_config)
+        self.robot_types = list(params["robot_types"])
+        self._max_task_chars = int(params["max_task_chars"])
+        self._max_task_tokens = int(params["max_task_tokens"])
+        self._max_active = int(params["max_active_tasks"])
+        self._restart_backoff = float(params["engine_restart_backoff_s"])
+        self._max_clock_skew_s = float(params["max_clock_skew_s"])
+        self._robot_idle_release_s = float(params["robot_idle_release_s"])
+        self.engine: Any = None
+        self.core: PlannerCore | None = None
+        self.delivery: Delivery | None = None
+        self.journal: Journal | None = None
+        self._prompts: PromptRenderer | None = None
+        self._engine_factory: Callable[[], Any] = self._reuse_engine
+        self._owns_engine = False
+        self._open: dict[str, _OpenTask] = {}
+        self._lock = threading.RLock()
+        self._arrivals: dict[int, float] = {}  # a goal's key -> its arrival (core clock), until it is accepted
+        self._skillset_ids: dict[str, str] = {}
+        self.engine_error: str | None = None  # set while the engine is down (goals are refused)
+        self._next_prune = 0.0
+        self._next_release = 0.0
+        self._journal_closed = False
+        self._recovered = False
+        self._active = False  # goals are accepted only while active
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.engine_restarts = 0
+        self.journal_errors = 0
+
+    # -- state -------------------------------------------------------------------------------------
+    def health(self, lifecycle_state: str | None) -> PlannerHealth:
+        thread, journal = self._thread, self.journal
+        return PlannerHealth(
+            lifecycle_state=lifecycle_state, engine=self.engine, core=self.core, engine_error=self.engine_error,
+            engine_restarts=self.engine_restarts, engine_thread_alive=None if thread is None else thread.is_alive(),
+            stopping=self._stop.is_set(), journal_file=None if journal is None else journal.file,
+            journal_open=journal is not None and journal.is_open and not self._journal_closed,
+            journal_errors=self.journal_errors, rejected_messages=self._rejected.snapshot())
+
+    def open_tasks(self) -> list[str]:
+        """The ids of the accepted tasks not answered yet."""
+        with self._lock:
+            return list(self._open)
+
+    def now(self) -> float:
+        """The core's clock."""
+        return self.core.clock.now()
+
+    # -- configure, start, stop --------------------------------------------------------------------
+    def configure(self, policy: str, delivery: Delivery) -> None:
+        """Load the engine (unless one was given), build the core, the prompt renderer and the journal."""
+        p = self._p
+        engine, constrained, engine_factory, core_config = self._given
+        self._owns_engine = engine is None
+        if engine is None:
+            engine, constrained = planner_engine(p["engine_config"])
+            engine_factory = engine_factory or (lambda: planner_engine(p["engine_config"])[0])
+        self.engine = engine
+        self._engine_factory = engine_factory or self._reuse_engine
+        robot_timeout = p["robot_timeout_s"] if p["robot_timeout_s"] > 0 else None
+        prefill_step = p["prefill_step_ms"] / 1000 if p["prefill_step_ms"] > 0 else None
+        cfg = core_config or CoreConfig(comm_s=p["comm_s"], overdue=p["overdue"], slack_floor_s=p["slack_floor_s"],
+                                        resume_lead_s=p["resume_lead_s"], keep_results_s=p["keep_results_s"],
+                                        keep_results_max=p["keep_results_max"], robot_timeout_s=robot_timeout,
+                                        prefill_step_s=prefill_step)
+        self.core = PlannerCore(engine, make_policy(policy), RealClock(), admission=p["admission"],
+                                config=cfg, on_segment=self._on_segment, on_result=self._on_result)
+        self.delivery = delivery
+        self._prompts = PromptRenderer(engine, constrained)
+        self._skillset_ids = {}
+        if p["state_dir"]:
+            journal = Journal(p["state_dir"], reset_damaged=p["journal_reset_damaged"])  # refuses damage, named
+            for w in journal.warnings:
+                self._log.warning(f"journal: {w}")
+            if journal.reset_report:  # loud: the tasks in the moved files are not resumed
+                self._log.error(f"journal: {journal.reset_report}")
+            self.journal, self._journal_closed, self._recovered = journal, False, False
+        self._stop = threading.Event()
+
+    def warm_up(self) -> None:
+        """Prefill each robot type's shared prompt (skill catalogue, few-shot examples) once, before the
+        first task: then even the first request of a burst pays only for its own scene and instruction,
+        and a fresh engine's slow first forward passes are out of the way. Runs before the engine thread
+        starts, so this thread is the engine thread meanwhile."""
+        prompts, burst = self._prompts.warm_up_prompts(self.robot_types)
+        if not prompts:
+            return  # the simulated engine has no prompt to warm
+        t0 = time.monotonic()
+        warm_up(self.core, prompts, burst, extra=self._prompts.warm_up_extra)
+        self._log.info(f"warmed the prompts of {self.robot_types} in {time.monotonic() - t0:.2f} s")
+
+    def start(self) -> None:
+        """Start the engine thread."""
+        self._thread = threading.Thread(target=self._engine_loop, name="timelyllm-engine", daemon=True)
+        self._thread.start()
+
+    def set_active(self, active: bool) -> None:
+        """Goals are accepted only while active."""
+        with self._lock:
+            self._active = active
+
+    def recover(self) -> None:
+        """Once per configure (the first activate): resume what a killed planner left in the journal."""
+        if self.journal is not None and not self._recovered:
+            self._recovered = True
+            self._recover()
+
+    def drain(self, timeout_s: float, reason: str) -> None:
+        """Let open tasks finish for up to ``timeout_s``, then end the rest CANCELLED: every robot hears."""
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            if not self.open_tasks():
+                return
+            time.sleep(0.05)
+        if self.core is not None:
+            n = self.core.fail_all(reason, TaskStatus.CANCELLED)
+            self._log.warning(f"drain: {n} open tasks ended CANCELLED after {timeout_s:g} s")
+
+    def shutdown(self) -> None:
+        """Stop the engine thread and answer every open task CANCELLED (idempotent)."""
+        self.set_active(False)
+        self._stop.set()
+        if self.core is None:
+            return
+        self.core.wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self.core.fail_all("planner shutting down", TaskStatus.CANCELLED)
+        with self._lock:  # last resort: anything the core no longer knows
+            leftovers = list(self._open.values())
+            self._open.clear()
+        for op in leftovers:
+            res = TaskResult(op.task_id, op.robot_id, TaskStatus.CANCELLED, "", [], None, None,
+                             "planner shutting down", robot_type=op.robot_type)
+            self._sender.finish_goals(op.goals, res)
+            for w in op.waiters:
+                w.put(res)
+        if self.journal is not None and not self._journal_closed:
+            self._journal_closed = True
+            self.journal.close()
+
+    def release(self) -> None:
+        """After :meth:`shutdown`: close an engine this service built and forget the configured state."""
+        if self.engine is not None and self._owns_engine:
+            try:
+                self.engine.close()
+            except Exception as e:  # noqa: BLE001 - a broken engine may not close cleanly
+                self._log.warning(f"closing the engine: {e!r}")
+        self.engine = self.core = self.delivery = self._prompts = None
+        self.journal = None
+
+    # -- requests ----------------------------------------------------------------------------------
+    def arrived(self, key: int) -> None:
+        """A goal came in: its arrival time (core clock) is kept under ``key`` until :meth:`arrival` takes it."""
+        with self._lock:
+            if len(self._arrivals) > 10_000:  # entries whose goal was never accepted (bounded memory)
+                self._arrivals.clear()
+            self._arrivals[key] = self.core.clock.now()
+
+    def arrival(self, key: int) -> float | None:
+        with self._lock:
+            return self._arrivals.pop(key, None)
+
+    def validate(self, task_id: str, robot_id: str, robot_type: str, task: str, tuf: TufRequest, *,
+                 arrival: float | None = None, sent: float | None = None) -> TaskSpec:
+        """The task to plan, or GoalError naming the field and the problem. ``arrival``, ``sent``: core time."""
+        try:
+            self._check_fields(robot_id, task_id, task)
+        except ValueError as e:  # the hygiene checks name the field, the character and its position
+            raise GoalError(str(e)) from None
+        if not robot_id.strip():
+            raise GoalError("robot_id: must not be empty")
+        problem = robot_id_problem(robot_id)  # it names a topic: refused here, not failed at publishing
+        if problem is not None:
+            raise GoalError(f"robot_id: {problem}")
+        if robot_type not in self.robot_types:
+            raise GoalError(f"robot_type: unknown {robot_type!r}; this planner serves {self.robot_types}")
+        if not task.strip():
+            raise GoalError("task: must not be empty")
+        if len(task) > self._max_task_chars:
+            raise GoalError(f"task: {len(task)} characters, more than max_task_chars={self._max_task_chars}")
+        try:
+            time_utility = tuf.resolve()
+        except ValueError as e:
+            raise GoalError(str(e)) from None
+        try:
+            check_token_count("task", self._prompts.count_tokens(task), self._max_task_tokens)
+        except ValueError as e:
+            raise GoalError(str(e)) from None
+        try:
+            prompt_ids, extra = self._prompts.render(robot_type, task)
+        except TaskPromptError as e:
+            raise GoalError(str(e)) from None
+        return TaskSpec(robot_id=robot_id, prompt=task, tuf=time_utility, robot_type=robot_type,
+                        task_id=task_id or f"{robot_id}-{uuid.uuid4().hex[:8]}", prompt_token_ids=prompt_ids,
+                        extra=extra, arrival=arrival, sent=sent)
+
+    @staticmethod
+    def _check_fields(robot_id: str, task_id: str, task: str) -> None:
+        check_text("robot_id", robot_id, max_chars=256)
+        check_text("task_id", task_id, max_chars=256)
+        check_text("task", task)
+
+    def accept(self, req: PlanRequest, *, goal: Any = None, waiter: queue.Queue | None = None) -> Accepted:
+        """Validate and submit, or join the open (or finished) task of an identical retry. ``goal`` is completed
+        through the sender, ``waiter`` gets the TaskResult. Raises GoalError."""
+        arrival = self.core.clock.now() if req.arrival is None else req.arrival
+        sent = self._bridge.to_core_s(req.sent_wall) if req.sent_wall is not None else None
+        key, tid = req.key, req.task_id
+        try:
+            with self._lock:
+                joined = self._join(req.task_id, key, goal, waiter)
+                if joined is not None:
+                    return joined
+                if not self._active:
+                    raise GoalError(f"planner not active (lifecycle state: {self._sender.lifecycle_state}); "
+                                    "retry later", TaskStatus.BUSY)
+                if self.engine_error is not None:
+                    raise GoalError(f"engine unavailable ({self.engine_error}); restarting, retry later",
+                                    TaskStatus.BUSY)
+                if len(self._open) >= self._max_active:
+                    raise GoalError(f"planner at capacity: {len(self._open)} active tasks "
+                                    f"(max_active_tasks={self._max_active}); retry later", TaskStatus.BUSY)
+                spec = self.validate(req.task_id, req.robot_id, req.robot_type, req.task, req.tuf, arrival=arrival,
+                                     sent=sent)
+                tid = spec.task_id
+                spec.meta["request_key"] = key
+                if self.core.task_status(spec.task_id) is not None:
+                    raise GoalError(f"task_id: {spec.task_id!r} is already in use")
+                self._robots.get(req.robot_id)  # discovery starts now, before the first segment exists
+                self._open[spec.task_id] = _OpenTask(spec.task_id, req.robot_id, req.robot_type, key,
+                                                     [goal] if goal is not None else [],
+                                                     [waiter] if waiter is not None else [])
+                if self.journal is not None and not self._journal_closed:
+                    try:  # not _jot: a goal that cannot be journaled is refused, never accepted non-durably
+                        self.journal.task_accepted(spec.task_id, req.robot_id, req.robot_type,
+                                                   _spec_record(spec, req.tuf, self._bridge),
+                                                   self._bridge.to_wall(arrival))
+                    except Exception as e:  # noqa: BLE001 - e.g. JournalError: disk full, naming the file
+                        self._open.pop(spec.task_id, None)
+                        self.journal_errors += 1
+                        raise GoalError(f"not accepted: the task journal could not record it ({e}); retry later",
+                                        TaskStatus.BUSY) from None
+            try:
+                tid = self.core.submit(spec)
+            except ValueError as e:
+                with self._lock:
+                    self._open.pop(spec.task_id, None)
+                raise GoalError(str(e)) from None
+        except GoalError as e:
+            e.task_id = tid
+            raise
+        return Accepted(tid, None, False)
+
+    def _join(self, task_id: str, key: tuple, goal: Any, waiter: queue.Queue | None) -> Accepted | None:
+        """A repeated request (same task_id, same content) is answered with that task's state."""
+        if not task_id:
+            return None
+        op = self._open.get(task_id)
+        if op is not None:
+            if op.key != key:
+                raise GoalError(f"task_id: {task_id!r} is already in use by a different request")
+            if goal is not None:
+                op.goals.append(goal)
+            if waiter is not None:
+                op.waiters.append(waiter)
+            return Accepted(task_id, None, True)
+        res = self.core.result(task_id)
+        if res is None and self.journal is not None and not self._journal_closed:
+            rec = self.journal.result(task_id)  # finished before this planner (re)started
+            if rec is not None:
+                res = task_result_from_record(task_id, rec)
+        if res is not None:
+            if res.meta.get("request_key") != key:
+                raise GoalError(f"task_id: {task_id!r} is already in use by a different request")
+            return Accepted(task_id, res, True)
+        return None
+
+    def cancel_goal(self, goal: Any) -> bool:
+        """Cancel the task ``goal`` waits for; False if it waits for none."""
+        with self._lock:
+            tid = next((t for t, op in self._open.items() if goal in op.goals), None)
+        if tid is None:
+            return False
+        self.core.cancel(tid, "cancelled by the robot")
+        return True
+
+    def lookup(self, task_id: str) -> TaskLookup:
+        if (res := self.core.result(task_id)) is not None:
+            return TaskLookup("done", result=res, skillset_id=self.skillset_id(res.robot_type))
+        if self.core.task_status(task_id) is not None:
+            return TaskLookup("active")
+        if self.journal is not None and (rec := self.journal.result(task_id)) is not None:
+            jt = self.journal.task(task_id)  # finished before a restart: the segments as journaled when sent
+            if jt is None:
+                return TaskLookup("done", record=rec)
+            sent = tuple((js, self.parse(jt.robot_type, js.text)) for js in jt.segments if not js.marker)
+            return TaskLookup("done", record=rec, robot_id=jt.robot_id, journaled=sent,
+                              skillset_id=self.skillset_id(jt.robot_type))
+        return TaskLookup("unknown")
+
+    def skillset_id(self, robot_type: str) -> str:
+        sid = self._skillset_ids.get(robot_type)
+        if sid is None:
+            try:
+                sid = self.core.hooks.skillset(robot_type).id
+            except Exception:  # noqa: BLE001 - an id is cosmetic; never fail a dispatch on it
+                sid = robot_type
+            self._skillset_ids[robot_type] = sid
+        return sid
+
+    def parse(self, robot_type: str, text: str) -> list[Any]:
+        """A segment's skill calls, parsed with the robot type's skill set."""
+        return self.core.hooks.parse(robot_type, text)
+
+    def engine_snapshot(self) -> tuple[Any, Any] | None:
+        """(EngineStats, EngineInfo) now, or None when the engine cannot tell."""
+        try:
+            return self.engine.stats(), self.engine.info
+        except Exception:  # noqa: BLE001
+            return None
+
+    # -- core callbacks (engine thread, or a report's thread) --------------------------------------
+    def _on_segment(self, res: TaskResult, seg: Segment) -> None:
+        with self._lock:
+            op = self._open.get(res.task_id)
+            goals = list(op.goals) if op is not None else []
+        robot_type = op.robot_type if op else res.robot_type
+        final = bool(seg.final)
+        if op is not None:
+            op.sent = max(op.sent, seg.index + 1)
+            op.final_sent = op.final_sent or final
+        if self.journal is not None:
+            self._jot("segment_sent", res.task_id, seg.index, seg.text, list(seg.token_ids), final,
+                      self._bridge.to_wall(seg.dispatch), seg.est_exec_s)
+        self._sender.send_segment(res.task_id, res.robot_id, seg, self.skillset_id(robot_type), goals)
+
+    def _on_result(self, res: TaskResult) -> None:
+        """Journal, the result for everyone, the robot's end of plan, then every waiting goal. Each step is
+        guarded: one failing (e.g. a publisher whose context is going away) must not keep the others from
+        happening."""
+        with self._lock:
+            op = self._open.pop(res.task_id, None)
+        marker_at = None
+        if op is not None and op.sent and not op.final_sent:
+            # The robot's topic carries the end of the plan itself: a marker after the last segment sent.
+            marker_at = self.core.clock.now()
+            self._jot("end_marker_sent", res.task_id, op.sent)
+        self._jot("task_finished", res.task_id, res.status.value, result_record(res), time.time())
+        if res.status is not TaskStatus.DONE:  # (or revised) a segment still in flight must not start it later
+            self.delivery.forget_plan(res.task_id)
+        self._guard("publish the result", lambda: self._sender.publish_result(res))
+        if marker_at is not None:
+            self._guard("send the end-of-plan marker",
+                        lambda: self._sender.send_end_marker(res.task_id, res.robot_id, op.sent, marker_at))
+        if op is None:
+            return  # a revision (late robot failure) or a restored task: the published result carries it
+        self._sender.finish_goals(op.goals, res)
+        for w in op.waiters:
+            w.put(res)
+
+    def _guard(self, what: str, fn: Callable[[], Any]) -> None:
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001
+            self._log.error(f"could not {what}: {e!r}")
+
+    def _jot(self, what: str, *args: Any) -> None:
+        """Journal write: a failure is logged loudly but never stops a segment or result from going out."""
+        if self.journal is None or self._journal_closed:
+            return
+        try:
+            getattr(self.journal, what)(*args)
+        except Exception as e:  # noqa: BLE001
+            self.journal_errors += 1
+            self._log.error(f"journal {what}{args[:2]} failed: {e!r}")
+
+    # -- robot reports (rclpy callbacks) -----------------------------------------------------------
+    def segment_done(self, task_id: str, index: int, robot_id: str, success: bool, error: str,
+                     start_wall: float | None, finish_wall: float | None) -> None:
+        """A robot's report of a segment; ``start_wall``/``finish_wall``: its stamps, None where unset."""
+        core, delivery = self.core, self.delivery
+        if core is None:  # cleaned up: a callback already in flight has nothing to do
+            return
+        start = self._bridge.to_core_s(start_wall) if start_wall is not None else None
+        finish = self._bridge.to_core_s(finish_wall) if finish_wall is not None else None
+        refused = core.report_segment_done(task_id, index, finish, success, error, start, robot_id=robot_id)
+        if refused is not None:
+            self._rejected.note("report", robot_id, refused)
+            return
+        # A report implies receipt (its ack may have been lost), and that the robot is alive.
+        delivery.ack(task_id, index, robot_id=robot_id)
+        delivery.heard(robot_id, time.monotonic())
+        self._note_stamp_lag(finish_wall)
+        if self.journal is not None:
+            self._jot("segment_reported", task_id, index, success, start_wall or None, finish_wall or None, error)
+
+    def segment_ack(self, task_id: str, index: int, robot_id: str, running: bool, stamp_wall: float | None) -> None:
+        """An acknowledgement, or a heartbeat (``running``). It counts only from the task's robot, for a segment
+        sent to it: a rogue node must neither stop the re-sends to the real robot nor keep a dead one alive."""
+        core, delivery = self.core, self.delivery
+        if core is None:  # cleaned up: a callback already in flight has nothing to do
+            return
+        now = time.monotonic()
+        acked = delivery.ack(task_id, index, now, robot_id=robot_id)
+        refused = core.robot_alive(task_id, index, robot_id)
+        if refused is not None and not acked:  # an end marker or a task already forgotten: delivery's word
+            self._rejected.note("heartbeat" if running else "ack", robot_id, refused)
+            return
+        delivery.heard(robot_id, now)
+        self._note_stamp_lag(stamp_wall)
+        if acked and self.journal is not None:
+            self._jot("segment_acked", task_id, index)
+
+    def _note_stamp_lag(self, stamp_wall: float | None) -> None:
+        """How far behind this planner reads robot messages, from their stamps. A stamp further from this clock
+        than ``max_clock_skew_s`` says nothing of that (a robot's clock is off, or the stamp is forged: one
+        stamped 1970 switched silence detection off for the whole fleet), so it is ignored."""
+        if stamp_wall is None:
+            return
+        lag = time.time() - stamp_wall
+        if abs(lag) <= self._max_clock_skew_s:
+            self.core.watchdog.note_lag(lag, self.core.clock.now())
+        else:
+            self._rejected.note("stamp", "(any)", f"stamp {lag:+.1f} s from this planner's clock, beyond "
+                                                  f"max_clock_skew_s={self._max_clock_skew_s:g}: its lag is ignored")
+
+    # -- housekeeping (a timer) --------------------------------------------------------------------
+    def housekeeping(self) -> None:
+        """Re-send or give up on unacknowledged segments, probe unreported ones, end tasks of silent robots,
+        release idle robots, prune the journal."""
+        core, delivery = self.core, self.delivery
+        if core is None:  # cleaned up: a callback already in flight has nothing to do
+            return
+        reachable = self._robots.reachable
+        for tid, index, robot_id in delivery.due(time.monotonic(), reachable):
+            if reachable(robot_id):
+                why = f"robot {robot_id} never acknowledged segment {index} within {delivery.give_up_s:g} s"
+                detail = delivery.given_up_detail(tid, index)
+                why += f" ({detail})" if detail else ""
+            else:
+                why = (f"robot {robot_id} unreachable: no executor subscribed to {segment_topic(robot_id)} "
+                       f"within {4 * delivery.give_up_s:g} s")
+            self._log.error(f"task {tid}: {why}")
+            core.robot_failed(tid, why)
+        for tid, robot_id, robot_type, seg in core.unreported():
+            self._sender.resend_segment(tid, robot_id, seg, self.skillset_id(robot_type))
+        for tid in core.expire_silent(unacked=delivery.unacked):
+            self._log.error(f"task {tid}: robot silent, ended ROBOT_FAILED")
+        now = time.monotonic()
+        if self._robot_idle_release_s > 0 and now >= self._next_release:
+            self._next_release = now + min(30.0, self._robot_idle_release_s / 2)
+            self._release_idle_robots(now)
+        if self.journal is not None and now >= self._next_prune:
+            self._next_prune = now + 30.0
+            cfg = core.cfg
+            self._jot("prune", cfg.keep_results_s, cfg.keep_results_max, time.time())
+
+    def _release_idle_robots(self, now: float) -> int:
+        """Release the links of robots sent nothing for ``robot_idle_release_s`` that have no open task,
+        waiting task or unacknowledged segment (:meth:`RobotLinks.release_idle`)."""
+        busy = self.core.robots_in_use()
+        released = self._robots.release_idle(
+            now, self._robot_idle_release_s, lambda r: r in busy or bool(self.delivery.pending_for(r)))
+        if released:
+            self._log.debug(f"released {released} idle robots' segment publishers")
+        return released
+
+    # -- engine thread -----------------------------------------------------------------------------
+    def _engine_loop(self) -> None:
+        backoff = self._restart_backoff
+        while not self._stop.is_set():
+            try:
+                self.core.serve_forever(self._stop)
+                return
+            except Exception as e:  # noqa: BLE001 - every accepted task must still get an answer
+                with self._lock:
+                    self.engine_error = f"engine failure: {e!r}"
+                self._log.error(f"engine loop crashed: {e!r}; failing every open task, rebuilding the engine")
+                n = self.core.fail_all(f"planner engine failure: {e!r}")
+                self._log.error(f"{n} open tasks ended FAILED")
+            while not self._stop.wait(backoff):
+                try:
+                    engine = self._engine_factory()
+                    self.core.fail_all("planner engine failure (task accepted during the restart)")
+                    self.core.replace_engine(engine)
+                    old, self.engine = self.engine, engine
+                    self._prompts.engine = engine
+                    if old is not engine:
+                        try:
+                            old.close()
+                        except Exception as e:  # noqa: BLE001 - a broken engine may not close cleanly
+                            self._log.warning(f"closing the failed engine: {e!r}")
+                except Exception as e:  # noqa: BLE001
+                    backoff = min(backoff * 2, 30.0)
+                    self._log.error(f"engine restart failed: {e!r}; next try in {backoff:g} s")
+                    continue
+                with self._lock:
+                    self.engine_error = None
+                self.engine_restarts += 1
+                backoff = self._restart_backoff
+                self._log.warning(f"engine restarted ({self.engine_restarts}); serving again")
+                break
+
+    def _reuse_engine(self) -> Any:
+        """Restart for an engine handed in without a factory: drop whatever it still holds."""
+        for gid in self.engine.running_ids() | self.engine.suspended_ids():
+            self.engine.abort(gid)
+        return self.engine
+
+    # -- journal recovery --------------------------------------------------------------------------
+    def _recover(self) -> None:
+        """Resume what a killed planner left: re-open unfinished tasks, re-send unacknowledged segments."""
+        now_wall = time.time()
+        resumed = ended = 0
+        for jt in self.journal.unfinished():
+            s = jt.spec
+            tuf = TufRequest(level=s["tuf"]["level"], alpha=s["tuf"]["alpha"], beta=s["tuf"]["beta"],
+                             ert=s["tuf"]["ert"])
+            arrival = self._bridge.to_core_s(jt.arrival_wall)
+            sent = self._bridge.to_core_s(s["sent_wall"]) if s.get("sent_wall") else None
+            try:
+                spec = self.validate(jt.task_id, jt.robot_id, jt.robot_type, s["task"], tuf, arrival=arrival,
+                                     sent=sent)
+            except GoalError as e:  # e.g. its robot type is no longer served: refused as invalid now
+                self.journal.task_finished(jt.task_id, TaskStatus.INVALID.value,
+                                           {"status": TaskStatus.INVALID.value, "message": f"after restart: {e}",
+                                            "robot_id": jt.robot_id}, now_wall)
+                ended += 1
+                continue
+            segs = self._restored_segments(jt)
+            marker = any(js.marker for js in jt.segments)
+            key = PlanRequest(jt.task_id, jt.robot_id, jt.robot_type, s["task"], tuf).key
+            with self._lock:
+                self._open[jt.task_id] = _OpenTask(jt.task_id, jt.robot_id, jt.robot_type, key, [], [],
+                                                   sent=len(segs), final_sent=marker or any(x.final for x in segs))
+            self._robots.get(jt.robot_id)
+            if not segs and spec.tuf.tuf0(self.core.clock.now() - arrival) < 0:
+                with self._lock:
+                    self._open.pop(jt.task_id, None)
+                res_rec = {"status": TaskStatus.OVERDUE.value, "robot_id": jt.robot_id,
+                           "message": "planner restarted after the task's utility cutoff; nothing was sent"}
+                self.journal.task_finished(jt.task_id, TaskStatus.OVERDUE.value, res_rec, now_wall)
+                self._sender.publish_journaled_result({"task_id": jt.task_id, **res_rec})
+                ended += 1
+                continue
+            spec.meta["request_key"] = key
+            self.core.restore(spec, segs, final=marker)
+            resumed += 1
+        resend = {(tid, js.index): (tid, robot_id, js) for tid, robot_id, js in self.journal.unacked()}
+        for jt in self.journal.unfinished():  # also what was acknowledged but never reported: the robot
+            for js in jt.segments:            # answers a copy of a finished segment with its report again
+                if not js.marker and not js.reported:
+                    resend.setdefault((jt.task_id, js.index), (jt.task_id, jt.robot_id, js))
+        for tid, robot_id, js in resend.values():
+            if not js.marker and self.journal.status(tid) not in (ACTIVE, TaskStatus.DONE.value):
+                continue  # ended without running its plan: see SegmentDelivery.forget
+            if tid in self._open:
+                rt = self._open[tid].robot_type
+            else:  # finished before the restart: its own robot type, as journaled
+                jt = self.journal.task(tid)
+                rt = jt.robot_type if jt is not None else ""
+            calls = [] if js.marker else self.parse(rt, js.text)
+            self._sender.resend_journaled(tid, robot_id, js, calls, "" if js.marker else self.skillset_id(rt))
+        if resumed or ended:
+            self._log.warning(f"journal: resumed {resumed} unfinished tasks, ended {ended}")
+
+    def _restored_segments(self, jt: JournaledTask) -> list[Segment]:
+        """A journaled task's segments (its end marker left out) as the core's, in this clock, with their
+        predictions as the core made them when it sent them."""
+        segs: list[Segment] = []
+        for js in jt.segments:
+            if js.marker:
+                continue
+            calls = self.core.hooks.parse(jt.robot_type, js.text)
+            dispatch = self._bridge.to_core_s(js.dispatch_wall)
+            seg = Segment(index=js.index, text=js.text, token_ids=list(js.token_ids), calls=calls,
+                          gen_start=dispatch, ready=dispatch, dispatch=dispatch, est_exec_s=js.est_exec_s,
+                          max_exec_s=self.core.hooks.exec_range(jt.robot_type, calls)[1], final=js.is_final)
+            seg.predict(self.core.cfg.comm_s, segs[-1].end if segs else None)
+            if js.reported:
+                seg.real_end, seg.success, seg.error = (self._bridge.to_core_s(js.finish_wall)
+                                                        if js.finish_wall else seg.pred_end), js.success, js.error
+            segs.append(seg)
+        return segs
+
+
+__all__ = ["PlannerService"]

@@ -192,3 +192,13 @@ def test_llguidance_takes_the_task_grammars_as_python_does():
         assert not accepts(r, "fly_away();")
     cut = grammar.continuation_regex(DRONE, "mu(100);" * 6, "Scene: [] Task: [E] a wasp")
     assert accepts(cut, "") and not accepts(cut, "mu(100);")
+
+
+def test_a_plan_of_free_calls_resumes_under_free_calls_even_where_it_began_like_a_unit():
+    """One name only: no pick-and-place unit fits (its object and place are distinct), so the arm's whole grammar
+    is free calls. A plan that happens to begin like a unit must go on under those, not under the unit's rest
+    (found by the property test above: 'sc();' fitted the whole grammar but not the continuation)."""
+    ss = SETS["arm"]
+    task, done = "Task: Put the lid away.", "move_to('lid_away');pick('lid_away');"
+    assert re.fullmatch(grammar.plan_regex(ss, task), done + "sc();")
+    assert re.fullmatch(grammar.continuation_regex(ss, done, task), "sc();")

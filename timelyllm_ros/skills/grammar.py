@@ -282,6 +282,7 @@ class _Grammar:
     need_gap: int | None = None  # statements allowed before and after the need statement (each side)
     stmt_nn: str = ""  # a statement that does not call it
     call_nn: str = ""  # a call of any other skill
+    unit_plan: bool = False  # the plan is made of plan_structure units (else free calls: no unit fits the task's names)
 
 
 _CACHE: OrderedDict[tuple[int, str | None], _Grammar] = OrderedDict()
@@ -326,11 +327,11 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
             for exact in (True, False):  # as many units as the task has, if its mentions allow
                 top = _Ordered(ss, mentions, exact).whole(-1, units, optional=False)
                 if top:
-                    return _Grammar(call, "", top, names, units, mentions, exact)
+                    return _Grammar(call, "", top, names, units, mentions, exact, unit_plan=True)
         if ps.unit:
             unit = _unit_regex(ss, ps.unit, names)
             if unit:
-                return _Grammar(call, unit, _rep(unit, 1, units), names, units)
+                return _Grammar(call, unit, _rep(unit, 1, units), names, units, unit_plan=True)
         return _Grammar(call, f"{call};", _rep(f"{call};", 1, ps.max_statements), names, units)
     stmt = f"{call};"
     boolcall = call_regex(ss, ("bool",), names)
@@ -541,7 +542,7 @@ def _continuation(ss: SkillSet, plan_so_far: str, g: _Grammar) -> str:
         after = None if left is None else left - 1
         return lead + _rep(f"{g.call};", 0 if block else 1, blk) + close + _rep(g.stmt, 0, after)
     lead = ";" if cut else ""
-    if ps.unit:
+    if g.unit_plan:  # the rest of the units; a plan of free calls goes on with free calls, whatever it began with
         tail = _unit_tail(ss, done, g)
         if tail is not None:
             return lead + tail

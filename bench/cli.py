@@ -163,12 +163,12 @@ def cmd_figures(args: argparse.Namespace) -> int:
 # -- overhead ------------------------------------------------------------------
 def measure_overhead(n: int, policy: str, reps: int, seed: int = 0) -> dict[str, float]:
     """Time one scheduling decision (recompute every priority, pick the batch) with ``n`` queued."""
+    from timelyllm_ros.domain.clock import SimClock
+    from timelyllm_ros.domain.tuf import LEVELS
+    from timelyllm_ros.domain.types import TaskSpec
     from timelyllm_ros.engines.sim_engine import SimEngine
-    from timelyllm_ros.model.clock import SimClock
-    from timelyllm_ros.model.tuf import LEVELS
-    from timelyllm_ros.model.types import TaskSpec
-    from timelyllm_ros.sched.policies import make_policy
-    from timelyllm_ros.sched.scheduler import PlannerCore
+    from timelyllm_ros.planner.core import PlannerCore
+    from timelyllm_ros.planner.policies import make_policy
 
     rng = random.Random(seed)
     clock = SimClock(100.0)

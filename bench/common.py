@@ -66,7 +66,7 @@ def ci_cell(m: float, ci: float, fmt: str = "{:+.3f}") -> str:
 
 # -- one simulated run ------------------------------------------------------------------------------------------
 def run_policy(wl: Workload, policy: str, admission: str | int | None, args: argparse.Namespace) -> SimResult:
-    from timelyllm_ros.sched.policies import make_policy
+    from timelyllm_ros.planner.policies import make_policy
 
     pol = make_policy(policy)
     eng = SimEngineConfig.from_yaml(args.engine_config) if getattr(args, "engine_config", None) else SimEngineConfig()

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from timelyllm_ros.measure import metrics
-from timelyllm_ros.sched.admission import Admission, AdmissionView, make_admission
-from timelyllm_ros.sched.policies import Policy, RankContext, make_policy
+from timelyllm_ros.planner.admission import Admission, AdmissionView, make_admission
+from timelyllm_ros.planner.policies import Policy, RankContext, make_policy
 from timelyllm_ros.sim.simulator import SimConfig, Simulator
 from timelyllm_ros.sim.workloads import Workload, load_workload
 

@@ -44,12 +44,12 @@ import yaml
 
 from bench.common import line_fit
 from timelyllm_ros import paths
+from timelyllm_ros.domain.plans import plan_templates
 from timelyllm_ros.engines import driver
 from timelyllm_ros.engines.base import Engine, EngineRequest, FinishReason
 from timelyllm_ros.engines.factory import load_engine_config, make_engine
 from timelyllm_ros.engines.prompts import PromptBuilder
 from timelyllm_ros.engines.vllm_engine import VllmEngine
-from timelyllm_ros.model.plans import plan_templates
 from timelyllm_ros.skills.segmenter import StopChecker, make_stop_checker
 
 

@@ -18,11 +18,11 @@ import json
 import statistics
 import time
 
+from timelyllm_ros.domain.plans import plan_templates
 from timelyllm_ros.engines import driver
 from timelyllm_ros.engines.base import EngineRequest
 from timelyllm_ros.engines.factory import planner_engine
 from timelyllm_ros.engines.prompts import PromptRenderer
-from timelyllm_ros.model.plans import plan_templates
 from timelyllm_ros.skills.segmenter import make_stop_checker
 
 

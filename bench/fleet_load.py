@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from timelyllm_ros.model.types import TaskStatus
+from timelyllm_ros.domain.types import TaskStatus
 
 DEFAULT_OUT = Path("bench/results/fleet_load")
 
@@ -118,7 +118,7 @@ class GoalPlan:
 def make_schedule(goals: int, duration: float, burst: int, robots: list[str], seed: int) -> list[GoalPlan]:
     """``goals`` Poisson arrivals over ``duration`` (scaled to end within it) + ``burst`` goals within one
     second in the middle; each a random drone task of data/plans.yaml for a random robot."""
-    from timelyllm_ros.model.plans import plan_templates
+    from timelyllm_ros.domain.plans import plan_templates
 
     rng = random.Random(seed)
     tpls = [t for t in plan_templates().values() if t.robot_type == "drone"]

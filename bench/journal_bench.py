@@ -4,7 +4,7 @@
 
 One task's life as the planner journals it: accepted, 4 segments sent, 4 acknowledged, 4 reported, finished
 (14 commits). Compared: an older journal.py (--before FILE, e.g. from ``git show
-<rev>:timelyllm_ros/sched/journal.py > /tmp/old_journal.py``), synchronous=NORMAL and the default
+<rev>:timelyllm_ros/planner/journal.py > /tmp/old_journal.py``), synchronous=NORMAL and the default
 synchronous=FULL (fsync per commit, sidecar update per commit). Also the time
 to open (integrity check included) a journal holding --open-tasks finished tasks, the planner's default bound.
 Prints a table; timings on a shared machine are noisy (medians of --repeats runs).
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--open-tasks", type=int, default=10000)
     ap.add_argument("--before", default=None, help="an older journal.py to time beside this one")
     a = ap.parse_args(argv)
-    from timelyllm_ros.sched.journal import Journal
+    from timelyllm_ros.planner.journal import Journal
 
     variants: dict[str, Any] = {}
     if a.before:

@@ -11,7 +11,7 @@ Two parts, one run:
    counted in the simulated engine's token pieces: the file keeps texts only). Each plan is cut into segments
    by the planner's own stop checker. Before each segment both estimators predict its tokens, then learn from
    it, as the planner does online: ``ewma`` (today: one running mean per robot type, PlannerCore before issue
-   27) and ``learned`` (:class:`~timelyllm_ros.sched.lengths.PlanLengths`, mean and 10/90 % quantiles).
+   27) and ``learned`` (:class:`~timelyllm_ros.planner.lengths.PlanLengths`, mean and 10/90 % quantiles).
 2. **Utility in the simulator.** The same workloads with ``CoreConfig.length_model`` ``ewma`` and ``learned``
    side by side: the real-policies replay (the real engine's plans and robot times, step model fitted to the
    other repetitions' steps, as ``real-policies`` does), and the WID 2 trace at fleet load factors with the
@@ -36,14 +36,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from timelyllm_ros.domain.plans import plan_templates
+from timelyllm_ros.domain.tuf import LEVELS
+from timelyllm_ros.domain.types import TaskSpec
 from timelyllm_ros.engines.sim_engine import SimEngineConfig, bpe_pieces
 from timelyllm_ros.measure import metrics
-from timelyllm_ros.model.plans import plan_templates
-from timelyllm_ros.model.tuf import LEVELS
-from timelyllm_ros.model.types import TaskSpec
-from timelyllm_ros.sched.config import CoreConfig
-from timelyllm_ros.sched.hooks import SkillHooks
-from timelyllm_ros.sched.lengths import PlanLengths
+from timelyllm_ros.planner.config import CoreConfig
+from timelyllm_ros.planner.hooks import SkillHooks
+from timelyllm_ros.planner.lengths import PlanLengths
 from timelyllm_ros.sim.simulator import Replay, SimConfig, Simulator
 from timelyllm_ros.sim.workloads import Job, Workload, load_workload
 

@@ -28,11 +28,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from timelyllm_ros.domain.plans import PlanTemplate, plan_templates
 from timelyllm_ros.engines import driver
 from timelyllm_ros.engines.base import Engine, EngineRequest, FinishReason, concat_segments
 from timelyllm_ros.engines.factory import REGEX_BACKENDS, load_engine_config, make_engine
 from timelyllm_ros.engines.prompts import PromptBuilder, PromptRenderer
-from timelyllm_ros.model.plans import PlanTemplate, plan_templates
 from timelyllm_ros.skills.exec_model import ExecTimeModel
 from timelyllm_ros.skills.quality import judge, template_spec
 from timelyllm_ros.skills.segmenter import make_stop_checker

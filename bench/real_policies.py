@@ -580,7 +580,7 @@ def cmd_real_policies(args: argparse.Namespace) -> int:
     import sys
 
     policies = [p for p in args.policies.split(",") if p]
-    from timelyllm_ros.sched.policies import POLICIES
+    from timelyllm_ros.planner.policies import POLICIES
 
     bad = [p for p in policies if p not in POLICIES]
     if bad or not policies:

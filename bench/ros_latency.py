@@ -47,12 +47,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import rclpy
 
+    from timelyllm_ros.domain.clock import SimClock
+    from timelyllm_ros.domain.tuf import LEVELS
+    from timelyllm_ros.domain.types import TaskSpec
     from timelyllm_ros.engines.sim_engine import SimEngine
-    from timelyllm_ros.model.clock import SimClock
-    from timelyllm_ros.model.tuf import LEVELS
-    from timelyllm_ros.model.types import TaskSpec
-    from timelyllm_ros.sched.policies import make_policy
-    from timelyllm_ros.sched.scheduler import PlannerCore
+    from timelyllm_ros.planner.core import PlannerCore
+    from timelyllm_ros.planner.policies import make_policy
     from timelyllm_ros.srv import EstimateExecTime
 
     # in-process: a PUD decision over 8 queued generations

@@ -25,17 +25,17 @@ import threading
 import time
 from pathlib import Path
 
+from timelyllm_ros.domain.clock import RealClock
+from timelyllm_ros.domain.plans import plan_templates
+from timelyllm_ros.domain.tuf import LEVELS
+from timelyllm_ros.domain.types import TaskSpec
 from timelyllm_ros.engines.factory import planner_engine
 from timelyllm_ros.engines.latency import LatencyEstimator
 from timelyllm_ros.engines.prompts import PromptRenderer
-from timelyllm_ros.model.clock import RealClock
-from timelyllm_ros.model.plans import plan_templates
-from timelyllm_ros.model.tuf import LEVELS
-from timelyllm_ros.model.types import TaskSpec
-from timelyllm_ros.sched.admission import LatencyGuided
-from timelyllm_ros.sched.policies import make_policy
-from timelyllm_ros.sched.scheduler import PlannerCore
-from timelyllm_ros.sched.warmup import warm_up
+from timelyllm_ros.planner.admission import LatencyGuided
+from timelyllm_ros.planner.core import PlannerCore
+from timelyllm_ros.planner.policies import make_policy
+from timelyllm_ros.planner.warmup import warm_up
 
 SCENARIOS = ("alone", "together", "after")
 

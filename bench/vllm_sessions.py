@@ -42,11 +42,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from timelyllm_ros.domain.plans import plan_templates
 from timelyllm_ros.engines.base import EngineRequest
 from timelyllm_ros.engines.detok import IncrementalDetokenizer
 from timelyllm_ros.engines.factory import make_engine
 from timelyllm_ros.engines.prompts import PromptBuilder
-from timelyllm_ros.model.plans import plan_templates
 from timelyllm_ros.skills.segmenter import make_stop_checker
 
 TERMINATORS = ";}){"

@@ -26,7 +26,7 @@ def test_side_by_side_reports_all_tasks_and_statuses(tmp_path):
 def test_plan_quality_is_a_bench_command_and_reports_hand_written_plans(tmp_path):
     """The report of `timelyllm-bench plan-quality` from given plans (no engine): counts, table, PNG."""
     from bench import plan_quality
-    from timelyllm_ros.model.plans import plan_templates
+    from timelyllm_ros.domain.plans import plan_templates
 
     args = cli.build_parser().parse_args(["plan-quality", "--label", "x", "--samples", "2"])
     assert args.fn is plan_quality.cmd_plan_quality and args.samples == 2

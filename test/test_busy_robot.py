@@ -6,10 +6,10 @@ import math
 
 from test_scheduler import drain, make_core, spec
 
+from timelyllm_ros.domain.clock import SimClock
+from timelyllm_ros.domain.types import TaskStatus
 from timelyllm_ros.measure.metrics import summarize, to_markdown
 from timelyllm_ros.measure.records import SegRecord, TaskRecord
-from timelyllm_ros.model.clock import SimClock
-from timelyllm_ros.model.types import TaskStatus
 from timelyllm_ros.sim.simulator import Simulator
 from timelyllm_ros.sim.workloads import Job, Workload
 

@@ -15,7 +15,7 @@ from rclpy.action import ActionServer, GoalResponse  # noqa: E402
 from test_planner_node import CAT, DOG, NORMAL, URGENT, Stack  # noqa: E402
 
 from timelyllm_ros.action import PlanTask  # noqa: E402
-from timelyllm_ros.model.plans import plan_templates  # noqa: E402
+from timelyllm_ros.domain.plans import plan_templates  # noqa: E402
 from timelyllm_ros.ros import client as client_mod  # noqa: E402
 from timelyllm_ros.ros.client import (  # noqa: E402
     ERR_NO_SERVER,

@@ -4,10 +4,10 @@ restoring a journaled task, learning per robot type (SimClock + SimEngine: deter
 import pytest
 from test_scheduler import drain, make_core, spec
 
-from timelyllm_ros.model.clock import SimClock
-from timelyllm_ros.model.tuf import LEVELS
-from timelyllm_ros.model.types import Segment, TaskSpec, TaskStatus
-from timelyllm_ros.ros.delivery import SegmentDelivery
+from timelyllm_ros.domain.clock import SimClock
+from timelyllm_ros.domain.tuf import LEVELS
+from timelyllm_ros.domain.types import Segment, TaskSpec, TaskStatus
+from timelyllm_ros.transport.delivery import SegmentDelivery
 
 
 def _step_until(core, clock, pred, limit=1000):

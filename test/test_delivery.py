@@ -31,9 +31,9 @@ from rclpy.qos import QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy  # noqa
 from test_planner_node import CAT, DOG, NORMAL, URGENT, Stack, _wait  # noqa: E402
 
 from timelyllm_ros.action import PlanTask  # noqa: E402
+from timelyllm_ros.domain.plans import plan_templates  # noqa: E402
+from timelyllm_ros.domain.types import TaskStatus  # noqa: E402
 from timelyllm_ros.engines.sim_realtime import RealtimeSimEngine  # noqa: E402
-from timelyllm_ros.model.plans import plan_templates  # noqa: E402
-from timelyllm_ros.model.types import TaskStatus  # noqa: E402
 from timelyllm_ros.msg import (  # noqa: E402
     PlanResult,
     PlanSegment,
@@ -624,8 +624,8 @@ def test_a_cancelled_task_s_unacknowledged_segments_are_not_re_sent(make_stack):
     st, r = s.full_result(h)
     assert r.status == R.STATUS_CANCELED, r.message
     assert wait_until(lambda: not d.unacked("gone-1", 0), 10)
-    keys = [k for k in list(d._pending) if k[0] == "gone-1"]
-    assert all(topics.is_end_marker(d._pending[k].msg.text, d._pending[k].msg.is_final) for k in keys), keys
+    left = d.waiting("gone-1")
+    assert all(topics.is_end_marker(m.text, m.is_final) for m in left), [(m.segment_index, m.text) for m in left]
 
 
 # -- 9. input hygiene -------------------------------------------------------------------------------------

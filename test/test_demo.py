@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from timelyllm_ros.sched.policies import DEFAULT_POLICY
+from timelyllm_ros.planner.policies import DEFAULT_POLICY
 
 pytest.importorskip("rclpy")
 

@@ -43,16 +43,16 @@ class Operator:
 
     def __init__(self, node) -> None:
         self.arrays: list[DiagnosticArray] = []
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         self.sub = node.create_subscription(DiagnosticArray, DIAGNOSTICS_TOPIC, self._on, OPERATOR_QOS)
 
     def _on(self, msg: DiagnosticArray) -> None:
-        with self._lock:
+        with self.lock:
             self.arrays.append(msg)
             del self.arrays[:-500]  # bounded
 
     def latest(self, name: str) -> DiagnosticStatus | None:
-        with self._lock:
+        with self.lock:
             for arr in reversed(self.arrays):
                 for st in arr.status:
                     if st.name == name:
@@ -127,7 +127,7 @@ def test_planner_reports_engine_queue_deadlines_and_journal_with_thresholds_from
     assert wait_until(lambda: op.latest(name("engine")) is not None, 20)
     writers = [i for i in s.client.get_publishers_info_by_topic(DIAGNOSTICS_TOPIC) if i.node_name == "planner"]
     assert len(writers) == 1, writers
-    with op._lock:
+    with op.lock:
         arrays = list(op.arrays)
     for arr in arrays:  # each array carries each planner status once
         names = [st.name for st in arr.status if st.name.startswith("planner: ")]
@@ -357,10 +357,10 @@ def test_an_engine_pool_reports_each_member_and_warns_while_one_is_down():
     v = dict(st.values)
     assert st.level == 0 and (v["member_0_name"], v["member_0_state"], v["member_1_state"]) == ("a", "up", "up")
     assert v["member_1_max_batch"] == "256" and v["pool_failovers"] == "0"
-    pool._down(pool._members[1], "the server died")
+    pool.mark_down(1, "the server died")
     st = add_pool_members(Status("planner: engine"), pool.stats())
     assert st.level == WARN and "1 of 2 members down (b)" in st.message
     assert dict(st.values)["member_1_down_reason"] == "the server died"
-    pool._down(pool._members[0], "hung")
+    pool.mark_down(0, "hung")
     st = add_pool_members(Status("planner: engine"), pool.stats())
     assert st.level == ERROR and "no member is up" in st.message

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from timelyllm_ros import paths
+from timelyllm_ros.domain.clock import SimClock
 from timelyllm_ros.engines import factory
 from timelyllm_ros.engines.base import (
     Engine,
@@ -33,10 +34,9 @@ from timelyllm_ros.engines.factory import (
 from timelyllm_ros.engines.prompts import PromptRenderer, TaskPromptError
 from timelyllm_ros.engines.sim_engine import SimEngine, SimEngineConfig
 from timelyllm_ros.engines.sim_realtime import RealtimeSimEngine, sim_plan_for
-from timelyllm_ros.model.clock import SimClock
-from timelyllm_ros.sched.policies import make_policy
-from timelyllm_ros.sched.scheduler import PlannerCore
-from timelyllm_ros.sched.warmup import warm_up
+from timelyllm_ros.planner.core import PlannerCore
+from timelyllm_ros.planner.policies import make_policy
+from timelyllm_ros.planner.warmup import warm_up
 from timelyllm_ros.skills.segmenter import StopChecker, make_stop_checker
 
 CAT = "Scene: [] Task: [A] Could you find the cat? If so, go to it."

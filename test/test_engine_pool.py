@@ -11,17 +11,17 @@ from __future__ import annotations
 import pytest
 from test_scheduler import drain, spec
 
+from timelyllm_ros.domain.clock import SimClock
+from timelyllm_ros.domain.types import TaskStatus
 from timelyllm_ros.engines import driver
 from timelyllm_ros.engines.base import EngineRequest, FinishReason, RawTokens, concat_segments
 from timelyllm_ros.engines.factory import EngineConfigError, load_engine_config, make_engine, pool_member_configs
 from timelyllm_ros.engines.pool import EnginePool, NoMemberUp, PoolMismatchError, PoolStats
 from timelyllm_ros.engines.sim_engine import SimEngine, SimEngineConfig
 from timelyllm_ros.engines.sim_realtime import sim_plan_for
-from timelyllm_ros.model.clock import SimClock
-from timelyllm_ros.model.types import TaskStatus
-from timelyllm_ros.sched.policies import make_policy
-from timelyllm_ros.sched.scheduler import PlannerCore
-from timelyllm_ros.sched.warmup import warm_up
+from timelyllm_ros.planner.core import PlannerCore
+from timelyllm_ros.planner.policies import make_policy
+from timelyllm_ros.planner.warmup import warm_up
 from timelyllm_ros.skills.segmenter import make_stop_checker
 
 TASKS = ["Could you find the cat? If so, go to it.", "Take a picture of the kitchen.", "Go to the apple.",

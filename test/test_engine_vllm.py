@@ -16,12 +16,12 @@ from types import SimpleNamespace
 import pytest
 
 from timelyllm_ros import paths
+from timelyllm_ros.domain.plans import plan_templates
 from timelyllm_ros.engines import driver, vllm_engine
 from timelyllm_ros.engines.base import EngineInfo, EngineRequest, FinishReason, concat_segments
 from timelyllm_ros.engines.factory import EngineConfigError, load_engine_config, make_engine
 from timelyllm_ros.engines.prompts import PromptBuilder
 from timelyllm_ros.engines.vllm_engine import SubmissionLog, VllmEngine, finish_reason_from_vllm
-from timelyllm_ros.model.plans import plan_templates
 from timelyllm_ros.skills.segmenter import StopChecker, make_stop_checker
 
 engine = pytest.mark.engine

@@ -37,7 +37,7 @@ from waiting import wait_until
 rclpy = pytest.importorskip("rclpy")
 
 from timelyllm_ros.action import PlanTask  # noqa: E402
-from timelyllm_ros.model.plans import plan_templates  # noqa: E402
+from timelyllm_ros.domain.plans import plan_templates  # noqa: E402
 from timelyllm_ros.msg import PlanResult, PlanSegment, SegmentAck, SegmentDone, TimeUtility  # noqa: E402
 from timelyllm_ros.paths import config_dir  # noqa: E402
 from timelyllm_ros.ros import topics  # noqa: E402
@@ -321,7 +321,7 @@ def journal_texts(state_dir: Path) -> dict[tuple[str, int], str]:
     restarted planner produced before this process's subscriptions matched it were seen by nobody here."""
     import sqlite3
 
-    from timelyllm_ros.sched.journal import DB_NAME
+    from timelyllm_ros.planner.journal import DB_NAME
 
     conn = sqlite3.connect(f"file:{state_dir / DB_NAME}?mode=ro", uri=True, timeout=10)
     try:

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from test_segmenter import bpe_like
 
 from timelyllm_ros import paths
+from timelyllm_ros.domain.plans import plan_templates
 from timelyllm_ros.engines.prompts import PromptConfig
-from timelyllm_ros.model.plans import plan_templates
 from timelyllm_ros.skills import grammar
 from timelyllm_ros.skills.schema import SkillSetError, load_skill_set, skill_set_from_dict
 from timelyllm_ros.skills.segmenter import split_segments

@@ -13,8 +13,8 @@ from test_executors_interpreter import RecordingDrone
 from test_minispec import valid_programs
 from test_scheduler import drain, make_core, spec
 
-from timelyllm_ros.model.clock import SimClock
-from timelyllm_ros.model.types import TaskStatus
+from timelyllm_ros.domain.clock import SimClock
+from timelyllm_ros.domain.types import TaskStatus
 from timelyllm_ros.robots.arm_backend import ArmExecutor
 from timelyllm_ros.robots.base import ExecutionError, RefusedError
 from timelyllm_ros.robots.interpreter import MiniSpecInterpreter

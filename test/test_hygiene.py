@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from timelyllm_ros.sched.hygiene import char_name, check_text, check_token_count
+from timelyllm_ros.planner.hygiene import char_name, check_text, check_token_count
 
 # The refused set, written out from the specification (not taken from the module under test).
 REFUSED = (

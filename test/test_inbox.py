@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from timelyllm_ros.robots.inbox import SegmentInbox
+from timelyllm_ros.transport.inbox import SegmentInbox
 
 
 def _ran(segs):

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from timelyllm_ros.sched.journal import (
+from timelyllm_ros.planner.journal import (
     DB_NAME,
     SCHEMA_VERSION,
     Journal,
@@ -500,7 +500,7 @@ def ops():
 
 CHILD_SRC = (
     "import sys\n"
-    "from timelyllm_ros.sched.journal import Journal\n" + OPS_SRC + "j = Journal(sys.argv[1])\n"
+    "from timelyllm_ros.planner.journal import Journal\n" + OPS_SRC + "j = Journal(sys.argv[1])\n"
     "print('open', flush=True)\n"
     "for n, (name, args) in enumerate(ops()):\n"
     "    getattr(j, name)(*args)\n"

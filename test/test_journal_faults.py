@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from timelyllm_ros.sched.journal import (
+from timelyllm_ros.planner.journal import (
     DB_NAME,
     SEQ_NAME,
     Journal,
@@ -35,7 +35,7 @@ N = 9  # tasks, as in the issue
 # main file holds data too), then dies by SIGKILL: what a killed planner leaves, most of it in the -wal.
 CHILD = r"""
 import os, signal, sys
-from timelyllm_ros.sched.journal import Journal
+from timelyllm_ros.planner.journal import Journal
 j = Journal(sys.argv[1])
 n, ckpt, clean = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "clean"
 for k in range(n):
@@ -225,7 +225,7 @@ def test_reset_damaged_moves_the_files_aside_and_starts_empty(tmp_path):
 
 
 def test_reset_is_not_for_a_newer_schema(tmp_path):
-    from timelyllm_ros.sched.journal import SCHEMA_VERSION, JournalVersionError
+    from timelyllm_ros.planner.journal import SCHEMA_VERSION, JournalVersionError
 
     state = _journal_left(tmp_path / "s", clean=True)
     conn = sqlite3.connect(state / DB_NAME)
@@ -327,7 +327,7 @@ def test_full_disk_refuses_the_write_and_keeps_what_was_journaled(tmp_path):
         state = root / "state"
         j = Journal(state)
         if emulated:
-            j._conn.execute("PRAGMA max_page_count = 200")
+            j.limit_pages(200)
         accepted, err = _fill_until_full(j)
         assert len(accepted) > 5
         assert str(state / DB_NAME) in str(err) and "full" in str(err), err
@@ -351,12 +351,12 @@ def test_planner_refuses_a_damaged_journal_resets_on_request_and_refuses_goals_i
     rclpy = pytest.importorskip("rclpy")
     from rclpy.parameter import Parameter
 
-    from timelyllm_ros.model.types import TaskStatus
+    from timelyllm_ros.domain.types import TaskStatus
     from timelyllm_ros.msg import TimeUtility
     from timelyllm_ros.paths import config_dir
+    from timelyllm_ros.planner.service_io import PlanRequest
     from timelyllm_ros.ros.convert import tuf_request
     from timelyllm_ros.ros.planner_node import GoalError, build_planner
-    from timelyllm_ros.sched.planner_io import PlanRequest
 
     state = _journal_left(tmp_path / "s")
     (state / (DB_NAME + "-wal")).unlink()
@@ -371,8 +371,7 @@ def test_planner_refuses_a_damaged_journal_resets_on_request_and_refuses_goals_i
         try:
             assert planner.journal.reset_report and planner.journal.unfinished() == []
             tuf = tuf_request(TimeUtility(level="normal"))
-            conn = planner.journal._conn  # SQLite's full disk, for this connection: no page beyond these
-            conn.execute(f"PRAGMA max_page_count = {conn.execute('PRAGMA page_count').fetchone()[0]}")
+            planner.journal.limit_pages()  # SQLite's full disk, for this connection: no page beyond these
             task = "take off and fly to the window " * 40
             with pytest.raises(GoalError, match=f"{state / DB_NAME}.*full") as e:
                 for k in range(200):
@@ -382,7 +381,7 @@ def test_planner_refuses_a_damaged_journal_resets_on_request_and_refuses_goals_i
             assert refused not in planner.service.open_tasks() and planner.core.task_status(refused) is None
             assert planner.journal.status(refused) is None
             assert all(planner.journal.status(f"g{i}") == "active" for i in range(k))
-            planner.journal._conn.execute("PRAGMA max_page_count = 1000000")
+            planner.journal.limit_pages(1_000_000)
             # space again
             assert planner.service.accept(PlanRequest(refused, "drone_0", "drone", task, tuf))[0] == refused
             assert planner.journal.status(refused) == "active"

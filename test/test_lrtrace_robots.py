@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from timelyllm_ros.bags.convert import job_request
-from timelyllm_ros.model.plans import TaskKey, plan_templates
+from timelyllm_ros.domain.plans import TaskKey, plan_templates
 from timelyllm_ros.paths import data_dir
 from timelyllm_ros.sim.simulator import simulate
 from timelyllm_ros.sim.workloads import Job, TraceError, Workload, load_trace, load_workload

@@ -2,11 +2,11 @@ import math
 
 import pytest
 
+from timelyllm_ros.domain.tuf import TimeUtility
+from timelyllm_ros.domain.types import TERMINAL_STATUSES, Segment, TaskResult, TaskStatus
 from timelyllm_ros.measure import records
 from timelyllm_ros.measure.metrics import not_done_text, percentile, summarize, summary_dicts, to_markdown
 from timelyllm_ros.measure.records import SegRecord, TaskRecord
-from timelyllm_ros.model.tuf import TimeUtility
-from timelyllm_ros.model.types import TERMINAL_STATUSES, Segment, TaskResult, TaskStatus
 
 
 def rec(job, level, arrival, starts, execs, beta=1.0, alpha=-2.0, ert=1.0):

@@ -353,13 +353,13 @@ def test_sim_fleet_refuses_bad_start_up_values_with_a_value_error(over, match):
 
 def test_exec_time_learn_applies_at_run_time():
     with built(lambda ctx: [ExecTimeNode(context=ctx)]) as [node]:
-        model = node._own_model("drone")
+        model = node.model("drone")
         assert node.learn and model.learn
         _accepted(node, "learn", False)
         assert not node.learn and not model.learn
         assert "Wrong parameter type" in _refused(node, "learn", "no", named=False)
         _accepted(node, "learn", True)
-        assert node.learn and model.learn and node._own_model("drone").learn
+        assert node.learn and model.learn and node.model("drone").learn
 
 
 def test_recorder_refuses_bad_values(tmp_path):

@@ -43,7 +43,8 @@ def test_every_declared_node_executable_is_installed():
         assert callable(getattr(mod, func))
 
 
-PURE_LAYERS = ("model", "measure", "skills", "engines", "sched", "sim", "robots", "bags")  # below ros/: no rclpy
+# below ros/: no rclpy
+PURE_LAYERS = ("domain", "transport", "measure", "skills", "engines", "planner", "sim", "robots", "bags")
 
 
 def test_core_never_imports_rclpy():
@@ -66,9 +67,9 @@ def test_core_never_imports_rclpy():
 
 # Lower layers never import higher ones (imports inside functions included; TYPE_CHECKING-only annotations
 # excepted), and the product never imports the developer tooling outside the package.
-LAYERS = {"paths": 0, "yamlfile": 0, "interfaces": 0, "model": 0, "measure": 1, "skills": 1, "engines": 2, "sched": 3,
-          "sim": 4, "robots": 4, "bags": 5, "ros": 6, "msg": 6, "srv": 6, "action": 6, "demo": 7, "cli": 7,
-          "launch_graph": 7, "__init__": 0}
+LAYERS = {"paths": 0, "yamlfile": 0, "interfaces": 0, "domain": 0, "transport": 1, "measure": 1, "skills": 1,
+          "engines": 2, "planner": 3, "sim": 4, "robots": 4, "bags": 5, "ros": 6, "msg": 6, "srv": 6, "action": 6,
+          "demo": 7, "cli": 7, "launch_graph": 7, "__init__": 0}
 
 
 def _runtime_imports(py: Path) -> list[str]:
@@ -105,6 +106,11 @@ def test_the_bench_modules_form_no_import_cycle():
     functions included)."""
     graph = {py.stem: {m.split(".")[1] for m in _runtime_imports(py) if m.startswith("bench.")}
              for py in (ROOT / "bench").glob("*.py")}
+    assert (found := _cycle(graph)) is None, " -> ".join(found)
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A path through ``graph`` back to where it started, None if there is none (depth first)."""
     state: dict[str, int] = {}  # 1: on the current path, 2: done
 
     def cycle_from(mod: str, path: list[str]) -> list[str] | None:
@@ -118,8 +124,9 @@ def test_the_bench_modules_form_no_import_cycle():
         return None
 
     for mod in sorted(graph):
-        if mod not in state:
-            assert (found := cycle_from(mod, [])) is None, " -> ".join(found)
+        if mod not in state and (found := cycle_from(mod, [])):
+            return found
+    return None
 
 
 def test_parameters_are_declared_one_way():
@@ -240,19 +247,4 @@ def _module_graph() -> dict[str, set[str]]:
 def test_the_package_modules_form_no_import_cycle():
     """No module of the package reaches itself through its imports (imports inside functions included; those only
     for type annotations excepted): the layers of "Where things live" hold module by module, not only by folder."""
-    graph = _module_graph()
-    state: dict[str, int] = {}
-
-    def cycle_from(mod: str, path: list[str]) -> list[str] | None:
-        state[mod] = 1
-        for dep in sorted(graph.get(mod, ())):
-            if state.get(dep) == 1:
-                return [*path, mod, dep]
-            if dep not in state and (found := cycle_from(dep, [*path, mod])):
-                return found
-        state[mod] = 2
-        return None
-
-    for mod in sorted(graph):
-        if mod not in state:
-            assert (found := cycle_from(mod, [])) is None, " -> ".join(found)
+    assert (found := _cycle(_module_graph())) is None, " -> ".join(found)

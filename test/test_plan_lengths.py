@@ -1,17 +1,17 @@
-"""Plan lengths learned per task (sched/lengths.py) and the scheduler planning with them (issue 27, item 5)."""
+"""Plan lengths learned per task (planner/lengths.py) and the scheduler planning with them (issue 27, item 5)."""
 
 import pytest
 from test_scheduler import drain
 
+from timelyllm_ros.domain.clock import SimClock
+from timelyllm_ros.domain.tuf import LEVELS
+from timelyllm_ros.domain.types import TaskSpec, TaskStatus
 from timelyllm_ros.engines.sim_engine import SimEngine
-from timelyllm_ros.model.clock import SimClock
-from timelyllm_ros.model.tuf import LEVELS
-from timelyllm_ros.model.types import TaskSpec, TaskStatus
-from timelyllm_ros.sched import telemetry
-from timelyllm_ros.sched.config import CoreConfig
-from timelyllm_ros.sched.lengths import PlanLengths, Welford, text_key, type_key
-from timelyllm_ros.sched.policies import make_policy
-from timelyllm_ros.sched.scheduler import PlannerCore
+from timelyllm_ros.planner import telemetry
+from timelyllm_ros.planner.config import CoreConfig
+from timelyllm_ros.planner.core import PlannerCore
+from timelyllm_ros.planner.lengths import PlanLengths, Welford, text_key, type_key
+from timelyllm_ros.planner.policies import make_policy
 
 PRIOR = {"drone": 6.0, "arm": 12.0}
 
@@ -234,7 +234,7 @@ def test_length_settings_are_checked():
 def test_bench_cuts_recorded_plans_as_the_planner_does_and_beats_todays_estimate():
     from bench.plan_lengths import prediction_error, recorded_plans, segment
     from timelyllm_ros.engines.sim_engine import bpe_pieces
-    from timelyllm_ros.sched.hooks import SkillHooks
+    from timelyllm_ros.planner.hooks import SkillHooks
 
     pieces = bpe_pieces("?s('cat')==True{g('cat');};")
     toks, calls = segment(SkillHooks(learn=False), "drone", pieces)

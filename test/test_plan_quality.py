@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from timelyllm_ros.model.plans import plan_templates
+from timelyllm_ros.domain.plans import plan_templates
 from timelyllm_ros.skills.quality import QualitySpec, QualitySpecError, judge, template_spec
 from timelyllm_ros.skills.schema import load_skill_set
 

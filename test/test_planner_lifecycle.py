@@ -212,7 +212,7 @@ def test_parameters_are_read_only_with_ranges_and_refused_with_a_reason():
         res = m.planner.set_parameters([Parameter("delivery_timeout_s", value=5.0)])[0]
         assert not res.successful and "read-only" in res.reason.lower()
         assert m.planner.get_parameter("delivery_timeout_s").value == 30.0
-        for name in m.planner._parameters:
+        for name in m.planner.list_parameters([], 0).names:
             d = m.planner.describe_parameter(name)
             if name != "use_sim_time":
                 assert d.description, name

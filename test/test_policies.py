@@ -2,9 +2,9 @@ import math
 
 import pytest
 
-from timelyllm_ros.model.tuf import LEVELS
-from timelyllm_ros.model.types import Generation, TaskSpec
-from timelyllm_ros.sched.policies import POLICIES, RankContext, make_policy
+from timelyllm_ros.domain.tuf import LEVELS
+from timelyllm_ros.domain.types import Generation, TaskSpec
+from timelyllm_ros.planner.policies import POLICIES, RankContext, make_policy
 
 
 def gen(level="normal", arrival=0.0, k=0, prev_end=math.nan, seq=0, tok=5.0, prefill=0.0, enq=None):

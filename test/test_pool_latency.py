@@ -13,16 +13,16 @@ import pytest
 from test_engine_pool import _Clock, _Flaky, _owner, _req
 from test_scheduler import drain, spec
 
+from timelyllm_ros.domain.clock import SimClock
+from timelyllm_ros.domain.tuf import LEVELS
 from timelyllm_ros.engines import driver
 from timelyllm_ros.engines.base import EngineRequest, StepModel
 from timelyllm_ros.engines.latency import LatencyEstimator
 from timelyllm_ros.engines.pool import EnginePool, PoolLatencyEstimator
 from timelyllm_ros.engines.sim_engine import SimEngine, SimEngineConfig
-from timelyllm_ros.model.clock import SimClock
-from timelyllm_ros.model.tuf import LEVELS
-from timelyllm_ros.sched.admission import make_admission
-from timelyllm_ros.sched.policies import make_policy
-from timelyllm_ros.sched.scheduler import PlannerCore
+from timelyllm_ros.planner.admission import make_admission
+from timelyllm_ros.planner.core import PlannerCore
+from timelyllm_ros.planner.policies import make_policy
 
 DECLARED = StepModel(0.03, 0.025, 1e-4, "the shared config's step model")
 

@@ -7,12 +7,12 @@ import math
 from test_pud_shed import CTX, gen
 from test_scheduler import drain, spec
 
+from timelyllm_ros.domain.clock import SimClock
+from timelyllm_ros.domain.types import DEGRADED_PREFIX, TaskStatus
 from timelyllm_ros.engines.sim_engine import SimEngine
-from timelyllm_ros.model.clock import SimClock
-from timelyllm_ros.model.types import DEGRADED_PREFIX, TaskStatus
-from timelyllm_ros.sched.admission import FixedCap
-from timelyllm_ros.sched.policies import POLICIES, make_policy
-from timelyllm_ros.sched.scheduler import PlannerCore
+from timelyllm_ros.planner.admission import FixedCap
+from timelyllm_ros.planner.core import PlannerCore
+from timelyllm_ros.planner.policies import POLICIES, make_policy
 
 
 def test_degrading_policies_are_registered_shed_too_and_order_exactly_as_pud():

@@ -3,13 +3,13 @@ policy runs before it, cannot earn positive utility. Deterministic: simulated cl
 
 from test_scheduler import drain
 
+from timelyllm_ros.domain.clock import SimClock
+from timelyllm_ros.domain.tuf import LEVELS
+from timelyllm_ros.domain.types import TaskSpec, TaskStatus
 from timelyllm_ros.engines.sim_engine import SimEngine
-from timelyllm_ros.model.clock import SimClock
-from timelyllm_ros.model.tuf import LEVELS
-from timelyllm_ros.model.types import TaskSpec, TaskStatus
-from timelyllm_ros.sched.config import CoreConfig
-from timelyllm_ros.sched.policies import make_policy
-from timelyllm_ros.sched.scheduler import PlannerCore
+from timelyllm_ros.planner.config import CoreConfig
+from timelyllm_ros.planner.core import PlannerCore
+from timelyllm_ros.planner.policies import make_policy
 
 COMM = CoreConfig().comm_s
 
@@ -111,7 +111,7 @@ def _urgent_then_long_prompts(policy: str):
     """An urgent task ranked first, admitted with four normal tasks whose 1500-token prompts are prefilled in
     the same steps (a batch cap that admits them all): chunked prefill puts ~0.23 s of their prompts in each of
     its steps, so after its first token it cannot finish its 4-token segment inside the cutoff."""
-    from timelyllm_ros.sched.admission import FixedCap
+    from timelyllm_ros.planner.admission import FixedCap
 
     clock = SimClock(0.0)
     results = []

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from timelyllm_ros.robots.session import RobotSession
+from timelyllm_ros.transport.session import RobotSession
 
 
 @dataclass(frozen=True)

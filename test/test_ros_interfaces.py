@@ -221,7 +221,7 @@ _WIRE_NAME = {"done": "STATUS_SUCCEEDED", "invalid": "STATUS_REJECTED", "failed"
 
 @pytest.mark.parametrize("msg_cls", [PlanResult, PlanTask.Result], ids=["PlanResult", "PlanTask.Result"])
 def test_status_table_matches_the_message_constants(msg_cls):
-    from timelyllm_ros.model.types import STATUS_CODE, STATUS_FROM_CODE, TERMINAL_STATUSES, TaskStatus
+    from timelyllm_ros.domain.types import STATUS_CODE, STATUS_FROM_CODE, TERMINAL_STATUSES, TaskStatus
     from timelyllm_ros.ros.convert import status_code, status_from_code, status_name
 
     consts = {k: v for k, v in vars(msg_cls).items() if k.startswith("STATUS_")}

@@ -2,16 +2,16 @@ import threading
 
 import pytest
 
+from timelyllm_ros.domain.clock import RealClock, SimClock
+from timelyllm_ros.domain.tuf import LEVELS
+from timelyllm_ros.domain.types import TaskSpec, TaskStatus
 from timelyllm_ros.engines.latency import LatencyEstimator
 from timelyllm_ros.engines.sim_engine import SimEngine
-from timelyllm_ros.model.clock import RealClock, SimClock
-from timelyllm_ros.model.tuf import LEVELS
-from timelyllm_ros.model.types import TaskSpec, TaskStatus
-from timelyllm_ros.sched import telemetry
-from timelyllm_ros.sched.admission import FixedCap, make_admission
-from timelyllm_ros.sched.config import CoreConfig
-from timelyllm_ros.sched.policies import make_policy
-from timelyllm_ros.sched.scheduler import PlannerCore
+from timelyllm_ros.planner import telemetry
+from timelyllm_ros.planner.admission import FixedCap, make_admission
+from timelyllm_ros.planner.config import CoreConfig
+from timelyllm_ros.planner.core import PlannerCore
+from timelyllm_ros.planner.policies import make_policy
 
 
 def make_core(policy="pud", clock=None, **cfg):

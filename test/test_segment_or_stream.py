@@ -1,17 +1,17 @@
 """Segment when it pays, stream when it does not (issue 28 item 1): pud-shed suspends a generation at a segment
-boundary only when a waiting generation gains more from its place than the resume costs (sched/boundaries.py,
+boundary only when a waiting generation gains more from its place than the resume costs (planner/boundaries.py,
 SegmentOrStream.decide); otherwise the plan is written on in place, each segment still sent as it is detected."""
 
 import pytest
 from test_pud_shed_rule import step
 from test_scheduler import drain
 
+from timelyllm_ros.domain.clock import SimClock
+from timelyllm_ros.domain.tuf import LEVELS
+from timelyllm_ros.domain.types import TaskSpec, TaskStatus
 from timelyllm_ros.engines.sim_engine import SimEngine, SimEngineConfig
-from timelyllm_ros.model.clock import SimClock
-from timelyllm_ros.model.tuf import LEVELS
-from timelyllm_ros.model.types import TaskSpec, TaskStatus
-from timelyllm_ros.sched.policies import DEFAULT_POLICY, make_policy
-from timelyllm_ros.sched.scheduler import PlannerCore
+from timelyllm_ros.planner.core import PlannerCore
+from timelyllm_ros.planner.policies import DEFAULT_POLICY, make_policy
 
 # 12 pick-and-place steps, as the published arm trace's long plans
 ARM_PLAN = "".join(f"move_to('{a}');take('{a}');move_to('{b}');drop('{b}');"

@@ -3,7 +3,7 @@ import copy
 import pytest
 
 from timelyllm_ros.measure.metrics import summarize
-from timelyllm_ros.sched.config import CoreConfig
+from timelyllm_ros.planner.config import CoreConfig
 from timelyllm_ros.sim.simulator import SimConfig, Simulator, simulate
 from timelyllm_ros.sim.workloads import Workload, generate, load_workload
 

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from timelyllm_ros.model.tuf import LEVELS, TimeUtility
+from timelyllm_ros.domain.tuf import LEVELS, TimeUtility
 
 
 def test_tuf0_tuf1_exact():

@@ -1,6 +1,6 @@
 import json
 
-from timelyllm_ros.model.plans import TaskKey, plan_templates
+from timelyllm_ros.domain.plans import TaskKey, plan_templates
 from timelyllm_ros.sim.workloads import generate, load_trace, load_workload
 from timelyllm_ros.skills.schema import load_skill_set
 

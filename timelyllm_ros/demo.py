@@ -30,7 +30,7 @@ from rich.table import Table
 
 from timelyllm_ros.measure import metrics
 from timelyllm_ros.measure.records import SegRecord, TaskRecord
-from timelyllm_ros.sched import telemetry
+from timelyllm_ros.planner import telemetry
 from timelyllm_ros.sim.workloads import Job, Workload, load_workload
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 130)
@@ -281,7 +281,7 @@ def _record_dict(r: TaskRecord) -> dict:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(prog="timelyllm demo", description=__doc__.splitlines()[0])
-    from timelyllm_ros.sched.policies import DEFAULT_POLICY
+    from timelyllm_ros.planner.policies import DEFAULT_POLICY
 
     ap.add_argument("--policy", default=DEFAULT_POLICY, help=f"scheduling policy (default {DEFAULT_POLICY})")
     ap.add_argument("--compare", default="fcfs",
@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv
 
     policies = [args.policy] + [p for p in args.compare.split(",") if p]
-    from timelyllm_ros.sched.policies import POLICIES
+    from timelyllm_ros.planner.policies import POLICIES
 
     bad = [p for p in policies if p not in POLICIES]
     if bad:

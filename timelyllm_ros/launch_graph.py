@@ -82,7 +82,7 @@ def launch_description(only: list[str] | None = None, default_config: str = "fle
         config = LaunchConfiguration("config").perform(context)
         specs = node_specs(config, only)
         # Processes hosting one node get its name; the planner's process also hosts the scheduler, which
-        # keeps its own name whatever the launch renames (see planner_node.scheduler_ros_args).
+        # keeps its own name whatever the launch renames (see ros/spin.py ros_args_without_node_rename).
         others = [Node(package="timelyllm_ros", executable=s.executable, name=s.name, output="screen",
                        parameters=[str(s.params_file)]) for s in specs if s.executable != "planner_node"]
         planner_spec = next((s for s in specs if s.executable == "planner_node"), None)

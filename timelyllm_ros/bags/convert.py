@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from timelyllm_ros.model.plans import DEFAULT_TRACE_ROBOT, plan_templates, template_by_text, trace_robot_of
-from timelyllm_ros.model.tuf import LEVELS, TimeUtility
+from timelyllm_ros.domain.plans import DEFAULT_TRACE_ROBOT, plan_templates, template_by_text, trace_robot_of
+from timelyllm_ros.domain.tuf import LEVELS, TimeUtility
 from timelyllm_ros.sim.workloads import Job, Workload, load_trace, record_robot
 
 from .io import BagError, BagWriter, custom_data, read_bag, stamp_ns, time_msg

@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from timelyllm_ros.domain.plans import template_by_text
+from timelyllm_ros.domain.tuf import LEVELS
+from timelyllm_ros.domain.types import STATUS_CODE, STATUS_FROM_CODE, TaskStatus
 from timelyllm_ros.measure.metrics import Summary, summarize
 from timelyllm_ros.measure.records import SegRecord, TaskRecord
-from timelyllm_ros.model.plans import template_by_text
-from timelyllm_ros.model.tuf import LEVELS
-from timelyllm_ros.model.types import STATUS_CODE, STATUS_FROM_CODE, TaskStatus
 from timelyllm_ros.skills.schema import load_skill_set
 
 from .io import read_bag, stamp_ns

@@ -1,7 +1,7 @@
 """The online estimate of an engine's step time (decode per batch size, prefill per token).
 
 It belongs to the engine it measures: the scheduler's admission and ranking plan with it
-(sched/admission.py), and an engine pool keeps one per member (engines/pool.py).
+(planner/admission.py), and an engine pool keeps one per member (engines/pool.py).
 """
 
 from __future__ import annotations

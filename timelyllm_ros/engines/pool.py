@@ -69,6 +69,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from timelyllm_ros.domain.tokens import common_prefix_len
 from timelyllm_ros.engines.base import (
     Engine,
     EngineInfo,
@@ -80,7 +81,6 @@ from timelyllm_ros.engines.base import (
     StepReport,
 )
 from timelyllm_ros.engines.latency import LatencyEstimator
-from timelyllm_ros.model.tokens import common_prefix_len
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ import time
 import zlib
 from collections.abc import Sequence
 
+from timelyllm_ros.domain.plans import plan_templates
 from timelyllm_ros.engines.base import RawTokens, StepModel
 from timelyllm_ros.engines.sim_engine import SimEngine, SimEngineConfig
-from timelyllm_ros.model.plans import plan_templates
 
 
 def sim_plan_for(robot_type: str, task: str) -> str:

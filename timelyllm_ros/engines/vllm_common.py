@@ -37,7 +37,7 @@ DEFAULT_ENV = {
 # completion (EOS, a stop token or a stop string; the grammar of a constrained plan ends with EOS).
 FINISH_REASONS: dict[str, tuple[FinishReason, str]] = {
     "stop": (FinishReason.STOP, ""),
-    # check_stop (v1/core/sched/utils.py): max_tokens (our remaining max_new_tokens) or max_model_len reached
+    # check_stop (v1/core/planner/utils.py): max_tokens (our remaining max_new_tokens) or max_model_len reached
     "length": (FinishReason.LENGTH, "the request reached max_tokens or max_model_len"),
     # Never one of ours (the engine drops a request before aborting it): vLLM aborted it itself
     # (pause_generation(mode='abort'), shutdown, fault-tolerance recovery, end of a streaming session).

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from timelyllm_ros.domain.types import TERMINAL_STATUSES, TaskStatus
 from timelyllm_ros.measure.records import TaskRecord
-from timelyllm_ros.model.types import TERMINAL_STATUSES, TaskStatus
 
 
 @dataclass

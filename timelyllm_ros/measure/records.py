@@ -28,8 +28,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from timelyllm_ros.model.tuf import TimeUtility
-from timelyllm_ros.model.types import DEGRADED_PREFIX, TaskResult, TaskStatus
+from timelyllm_ros.domain.tuf import TimeUtility
+from timelyllm_ros.domain.types import DEGRADED_PREFIX, TaskResult, TaskStatus
 
 # One segment as the robot ran it: (start of execution, end of execution, holds a skill call).
 Span = tuple[float, float, bool]

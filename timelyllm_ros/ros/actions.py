@@ -167,3 +167,20 @@ class ActionServerWatch:
                 self.down_since = now
             self.ready = ready
         return ready
+
+
+def complete_goal(goal_handle: Any, result: Any, *, succeeded: bool, cancelled: bool, log: Any) -> None:
+    """Finish a goal without having held a thread for it: rclpy runs the execute callback once, at once, and it
+    returns the finished result. A cancelled task is reported canceled only if the client asked to cancel it."""
+    def finish(h: Any) -> Any:
+        if succeeded:
+            h.succeed()
+        elif cancelled and h.is_cancel_requested:
+            h.canceled()
+        else:
+            h.abort()
+        return result
+    try:
+        goal_handle.execute(finish)
+    except Exception as e:  # noqa: BLE001 - e.g. the client's goal already expired
+        log.warning(f"could not complete goal of task {getattr(result, 'task_id', '?')!r}: {e!r}")

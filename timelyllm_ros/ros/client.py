@@ -65,8 +65,9 @@ from rclpy.qos import QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
 from rclpy.utilities import remove_ros_args
 
 from timelyllm_ros.action import PlanTask
-from timelyllm_ros.model.types import TaskStatus
+from timelyllm_ros.domain.types import TaskStatus
 from timelyllm_ros.msg import PlanResult, PlanSegment, TimeUtility
+from timelyllm_ros.planner.hygiene import check_text
 from timelyllm_ros.ros import topics
 from timelyllm_ros.ros.actions import ActionServerWatch, SafeActionClient
 from timelyllm_ros.ros.convert import duration_s, status_from_code, status_name, time_msg
@@ -87,7 +88,6 @@ from timelyllm_ros.ros.plan_handle import (  # the errors and the handle are par
     PlanHandle,
     PlanTimeoutError,
 )
-from timelyllm_ros.sched.hygiene import check_text
 from timelyllm_ros.srv import GetPlanResult
 
 __all__ = [
@@ -598,7 +598,7 @@ class PlanClient:
                     h.tracking.next = min(h.tracking.held)
                 self._flush(h, SOURCE_SERVICE)
                 # No rejoin here: a result the planner only has in its journal (the task ended before a restart)
-                # is not joined by a repeated goal but planned again (see the report on planner_node._join).
+                # is not joined by a repeated goal but planned again (planner/service.py, PlannerService._join).
                 self._offer_result(h, resp.result, SOURCE_SERVICE)
                 h.tracking.poll_due = now + self.poll_period
                 return

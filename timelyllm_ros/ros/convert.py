@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING
 from builtin_interfaces.msg import Duration, Time
 
 from timelyllm_ros.action import PlanTask
+from timelyllm_ros.domain.clock import WallOffset
+from timelyllm_ros.domain.tuf import LEVELS, TimeUtility, TufRequest
+from timelyllm_ros.domain.types import STATUS_CODE, STATUS_FROM_CODE, TaskResult, TaskStatus
 from timelyllm_ros.engines.base import EngineInfo, EngineStats
 from timelyllm_ros.engines.pool import MemberStats, PoolStats
 from timelyllm_ros.measure.records import result_robot_waiting
-from timelyllm_ros.model.clock import WallOffset
-from timelyllm_ros.model.tuf import LEVELS, TimeUtility, TufRequest
-from timelyllm_ros.model.types import STATUS_CODE, STATUS_FROM_CODE, TaskResult, TaskStatus
 from timelyllm_ros.msg import (
     EngineMember,
     EngineState,
@@ -25,12 +25,12 @@ from timelyllm_ros.msg import (
     TaskRequest,
 )
 from timelyllm_ros.msg import TimeUtility as TimeUtilityMsg
-from timelyllm_ros.sched.journal_records import status_of_record
+from timelyllm_ros.planner.journal_records import status_of_record
 from timelyllm_ros.srv import GetPlanResult, Plan
 
 if TYPE_CHECKING:  # annotations only: executors import this module, not the planner's
-    from timelyllm_ros.sched.journal import JournaledSegment
-    from timelyllm_ros.sched.planner_io import TaskLookup
+    from timelyllm_ros.planner.journal import JournaledSegment
+    from timelyllm_ros.planner.service_io import TaskLookup
 
 
 def nan_if_none(x: float | None) -> float:

@@ -39,7 +39,7 @@ class ExecTimeNode(Node):
                              "own models; a model shared with the planner learns in the planner); settable at "
                              "run time")
         self._own: dict[str, ExecTimeModel] = {}  # skill set id -> model
-        self._models = models or self._own_model
+        self._models = models or self.model
         self._seen: OrderedDict[tuple[str, int], tuple[str, str]] = OrderedDict()  # -> (skillset_id, text)
         self._lock = threading.Lock()
         # Segments seen, and what became of the SegmentDone reports (diagnostics, tests).
@@ -57,7 +57,7 @@ class ExecTimeNode(Node):
             for m in self._own.values():
                 m.learn = self.learn
 
-    def _own_model(self, robot_type: str) -> ExecTimeModel:
+    def model(self, robot_type: str) -> ExecTimeModel:
         """The model of a robot type or skill set id: one per skill set, so that
         ``drone`` and ``drone_minispec`` share what is learned."""
         ss = load_skill_set(robot_type)  # FileNotFoundError / SkillSetError (a ValueError) if unknown

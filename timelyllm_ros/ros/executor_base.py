@@ -6,7 +6,7 @@ One node per robot, in the robot's namespace (``/<robot_id>/...``):
   segments of one task in order in a worker thread (never in a callback);
 * delivery contract: acknowledges every received copy on ``/segment_acks`` (SegmentAck, QoS
   REPORTS) -- duplicates, end markers and refused segments too, since the planner re-sends until
-  acknowledged. The robot's :class:`~timelyllm_ros.robots.session.RobotSession` (the simulated
+  acknowledged. The robot's :class:`~timelyllm_ros.transport.session.RobotSession` (the simulated
   fleet's too) drops duplicates by (task_id, segment_index), releases a task's segments strictly by
   index, holds early ones, and refuses held ones whose gap did not fill within the
   ``reorder_timeout_s`` parameter (default 30 s, the planner's delivery_timeout_s; checked by a
@@ -54,8 +54,6 @@ from std_srvs.srv import Trigger
 
 from timelyllm_ros.msg import PlanSegment, SegmentAck, SegmentDone
 from timelyllm_ros.robots.base import ExecutionError, Interrupted, RefusedError, StopSignal
-from timelyllm_ros.robots.inbox import DEFAULT_REORDER_TIMEOUT_S
-from timelyllm_ros.robots.session import Refusal, RobotSession
 from timelyllm_ros.ros.convert import segment_ack_msg, segment_done_msg
 from timelyllm_ros.ros.diagnostics import ExecutorState, RobotLink, Status, attach_executor_diagnostics, executor_status
 from timelyllm_ros.ros.params import declare
@@ -73,6 +71,8 @@ from timelyllm_ros.ros.topics import (
     reset_emergency_service,
     segment_topic,
 )
+from timelyllm_ros.transport.inbox import DEFAULT_REORDER_TIMEOUT_S
+from timelyllm_ros.transport.session import Refusal, RobotSession
 
 EMERGENCY = "emergency stop"
 

@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from timelyllm_ros.action import PlanTask
-from timelyllm_ros.model.types import TaskStatus
+from timelyllm_ros.domain.types import TaskStatus
 from timelyllm_ros.msg import PlanResult, PlanSegment
 from timelyllm_ros.ros.convert import status_from_code, status_name, time_s
 

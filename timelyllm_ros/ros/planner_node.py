@@ -9,7 +9,7 @@ Two nodes share one process so that the decision path stays in-process:
   changed at run time) and publishes SchedulerState.
 
 This module is the ROS glue only: the planner's logic (validation, retries, the journal and recovery, the
-engine thread, housekeeping) is ``sched/service.py``'s PlannerService, which answers through this node's
+engine thread, housekeeping) is ``planner/service.py``'s PlannerService, which answers through this node's
 PlannerSender methods; messages are built in ``convert.py``.
 
 The engine loop runs in its own thread, never in an rclpy callback. Action/service callbacks only validate,
@@ -25,34 +25,31 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rclpy.action import ActionServer, CancelResponse, GoalResponse
+from rclpy.action import CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.event_handler import PublisherEventCallbacks
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
-from rclpy.service import Service
-from rclpy.subscription import Subscription
-from rclpy.timer import Timer
 
 from timelyllm_ros.action import PlanTask
-from timelyllm_ros.model.types import Segment, TaskResult, TaskStatus
+from timelyllm_ros.domain.types import Segment, TaskResult, TaskStatus
 from timelyllm_ros.msg import EngineState, PlanResult, PlanSegment, SegmentAck, SegmentDone, TaskRequest
+from timelyllm_ros.planner.config import CoreConfig
+from timelyllm_ros.planner.core import PlannerCore
+from timelyllm_ros.planner.journal import JournaledSegment
+from timelyllm_ros.planner.policies import DEFAULT_POLICY
+from timelyllm_ros.planner.robot_links import RobotLinks
+from timelyllm_ros.planner.service import PlannerService
+from timelyllm_ros.planner.service_io import Accepted, GoalError, PlannerHealth, PlanRequest
+from timelyllm_ros.planner.settings import SETTINGS
 from timelyllm_ros.ros import convert, params, topics
-from timelyllm_ros.ros.actions import BatchedActionServer
-from timelyllm_ros.ros.delivery import RejectedMessages, SegmentDelivery
+from timelyllm_ros.ros.actions import BatchedActionServer, complete_goal
 from timelyllm_ros.ros.diagnostics import attach_planner_diagnostics
 from timelyllm_ros.ros.scheduler_node import SchedulerNode
-from timelyllm_ros.ros.spin import run_nodes
-from timelyllm_ros.sched.config import CoreConfig
-from timelyllm_ros.sched.journal import JournaledSegment
-from timelyllm_ros.sched.planner_io import Accepted, GoalError, PlannerHealth, PlanRequest
-from timelyllm_ros.sched.planner_settings import SETTINGS
-from timelyllm_ros.sched.policies import DEFAULT_POLICY
-from timelyllm_ros.sched.robot_links import RobotLinks
-from timelyllm_ros.sched.scheduler import PlannerCore
-from timelyllm_ros.sched.service import PlannerService
+from timelyllm_ros.ros.spin import destroy_entities, ros_args_without_node_rename, run_nodes
 from timelyllm_ros.srv import GetPlanResult, Plan
+from timelyllm_ros.transport.delivery import RejectedMessages, SegmentDelivery
 
 
 class PlannerNode(LifecycleNode):
@@ -234,20 +231,7 @@ class PlannerNode(LifecycleNode):
         self.service.set_active(False)
         if self.service.core is not None:
             self.shutdown()
-        for ent in self._servers + self._configured:
-            try:
-                if isinstance(ent, ActionServer):
-                    ent.destroy()
-                elif isinstance(ent, Subscription):
-                    self.destroy_subscription(ent)
-                elif isinstance(ent, Timer):
-                    self.destroy_timer(ent)
-                elif isinstance(ent, Service):
-                    self.destroy_service(ent)
-                else:
-                    raise TypeError(f"unknown entity {ent!r}")
-            except Exception as e:  # noqa: BLE001 - a half-built entity must not keep the rest alive
-                self.get_logger().warning(f"closing {ent!r}: {e!r}")
+        destroy_entities(self, self._servers + self._configured)
         self._servers, self._configured = [], []
         if self._scheduler is not None:
             self._scheduler.detach()
@@ -300,19 +284,8 @@ class PlannerNode(LifecycleNode):
             self._complete(goal_handle, self._result_msg(acc.result), acc.result.status)
 
     def _complete(self, goal_handle, out: PlanTask.Result, status: TaskStatus) -> None:
-        """Finish a goal without having held a thread for it: rclpy runs this callback once, at once."""
-        def finish(h):
-            if status is TaskStatus.DONE:
-                h.succeed()
-            elif status is TaskStatus.CANCELLED and h.is_cancel_requested:
-                h.canceled()
-            else:
-                h.abort()
-            return out
-        try:
-            goal_handle.execute(finish)
-        except Exception as e:  # noqa: BLE001 - e.g. the client's goal already expired
-            self.get_logger().warning(f"could not complete goal of task {out.task_id!r}: {e!r}")
+        complete_goal(goal_handle, out, succeeded=status is TaskStatus.DONE, cancelled=status is TaskStatus.CANCELLED,
+                      log=self.get_logger())
 
     def _cancel_cb(self, goal_handle) -> CancelResponse:
         return CancelResponse.ACCEPT if self.service.cancel_goal(goal_handle) else CancelResponse.REJECT
@@ -441,39 +414,13 @@ def build_planner(parameter_overrides: list[Parameter] | None = None, engine: An
     return planner, sched
 
 
-def scheduler_ros_args(argv: list[str]) -> list[str]:
-    """The process's ROS arguments for the scheduler node, without a rename of the node.
-
-    ``ros2 launch`` starts this process as the lifecycle node ``planner`` with ``-r __node:=planner``, which
-    rcl applies to every node of the process: the scheduler would be renamed too (and miss its parameters).
-    So the scheduler ignores the global arguments and takes these instead."""
-    out: list[str] = []
-    ros = False
-    it = iter(argv)
-    for a in it:
-        if a == "--ros-args":
-            ros = True
-            continue
-        if a == "--":
-            ros = False
-            continue
-        if not ros:
-            continue
-        if a in ("-r", "--remap"):
-            rule = next(it, "")
-            if rule.split(":=")[0].split(":")[-1] not in ("__node", "__name"):
-                out += [a, rule]
-            continue
-        out.append(a)
-    return ["--ros-args", *out] if out else []
-
-
 def main(args: list[str] | None = None) -> int:
     # Parameters come from `--ros-args --params-file config/fleet_demo.yaml -p policy:=fcfs` as usual.
     # No callback blocks for long except the bounded one-shot /plan calls (max_oneshot_calls).
     import sys
 
-    sched_kw = {"cli_args": scheduler_ros_args(sys.argv if args is None else args), "use_global_arguments": False}
+    argv = sys.argv if args is None else args
+    sched_kw = {"cli_args": ros_args_without_node_rename(argv), "use_global_arguments": False}
     return run_nodes(lambda: build_planner(scheduler_kw=sched_kw)[::-1], args, num_threads=16,
                      before_destroy=lambda nodes: nodes[-1].shutdown())
 

@@ -9,11 +9,11 @@ from rclpy.parameter import Parameter
 from rclpy.timer import Timer
 
 from timelyllm_ros.msg import QueuedGeneration, SchedulerState
+from timelyllm_ros.planner import telemetry
+from timelyllm_ros.planner.core import PlannerCore
+from timelyllm_ros.planner.policies import DEFAULT_POLICY, POLICIES, make_policy
 from timelyllm_ros.ros import topics
 from timelyllm_ros.ros.params import declare, on_change
-from timelyllm_ros.sched import telemetry
-from timelyllm_ros.sched.policies import DEFAULT_POLICY, POLICIES, make_policy
-from timelyllm_ros.sched.scheduler import PlannerCore
 
 
 class SchedulerNode(Node):

@@ -7,7 +7,7 @@ untrusted); one that does not parse is reported as failed, never executed.
 Delivery contract, the real executors' own (``executor_base.py``): every received
 copy of a segment is acknowledged on ``/segment_acks`` (silent robots too: acks
 are the transport layer; "silent" only means no SegmentDone), and each robot's
-:class:`~timelyllm_ros.robots.session.RobotSession` -- the one the executors
+:class:`~timelyllm_ros.transport.session.RobotSession` -- the one the executors
 use -- drops duplicates, releases a task's segments by index, refuses the held
 segments of a task whose gap (segment 0, typically) did not fill within
 ``reorder_timeout_s``, and runs one task at a time: segment 0 of a different
@@ -34,8 +34,6 @@ from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.node import Node
 
 from timelyllm_ros.msg import PlanSegment, SegmentAck, SegmentDone
-from timelyllm_ros.robots.inbox import DEFAULT_REORDER_TIMEOUT_S
-from timelyllm_ros.robots.session import RobotSession
 from timelyllm_ros.ros.convert import segment_ack_msg, segment_done_msg
 from timelyllm_ros.ros.params import all_of, declare, distinct, non_empty, on_change
 from timelyllm_ros.ros.spin import run_nodes
@@ -52,6 +50,8 @@ from timelyllm_ros.ros.topics import (
 )
 from timelyllm_ros.skills.exec_model import ExecTimeModel
 from timelyllm_ros.skills.schema import load_skill_set
+from timelyllm_ros.transport.inbox import DEFAULT_REORDER_TIMEOUT_S
+from timelyllm_ros.transport.session import RobotSession
 
 REPORTS_KEPT_FLEET = 16384  # reports kept for re-sent copies, over all the fleet's robots
 

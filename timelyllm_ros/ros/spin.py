@@ -8,9 +8,11 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import rclpy
 import rclpy.logging
+from rclpy.action import ActionServer
 from rclpy.executors import (
     ConditionReachedException,
     Executor,
@@ -21,8 +23,11 @@ from rclpy.executors import (
     TimeoutException,
 )
 from rclpy.node import Node
+from rclpy.service import Service
 from rclpy.signals import SignalHandlerOptions
+from rclpy.subscription import Subscription
 from rclpy.task import Task
+from rclpy.timer import Timer
 
 
 class PooledExecutor(MultiThreadedExecutor):
@@ -188,3 +193,49 @@ def run_nodes(build: Callable[[], Sequence[Node]], args: list[str] | None = None
             n.destroy_node()
         rclpy.try_shutdown()
     return 0
+
+
+def destroy_entities(node: Node, entities: Sequence[Any]) -> None:
+    """Destroy a node's action servers, services, subscriptions and timers, each apart: one half-built entity that
+    fails to close must not keep the rest alive (it is logged)."""
+    for ent in entities:
+        try:
+            if isinstance(ent, ActionServer):
+                ent.destroy()
+            elif isinstance(ent, Subscription):
+                node.destroy_subscription(ent)
+            elif isinstance(ent, Timer):
+                node.destroy_timer(ent)
+            elif isinstance(ent, Service):
+                node.destroy_service(ent)
+            else:
+                raise TypeError(f"unknown entity {ent!r}")
+        except Exception as e:  # noqa: BLE001
+            node.get_logger().warning(f"closing {ent!r}: {e!r}")
+
+
+def ros_args_without_node_rename(argv: list[str]) -> list[str]:
+    """The process's ROS arguments for a second node of the process, without a rename of the node.
+
+    ``ros2 launch`` starts a process as its node with ``-r __node:=<name>``, which rcl applies to every node of
+    the process: a second node (the planner's scheduler) would be renamed too and miss its parameters. So it
+    ignores the global arguments and takes these instead."""
+    out: list[str] = []
+    ros = False
+    it = iter(argv)
+    for a in it:
+        if a == "--ros-args":
+            ros = True
+            continue
+        if a == "--":
+            ros = False
+            continue
+        if not ros:
+            continue
+        if a in ("-r", "--remap"):
+            rule = next(it, "")
+            if rule.split(":=")[0].split(":")[-1] not in ("__node", "__name"):
+                out += [a, rule]
+            continue
+        out.append(a)
+    return ["--ros-args", *out] if out else []

@@ -15,9 +15,9 @@ from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.node import Node
 
 from timelyllm_ros.action import PlanTask
+from timelyllm_ros.domain.plans import plan_templates
+from timelyllm_ros.domain.types import TaskStatus
 from timelyllm_ros.measure.records import SegRecord, TaskRecord
-from timelyllm_ros.model.plans import plan_templates
-from timelyllm_ros.model.types import TaskStatus
 from timelyllm_ros.msg import PlanResult, SegmentDone
 from timelyllm_ros.ros.actions import SafeActionClient
 from timelyllm_ros.ros.convert import ClockBridge, started, status_from_code, tuf_to_msg

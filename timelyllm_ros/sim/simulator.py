@@ -32,16 +32,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from timelyllm_ros.domain.clock import SimClock
+from timelyllm_ros.domain.plans import plan_templates
+from timelyllm_ros.domain.tokens import common_prefix_len
+from timelyllm_ros.domain.types import Segment, TaskResult, TaskSpec, TaskStatus
 from timelyllm_ros.engines.sim_engine import SimEngine, SimEngineConfig
 from timelyllm_ros.measure.records import SegRecord, TaskRecord
-from timelyllm_ros.model.clock import SimClock
-from timelyllm_ros.model.plans import plan_templates
-from timelyllm_ros.model.tokens import common_prefix_len
-from timelyllm_ros.model.types import Segment, TaskResult, TaskSpec, TaskStatus
-from timelyllm_ros.sched.admission import Admission, make_admission
-from timelyllm_ros.sched.config import CoreConfig
-from timelyllm_ros.sched.policies import Policy, make_policy
-from timelyllm_ros.sched.scheduler import PlannerCore
+from timelyllm_ros.planner.admission import Admission, make_admission
+from timelyllm_ros.planner.config import CoreConfig
+from timelyllm_ros.planner.core import PlannerCore
+from timelyllm_ros.planner.policies import Policy, make_policy
 from timelyllm_ros.sim.workloads import Job, Workload
 
 

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from timelyllm_ros import paths
-from timelyllm_ros.model.plans import DEFAULT_TRACE_ROBOT, PlanTemplate, TaskKey, plan_templates, trace_robots
-from timelyllm_ros.model.tuf import TimeUtility
+from timelyllm_ros.domain.plans import DEFAULT_TRACE_ROBOT, PlanTemplate, TaskKey, plan_templates, trace_robots
+from timelyllm_ros.domain.tuf import TimeUtility
 
 
 def data_dir() -> Path:

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from timelyllm_ros.model.plans import PlanTemplate
+from timelyllm_ros.domain.plans import PlanTemplate
 from timelyllm_ros.skills.exec_model import ExecTimeModel
 from timelyllm_ros.skills.minispec import ArgValue, SkillCall, SkillParseError, Var
 from timelyllm_ros.skills.schema import SkillSet, load_skill_set

@@ -187,6 +187,11 @@ class SegmentDelivery:
                 self._drop(k)
         return len(keys)
 
+    def waiting(self, task_id: str) -> list[Any]:
+        """The messages of this task still waiting for an ack (re-sent until acknowledged)."""
+        with self._lock:
+            return [p.msg for k, p in self._pending.items() if k[0] == task_id]
+
     def forget_plan(self, task_id: str) -> int:
         """:meth:`forget` all but the end-of-plan marker of a task that ended without running its plan: the robot
         must still hear that the plan ended."""

@@ -25,7 +25,7 @@ stream into what an executor may act on:
   recently offered forgotten first), at most ``max_per_task`` segments held or
   remembered as refused per task.
 
-Pure Python, no ROS: a robot's :class:`~timelyllm_ros.robots.session.RobotSession`
+Pure Python, no ROS: a robot's :class:`~timelyllm_ros.transport.session.RobotSession`
 holds one, for the real executors (``ros/executor_base.py``) and the simulated
 fleet (``ros/sim_fleet_node.py``) alike, under the host's lock; it is not
 thread-safe by itself.

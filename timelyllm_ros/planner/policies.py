@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from timelyllm_ros.model.tuf import TimeUtility
-    from timelyllm_ros.model.types import Generation
+    from timelyllm_ros.domain.tuf import TimeUtility
+    from timelyllm_ros.domain.types import Generation
 
 
 @dataclass(slots=True)

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from timelyllm_ros.domain.types import Generation
 from timelyllm_ros.engines.base import Engine
 from timelyllm_ros.engines.latency import LatencyEstimator
-from timelyllm_ros.model.types import Generation
-from timelyllm_ros.sched.admission import Admission, AdmissionView
-from timelyllm_ros.sched.policies import Policy
-from timelyllm_ros.sched.prefill import PrefillModel
-from timelyllm_ros.sched.runqueue import RunQueue
+from timelyllm_ros.planner.admission import Admission, AdmissionView
+from timelyllm_ros.planner.policies import Policy
+from timelyllm_ros.planner.prefill import PrefillModel
+from timelyllm_ros.planner.runqueue import RunQueue
 
 KV_TIGHT = 0.9  # KV cache usage from which a suspended generation's own blocks count as evicted by its resume
 

@@ -3,7 +3,7 @@ number; a forgotten task's id can be used again."""
 
 from __future__ import annotations
 
-from timelyllm_ros.model.types import TaskResult
+from timelyllm_ros.domain.types import TaskResult
 
 
 class ResultStore:

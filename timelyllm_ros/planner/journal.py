@@ -47,18 +47,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = [
-    "DB_NAME",
-    "SEQ_NAME",
-    "SCHEMA_VERSION",
-    "ACTIVE",
-    "Journal",
-    "JournalDamagedError",
-    "JournalError",
-    "JournalVersionError",
-    "JournaledSegment",
-    "JournaledTask",
-]
+__all__ = ["DB_NAME", "SEQ_NAME", "SCHEMA_VERSION", "ACTIVE", "Journal", "JournalDamagedError", "JournalError",
+           "JournalVersionError", "JournaledSegment", "JournaledTask"]
 
 DB_NAME = "journal.sqlite3"
 SEQ_NAME = DB_NAME + "-seq"  # sidecar: the last commit_seq known committed (see Journal)
@@ -483,6 +473,12 @@ class Journal:
     @property
     def is_open(self) -> bool:
         return self._conn is not None
+
+    def limit_pages(self, pages: int | None = None) -> None:
+        """Cap the database at ``pages`` SQLite pages (None: those it has now), as a full disk would: tests."""
+        db = self._db()
+        n = db.execute("PRAGMA page_count").fetchone()[0] if pages is None else pages
+        db.execute(f"PRAGMA max_page_count = {int(n)}")
 
     def _db(self) -> sqlite3.Connection:
         if self._conn is None:

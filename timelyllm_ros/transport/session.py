@@ -2,7 +2,7 @@
 (``ros/executor_base.py``) and the simulated fleet (``ros/sim_fleet_node.py``).
 
 A :class:`RobotSession` holds what decides, for each received copy of a segment, whether it runs, waits or is
-refused: the :class:`~timelyllm_ros.robots.inbox.SegmentInbox` (at most once, in order, bounded holding), the one
+refused: the :class:`~timelyllm_ros.transport.inbox.SegmentInbox` (at most once, in order, bounded holding), the one
 task the robot runs, the queue of that task's released segments and end markers, and the reports of segments
 already reported (a re-sent copy means the planner has none: the host sends it again). One task per robot: segment
 0 of another task while the current one is active (its plan has not run to its end) preempts it.
@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from timelyllm_ros.robots.inbox import DEFAULT_REORDER_TIMEOUT_S, ReceivedSegment, ReportCache, SegmentInbox
+from timelyllm_ros.transport.inbox import DEFAULT_REORDER_TIMEOUT_S, ReceivedSegment, ReportCache, SegmentInbox
 
 DEFAULT_REPORTS_KEPT = 4096
 

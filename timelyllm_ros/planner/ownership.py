@@ -7,7 +7,7 @@ another:
 
 * preempts it when its beta is strictly higher (an urgent task over a normal one): the older task ends
   CANCELLED ("preempted by task ..."), and the robot drops the rest of it when the new task's segment 0
-  arrives (robots/session.py). A finished generation whose plan the robot may still be running has its result
+  arrives (transport/session.py). A finished generation whose plan the robot may still be running has its result
   revised to that once the robot reports a segment it did not run to the end (:attr:`RobotOwnership.preempted`);
   if it reports every one done, the result stays DONE;
 * otherwise waits its turn: it is not generated until the robot is released, so its segment 0 never interrupts
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from timelyllm_ros.model.types import Generation
+from timelyllm_ros.domain.types import Generation
 
 
 class RobotOwnership:

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from timelyllm_ros.model.tuf import TimeUtility
+from timelyllm_ros.domain.tuf import TimeUtility
 
 if TYPE_CHECKING:  # annotations only: the engine layer sits above this one
     from timelyllm_ros.engines.base import EngineRequest
@@ -71,7 +71,7 @@ class TaskSpec:
     extra: dict = field(default_factory=dict)  # engine extras (e.g. the simulated plan)
     meta: dict = field(default_factory=dict)  # caller's bookkeeping (trace ids, ...), echoed back
     # The task's type where the caller knows it (the simulator: its template); the plan-length model keys by it,
-    # else by a type derived from the text (sched/lengths.py).
+    # else by a type derived from the text (planner/lengths.py).
     task_type: str | None = None
 
 
@@ -136,7 +136,7 @@ class TaskResult:
     @property
     def degraded(self) -> bool:
         """Ended DONE with only its mandatory part: the planner left the optional rest of the plan out under
-        overload (a degrading policy, sched/policies.py). Read from the status and reason, which every layer
+        overload (a degrading policy, planner/policies.py). Read from the status and reason, which every layer
         carries (the action result's and /plan_results' message, the journal), so no wire change is needed."""
         return self.status is TaskStatus.DONE and self.reason.startswith(DEGRADED_PREFIX)
 

@@ -3,7 +3,7 @@ restarted planner answers a retry or a result query with."""
 
 from __future__ import annotations
 
-from timelyllm_ros.model.types import TaskResult, TaskStatus
+from timelyllm_ros.domain.types import TaskResult, TaskStatus
 
 
 def status_of_record(rec: dict) -> TaskStatus:

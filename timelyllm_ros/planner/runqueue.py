@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import heapq
 
+from timelyllm_ros.domain.types import Generation, TaskStatus
 from timelyllm_ros.engines.latency import LatencyEstimator
-from timelyllm_ros.model.types import Generation, TaskStatus
-from timelyllm_ros.sched.policies import Policy, RankContext
+from timelyllm_ros.planner.policies import Policy, RankContext
 
 
 class RunQueue:

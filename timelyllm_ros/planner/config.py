@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from timelyllm_ros.sched.lengths import LENGTH_MODELS
+from timelyllm_ros.planner.lengths import LENGTH_MODELS
 
 
 @dataclass

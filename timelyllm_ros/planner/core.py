@@ -2,7 +2,7 @@
 
 It talks to robots only through callbacks, so the same object runs in the ROS planner node (RealClock, real
 engine, a dedicated engine thread) and in the discrete-event simulator (SimClock, SimEngine). It ranks and
-steps; each other concern has a home of its own beside it (``sched/``):
+steps; each other concern has a home of its own beside it (``planner/``):
 
 =================  ==========================================================================================
 ``config.py``      CoreConfig
@@ -41,22 +41,22 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from timelyllm_ros.domain.clock import Clock
+from timelyllm_ros.domain.types import Generation, Segment, TaskResult, TaskSpec, TaskStatus
 from timelyllm_ros.engines.base import Engine, EngineRequest, FinishReason, SegmentEvent, StepReport
 from timelyllm_ros.engines.latency import LatencyEstimator
-from timelyllm_ros.model.clock import Clock
-from timelyllm_ros.model.types import Generation, Segment, TaskResult, TaskSpec, TaskStatus
-from timelyllm_ros.sched.admission import Admission, AdmissionView, LatencyGuided, make_admission
-from timelyllm_ros.sched.boundaries import SegmentOrStream
-from timelyllm_ros.sched.config import CoreConfig
-from timelyllm_ros.sched.hooks import SkillHooks
-from timelyllm_ros.sched.lengths import SegmentLengths
-from timelyllm_ros.sched.overload import Overload
-from timelyllm_ros.sched.ownership import RobotOwnership
-from timelyllm_ros.sched.policies import Policy
-from timelyllm_ros.sched.prefill import PrefillModel
-from timelyllm_ros.sched.results import ResultStore
-from timelyllm_ros.sched.runqueue import RunQueue
-from timelyllm_ros.sched.watchdog import SilenceWatchdog
+from timelyllm_ros.planner.admission import Admission, AdmissionView, LatencyGuided, make_admission
+from timelyllm_ros.planner.boundaries import SegmentOrStream
+from timelyllm_ros.planner.config import CoreConfig
+from timelyllm_ros.planner.hooks import SkillHooks
+from timelyllm_ros.planner.lengths import SegmentLengths
+from timelyllm_ros.planner.overload import Overload
+from timelyllm_ros.planner.ownership import RobotOwnership
+from timelyllm_ros.planner.policies import Policy
+from timelyllm_ros.planner.prefill import PrefillModel
+from timelyllm_ros.planner.results import ResultStore
+from timelyllm_ros.planner.runqueue import RunQueue
+from timelyllm_ros.planner.watchdog import SilenceWatchdog
 from timelyllm_ros.skills.minispec import SkillParseError
 
 log = logging.getLogger(__name__)

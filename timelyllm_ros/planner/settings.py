@@ -1,5 +1,5 @@
 """The planner's parameters as plain data: name, default, description and range of each, and the checks a range
-cannot say. ``ros/planner_node.py`` declares them (``ros/params.declare``); ``sched/service.py`` reads their values.
+cannot say. ``ros/planner_node.py`` declares them (``ros/params.declare``); ``planner/service.py`` reads their values.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from timelyllm_ros import paths
-from timelyllm_ros.model.tuf import LEVELS, TimeUtility
+from timelyllm_ros.domain.tuf import LEVELS, TimeUtility
 from timelyllm_ros.yamlfile import load_yaml_file
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from timelyllm_ros.engines.latency import LatencyEstimator
 
 if TYPE_CHECKING:
-    from timelyllm_ros.model.types import Generation
+    from timelyllm_ros.domain.types import Generation
 
 
 @dataclass(slots=True)

@@ -1,4 +1,4 @@
-"""What passes between the planner node (``ros/planner_node.py``) and its PlannerService (``sched/service.py``):
+"""What passes between the planner node (``ros/planner_node.py``) and its PlannerService (``planner/service.py``):
 the plain request and answer types, and what the service needs of the node (:class:`PlannerSender` and the
 node's delivery, refusal counts and logger). Pure Python: no rclpy, no message types.
 """
@@ -9,9 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from timelyllm_ros.model.tuf import TufRequest
-from timelyllm_ros.model.types import Segment, TaskResult, TaskStatus
-from timelyllm_ros.sched.journal import JournaledSegment
+from timelyllm_ros.domain.tuf import TufRequest
+from timelyllm_ros.domain.types import Segment, TaskResult, TaskStatus
+from timelyllm_ros.planner.journal import JournaledSegment
 
 
 class Log(Protocol):

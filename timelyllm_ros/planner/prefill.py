@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections import deque
 
+from timelyllm_ros.domain.tokens import common_prefix_len
+from timelyllm_ros.domain.types import TaskSpec
 from timelyllm_ros.engines.base import Engine
 from timelyllm_ros.engines.latency import LatencyEstimator
-from timelyllm_ros.model.tokens import common_prefix_len
-from timelyllm_ros.model.types import TaskSpec
 
 WARM_PROMPTS_KEPT = 64  # per robot type: the planner warms one prompt per set of few-shot families (21 for a drone)
 

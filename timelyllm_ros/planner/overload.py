@@ -3,7 +3,7 @@
 Both judge a segment by its *best case* given the work ahead of it, so only a task that cannot earn even then
 is shed, and only a plan whose rest is late is cut. The best case is learned from what the engine and the
 robots have done: the fewest tokens a segment of each kind has taken, the largest prefix-cache hit
-(:class:`~timelyllm_ros.sched.prefill.PrefillModel`) and the engine's chunked-prefill queue.
+(:class:`~timelyllm_ros.planner.prefill.PrefillModel`) and the engine's chunked-prefill queue.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from timelyllm_ros.domain.types import DEGRADED_PREFIX, Generation
 from timelyllm_ros.engines.latency import LatencyEstimator
-from timelyllm_ros.model.types import DEGRADED_PREFIX, Generation
-from timelyllm_ros.sched.policies import Policy
-from timelyllm_ros.sched.prefill import PrefillModel
+from timelyllm_ros.planner.policies import Policy
+from timelyllm_ros.planner.prefill import PrefillModel
 
 Ender = Callable[[Generation, str], None]  # end this generation with this reason
 

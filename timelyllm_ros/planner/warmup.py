@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from timelyllm_ros.engines.base import EngineRequest
 
 if TYPE_CHECKING:
-    from timelyllm_ros.sched.scheduler import PlannerCore
+    from timelyllm_ros.planner.core import PlannerCore
 
 
 def warm_up(core: PlannerCore, prompts: list[tuple[str, list[int]]],

@@ -23,17 +23,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from timelyllm_ros.domain.clock import RealClock, WallOffset
+from timelyllm_ros.domain.tuf import TufRequest
+from timelyllm_ros.domain.types import Segment, TaskResult, TaskSpec, TaskStatus
 from timelyllm_ros.engines.factory import planner_engine
 from timelyllm_ros.engines.prompts import PromptRenderer, TaskPromptError
 from timelyllm_ros.interfaces import robot_id_problem, segment_topic
-from timelyllm_ros.model.clock import RealClock, WallOffset
-from timelyllm_ros.model.tuf import TufRequest
-from timelyllm_ros.model.types import Segment, TaskResult, TaskSpec, TaskStatus
-from timelyllm_ros.sched.config import CoreConfig
-from timelyllm_ros.sched.hygiene import check_text, check_token_count
-from timelyllm_ros.sched.journal import ACTIVE, Journal, JournaledTask
-from timelyllm_ros.sched.journal_records import result_record, task_result_from_record
-from timelyllm_ros.sched.planner_io import (
+from timelyllm_ros.planner.config import CoreConfig
+from timelyllm_ros.planner.core import PlannerCore
+from timelyllm_ros.planner.hygiene import check_text, check_token_count
+from timelyllm_ros.planner.journal import ACTIVE, Journal, JournaledTask
+from timelyllm_ros.planner.journal_records import result_record, task_result_from_record
+from timelyllm_ros.planner.policies import make_policy
+from timelyllm_ros.planner.robot_links import RobotLinks
+from timelyllm_ros.planner.service_io import (
     Accepted,
     Delivery,
     GoalError,
@@ -44,11 +47,8 @@ from timelyllm_ros.sched.planner_io import (
     Rejections,
     TaskLookup,
 )
-from timelyllm_ros.sched.planner_settings import check_params
-from timelyllm_ros.sched.policies import make_policy
-from timelyllm_ros.sched.robot_links import RobotLinks
-from timelyllm_ros.sched.scheduler import PlannerCore
-from timelyllm_ros.sched.warmup import warm_up
+from timelyllm_ros.planner.settings import check_params
+from timelyllm_ros.planner.warmup import warm_up
 
 
 @dataclass

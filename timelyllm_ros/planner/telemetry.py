@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from timelyllm_ros.sched.scheduler import PlannerCore
+    from timelyllm_ros.planner.core import PlannerCore
 
 
 def queue_view(core: PlannerCore, now: float | None = None) -> list[dict]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from timelyllm_ros.model.types import Segment
+from timelyllm_ros.domain.types import Segment
 
 HEARD_MAX = 50_000  # robots remembered; past it the half heard from longest ago are forgotten
 

@@ -269,11 +269,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     from bench.load_sweep import add_parser as add_load_sweep
 
-    add_load_sweep(sub, common)  # load-sweep: utility vs load and burst size (issue 12, item 6)
+    add_load_sweep(sub, common)  # load-sweep: utility vs load and burst size
 
     from bench.pool_bench import add_parser as add_pool
 
-    add_pool(sub, common)  # pool: one vLLM server vs two vs in-process; projection for 1-8 GPU servers (issue 13)
+    add_pool(sub, common)  # pool: one vLLM server vs two vs in-process; projection for 1-8 GPU servers
 
     from bench.real_policies import add_parser as add_real_policies
 
@@ -281,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from bench.plan_lengths import add_parser as add_plan_lengths
 
-    add_plan_lengths(sub)  # plan-lengths: plan lengths learned per task vs the per-robot-type estimate (issue 27)
+    add_plan_lengths(sub)  # plan-lengths: plan lengths learned per task vs the per-robot-type estimate
 
     from bench.robot_memory import add_parser as add_robot_memory
 

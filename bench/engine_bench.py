@@ -1,4 +1,5 @@
-"""Real-engine measurements of issue 4 §4 a-d (vLLM by default).
+"""Real-engine measurements (vLLM by default): segmentation, prefix-cache reuse, decode and prefill cost, and
+the simulator's step model fitted to them.
 
     python -m bench.engine_bench --config config/engine_vllm_cpu.yaml \
         --out bench/results/engine_cpu --fit-out config/sim_engine_fitted_cpu.yaml
@@ -471,7 +472,7 @@ def write_outputs(out: Path, res: dict, fit_out: Path | None, cmd: str) -> None:
         meta = res["meta"]
         kv_tokens = meta.get("kv_cache_tokens") or 32768
         fit_out.write_text(
-            f"# Simulator step-time model fitted to the real engine (issue 4 §4d).\n"
+            f"# Simulator step-time model fitted to the real engine.\n"
             f"# Made by: {cmd}\n"
             f"# Engine: {meta['backend']} {meta['vllm_version']} on {meta['machine']}, model {meta['model']} "
             f"({meta['dtype']}), {time.strftime('%Y-%m-%d')}\n"

@@ -1,4 +1,4 @@
-"""What the journal's durability costs per accepted task (issue 23 item 4), on this machine's disk.
+"""What the journal's durability costs per accepted task, on this machine's disk.
 
     python -m bench.journal_bench [--dir /path/on/the/state_dir/disk] [--tasks 300] [--open-tasks 10000]
 

@@ -1,4 +1,4 @@
-"""``timelyllm-bench load-sweep``: utility per policy against load and burst size (issue 12, item 6).
+"""``timelyllm-bench load-sweep``: utility per policy against load and burst size.
 
     timelyllm-bench load-sweep                                  # WID 1, WID 2 (trace), WID 3; 3 seeds
     timelyllm-bench load-sweep --workloads wid2 --loads 1,3 --seeds 1 --bursts ""
@@ -21,7 +21,7 @@ identical is reported as the one run it is, not as an interval.
 ``--pair-with P`` adds every policy's paired difference with P (e.g. the degrading policies with pud-shed).
 
 ``timelyllm-bench shed-audit`` runs pud-shed and pud on the same workloads and lists every task pud-shed shed
-with what pud made of it (issue 28: a shed task should be one that could not have earned anything).
+with what pud made of it: a shed task should be one that could not have earned anything.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from timelyllm_ros.sim.workloads import SETTINGS, Workload, generate, load_workl
 DEFAULT_LOADS = "0.5,0.75,1,1.5,2,2.5,3"
 DEFAULT_BURSTS = "4,8,16,24,32,48"
 DEFAULT_POLICIES = "pud-shed,pud,edf-seg,fcfs-stream,fcfs"
-COMPARED = ("pud", "edf-seg", "fcfs-stream")  # the policies the first one must never be worse than (issue 28)
+COMPARED = ("pud", "edf-seg", "fcfs-stream")  # the policies the first one must never be worse than
 DEFAULT_JITTER_MS = 20.0
 SEEDS_VARY = ("each event's arrival, per robot group (a copy of the fleet), moved by {moved}; which robots of the "
               "trace make up a fractional fleet; a generated workload is generated anew; the simulator's samples of "
@@ -328,14 +328,14 @@ def cmd_load_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-# the shed's reason (PlannerCore._overdue_reason); "best case" since issue 28
+# the shed's reason (planner/overload.py, Overload.overdue_reason); results of older runs lack the best case
 _SHED_AT = re.compile(r"\((queued|running), shed by .*?waited ([0-9.]+) s(?:, best case ([0-9.]+) s)?")
 
 
 def shed_audit(wl: Workload, args: argparse.Namespace, policy: str = "pud-shed",
                against: str = "pud") -> dict[str, Any]:
     """Run ``policy`` and ``against`` on the same workload; for every task ``policy`` ended OVERDUE (shed), what
-    ``against`` made of it. A right shed is one ``against`` could not earn anything from either (issue 28)."""
+    ``against`` made of it. A right shed is one ``against`` could not earn anything from either."""
     shed_run, ref_run = run_policy(wl, policy, None, args), run_policy(wl, against, None, args)
     ref = {r.job_id: r for r in ref_run.records}
     rows = []
@@ -435,7 +435,7 @@ def add_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> N
     common(p)  # --seed (the first seed), --out (default bench/results/load_sweep), the simulator's settings
     p.set_defaults(fn=cmd_load_sweep, command=None)
 
-    p = sub.add_parser("shed-audit", help="every task pud-shed sheds, with what pud made of it (issue 28)")
+    p = sub.add_parser("shed-audit", help="every task pud-shed sheds, with what pud made of it")
     p.add_argument("--workloads", default="drone-wid1", help="comma list, as load-sweep's")
     p.add_argument("--loads", default="2", help="load factors")
     add_scale_argument(p)

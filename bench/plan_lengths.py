@@ -1,4 +1,4 @@
-"""``timelyllm-bench plan-lengths``: plan lengths learned per task against today's estimate (issue 27, item 5).
+"""``timelyllm-bench plan-lengths``: plan lengths learned per task against today's estimate.
 
     timelyllm-bench plan-lengths                       # recorded plans + simulator, ~2 min
     timelyllm-bench plan-lengths --loads 1 --seeds 1   # quicker
@@ -275,7 +275,7 @@ def _f(x: float, d: int = 3) -> str:
 
 
 def markdown(rep: dict[str, Any], command: str) -> str:
-    lines = ["# Plan lengths learned per task (issue 27, item 5)", "", f"Command: `{command}`  ", f"git: {rep['git']}, "
+    lines = ["# Plan lengths learned per task", "", f"Command: `{command}`  ", f"git: {rep['git']}, "
              f"wall {rep['wall_s']:.0f} s. Simulator only: no real-engine run in this report.", "",
              "## Prediction error on recorded plans (online: predict, then learn)", "",
              "Tokens of the next segment: mean absolute error of `ewma` (today: one running mean per robot type) "

@@ -1,4 +1,4 @@
-"""Plan quality of the real engine on every task template (issue 12, item 8).
+"""Plan quality of the real engine on every task template.
 
     timelyllm-bench plan-quality --label after [--engine engine_vllm_cpu.yaml] [--samples 3]
 

@@ -1,5 +1,5 @@
 """``timelyllm-bench pool``: one vLLM server vs a pool of two vs the in-process engine, and the simulator's
-projection for 1, 2, 4 and 8 GPU servers (issue 13, item 4).
+projection for 1, 2, 4 and 8 GPU servers.
 
     timelyllm-bench pool                      # both parts (the real one starts two `vllm serve`, ~6 min)
     timelyllm-bench pool --skip-real          # the projection only (~5 min)

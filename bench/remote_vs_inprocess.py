@@ -1,4 +1,4 @@
-"""Time to first token and time per resume: the in-process vLLM engine vs the remote one (issue 13).
+"""Time to first token and time per resume: the in-process vLLM engine vs the remote one.
 
     python -m bench.remote_vs_inprocess [--tasks 6] [--out bench/results/remote_vs_inprocess]
 

@@ -1,4 +1,4 @@
-"""An urgent task's first segment alone, and when it comes with 9 normal tasks (issue 27 item 4).
+"""An urgent task's first segment alone, and when it comes with 9 normal tasks.
 
     python -m bench.urgent_burst [--reps 3] [--policies pud-shed,edf-seg,fcfs-stream,fcfs] [--out DIR]
 

@@ -1,4 +1,4 @@
-"""vLLM native resumable streaming-input sessions vs resubmission (issue 4 §1).
+"""vLLM native resumable streaming-input sessions vs resubmission.
 
     python -m bench.vllm_sessions --out bench/results/vllm_sessions
 

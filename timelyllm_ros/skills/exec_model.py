@@ -30,7 +30,7 @@ from timelyllm_ros.skills.schema import SkillSet, SkillSpec, load_skill_set
 _TEXT = "_text"  # learning key of the chatbot reading-time model
 
 
-Segment = Sequence[SkillCall] | str
+Calls = Sequence[SkillCall] | str  # a segment's skill calls, or its text (a chatbot's reading time)
 
 
 class ExecTimeModel:
@@ -60,7 +60,7 @@ class ExecTimeModel:
         return cls(load_skill_set(name_or_robot_type), **kwargs)
 
     # -- estimates --------------------------------------------------------------
-    def estimate(self, calls: Segment) -> ExecEstimate:
+    def estimate(self, calls: Calls) -> ExecEstimate:
         """Execution time of one segment (calls, or its text), learned
         factors applied."""
         if isinstance(calls, str):
@@ -106,7 +106,7 @@ class ExecTimeModel:
         return seg.min_s, seg.max_s
 
     # -- simulation -------------------------------------------------------------
-    def sample(self, calls: Segment, rng: random.Random) -> float:
+    def sample(self, calls: Calls, rng: random.Random) -> float:
         """One draw of how long a (simulated) robot takes for the segment."""
         if isinstance(calls, str):
             if self.skillset.grammar == "text":
@@ -138,7 +138,7 @@ class ExecTimeModel:
         return max(0.0, t * (1 + rng.uniform(-et.noise, et.noise)))
 
     # -- learning ---------------------------------------------------------------
-    def observe(self, calls: Segment, observed_s: float) -> None:
+    def observe(self, calls: Calls, observed_s: float) -> None:
         """Learn from a reported execution time of a segment (no-op when
         ``learn`` is off or the segment is too short to learn from)."""
         if not self.learn or observed_s < 0:

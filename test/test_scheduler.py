@@ -245,3 +245,25 @@ def test_every_task_is_estimated_with_the_prefix_its_own_warmed_prompt_leaves_ca
     other.prompt_token_ids = families[0] + [9]
     core.submit(other)  # another robot type's prompt was never warmed: cold
     assert _prefill_est(core, "t10") == pytest.approx(core.estimator.prefill_time(len(families[0]) + 1))
+
+
+def test_a_switch_to_a_streaming_policy_sends_the_held_segments_first_in_order():
+    """fcfs holds a plan's segments until it ends; switched to a streaming policy mid-plan, the next segment goes
+    out after the held ones, in order (not ahead of them, which a robot's inbox would hold back until the plan's
+    end)."""
+    clock = SimClock()
+    core, segs, results = make_core("fcfs", clock=clock)
+    core.submit(spec(0, plan="tc(30);mf(50);tc(90);"))
+    for _ in range(1000):  # until the first segment is written and held
+        rep = core.start_step()
+        clock.advance(rep.duration_s)
+        core.complete_step(rep)
+        g = core.generation("t0")
+        if g is not None and g.segments:
+            break
+    assert segs == [] and len(core.generation("t0").segments) == 1
+    core.set_policy(make_policy("fcfs-stream"))
+    drain(core, clock)
+    assert [s[1] for s in segs] == [0, 1, 2] and results[0].status is TaskStatus.DONE
+    s0, s1 = results[0].segments[:2]
+    assert s0.dispatch == s1.dispatch  # the held one went out with the next, not at the plan's end

@@ -10,6 +10,8 @@ from timelyllm_ros.planner.lengths import LENGTH_MODELS
 
 @dataclass
 class CoreConfig:
+    """The core's settings, read when a PlannerCore is built (its parts keep what they need): set them before."""
+
     comm_s: float = 0.008  # one network hop (paper's LAN)
     slack_floor_s: float = 0.001
     resume_lead_s: float = 0.05

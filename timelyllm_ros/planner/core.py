@@ -367,7 +367,7 @@ class PlannerCore:
             return {"queued": len(q.cands), "suspended": q.parked(), "running": len(q.running),
                     "tasks": len(self._tasks), "done": len(self.results), "policy": self.policy.name,
                     "waiting_for_robot": self.ownership.waiting(),
-                    "admission": self.admission.name, "length_model": self.cfg.length_model,
+                    "admission": self.admission.name, "length_model": self.lengths.model,
                     "boundaries_suspended": self.segmenting.counts["suspended"],
                     "boundaries_streamed": self.segmenting.counts["streamed"],
                     "per_token_s": self.estimator.step_time(max(1, len(q.running)))}

@@ -261,11 +261,9 @@ class PlannerCore:
             return []
         with self.lock:
             now = self.clock.now() if now is None else now
-            out = []
-            for tid, seg in self.watchdog.to_probe(now, self.cfg.robot_timeout_s):
-                owner = self._tasks.get(tid) or self.results.get(tid)
-                out.append((tid, owner.robot_id, owner.robot_type, seg))
-            return out
+            probes = [(t, s, self._tasks.get(t) or self.results.get(t)) for t, s in
+                      self.watchdog.to_probe(now, self.cfg.robot_timeout_s)]
+            return [(t, o.robot_id, o.robot_type, s) for t, s, o in probes if o is not None]
 
     def fail_all(self, reason: str, status: TaskStatus = TaskStatus.FAILED) -> int:
         """End every open task at once (the engine died, or a drain or shutdown: nothing may wait for the

@@ -20,8 +20,9 @@ def warm_up(core: PlannerCore, prompts: list[tuple[str, list[int]]],
     here, not in the first task). The engine thread only, before :meth:`PlannerCore.serve_forever` (it steps
     the engine itself); the steps are not fed to the latency estimator. Each prompt is then noted as cached
     (:meth:`PlannerCore.note_warm_prompt`). Returns the engine steps taken."""
-    if core.running_ids() or core.engine.has_work():
-        raise RuntimeError("warm_up: the engine is already serving")
+    with core.lock:  # one look at the core and its engine
+        if core.running_ids() or core.engine.has_work():
+            raise RuntimeError("warm_up: the engine is already serving")
     steps = 0
     waves = [[(f"warmup-{rt}-{i}", rt, ids, 1, True)] for i, (rt, ids) in enumerate(prompts)]
     waves.append([(f"warmup-burst-{i}", rt, ids, 4, False) for i, (rt, ids) in enumerate(burst or [])])

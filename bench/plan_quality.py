@@ -58,7 +58,7 @@ def generate(engine: Engine, templates: list[PlanTemplate], *, samples: int, tem
             if k:
                 extra["seed"] = seed + 1000 * ti + k
             if constrained:
-                extra["regex"] = pb.regex_for(t.task_input)  # re-evaluated at every resume, as in the planner
+                extra |= pb.constraint_extra(t.task_input, engine.info.token_grammar)  # as in the planner
             gid = f"{t.name}/{k}"
             reqs.append(EngineRequest(gid, list(ids), make_stop_checker(pb.skillset), max_new_tokens=max_new_tokens,
                                       extra=extra))

@@ -10,6 +10,7 @@ import ast
 import importlib.util
 import json
 import os
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -119,6 +120,24 @@ def test_a_constrained_request_is_in_the_first_step_after_it_is_added(eng, pb):
     eng.abort(r.gen_id)
     if waited < vllm_engine.GRAMMAR_WAIT_S:  # not a machine so loaded that the compile outlasted the wait
         assert r.output_token_ids, "the request was left out of the step after it was added"
+
+
+@engine
+def test_an_emergency_plan_begins_with_its_evasive_move_as_one_token(eng, pb):
+    """The evasive-first rule masks the move the model prefers (mf); with a regex the model then spelled an
+    allowed one letter by letter (m, b), which n-gram speculation never finds in the prompt: 5 steps to the
+    first segment of an urgent task. Under the grammar of the plan's start (PromptBuilder.head_grammar_for)
+    the move is the one token the prompt spells it with, and the plan is the regex's: the rest of it is."""
+    assert eng.info.token_grammar  # the CPU config runs vLLM's guidance backend
+    extra = pb.constraint_extra(BOY, eng.info.token_grammar)
+    assert callable(extra["grammar"]) and extra["grammar"]("") and extra["grammar"]("mb(50);") is None
+    r = _req(pb, "evade", task=BOY, extra=extra)
+    events = driver.run(eng, [r])[r.gen_id]
+    first = eng.tokenizer.decode(r.output_token_ids[:1])
+    assert first in pb.skillset.plan_structure.first_by_tag["E"], eng.decode(r.output_token_ids)
+    plan = concat_segments(events)
+    assert pb.skillset.validate(plan, complete=True) is None, plan
+    assert re.fullmatch(pb.regex_for(BOY)(""), plan), plan
 
 
 @pytest.fixture

@@ -194,6 +194,61 @@ def test_llguidance_takes_the_task_grammars_as_python_does():
     assert accepts(cut, "") and not accepts(cut, "mu(100);")
 
 
+@pytest.mark.parametrize("robot_type", ["drone", "arm"])
+def test_a_plan_split_after_its_first_skill_s_name_is_the_same_language(robot_type):
+    """plan_head: for each skill a task's plan must begin with, its name and the regex of the rest. name + rest
+    over the pairs is plan_regex's language, both ways; a task whose plan may begin anyhow has no head."""
+    ss = SETS[robot_type]
+    heads = {t: grammar.plan_head(ss, t) for t in TASKS[robot_type]}
+    assert all(not h for h in heads.values()) if robot_type == "arm" else sum(bool(h) for h in heads.values()) >= 5
+
+    @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(data=st.data(), task=st.sampled_from([t for t, h in heads.items() if h] or [None]))
+    def check(data, task):
+        if task is None:
+            return
+        head, top = heads[task], grammar.plan_regex(ss, task)
+        plan = data.draw(st.from_regex(top, fullmatch=True))
+        assert any(plan.startswith(n) and re.fullmatch(r, plan[len(n):]) for n, r in head), (task, plan)
+        name, rest = data.draw(st.sampled_from(head))
+        plan = name + data.draw(st.from_regex(rest, fullmatch=True))
+        assert re.fullmatch(top, plan), (task, plan)
+
+    check()
+
+
+def test_llguidance_asks_for_an_emergency_plan_s_first_skill_as_one_token():
+    """PromptBuilder.head_grammar_for: the Lark grammar vLLM's guidance backend gets for a plan's start. It takes
+    the plans the regex takes when the first skill is its one token, and refuses that skill spelled letter by
+    letter (the model did so under the regex: m, b), and a first skill the task rules out."""
+    import llguidance
+    import llguidance.hf
+    from transformers import AutoTokenizer
+
+    from timelyllm_ros.engines.prompts import PromptBuilder
+
+    tok = AutoTokenizer.from_pretrained(str(paths.share_dir() / "models" / "SmolLM2-135M-Instruct"))
+    info = llguidance.hf.from_tokenizer(tok)
+    pb = PromptBuilder(tok, "drone")
+    task = "Scene: [dog x:0.48] Task: [E] a dog is attempting to catch me. Execution history: ml(50)"
+    lark = pb.head_grammar_for(task)("")
+    assert lark and pb.head_grammar_for("Scene: [] Task: [A] find the cat") is None
+
+    def accepts(tokens: list[int]) -> bool:
+        m = llguidance.LLMatcher(info, llguidance.grammar_from("grammar", lark))
+        assert not m.is_error(), m.get_error()
+        return all(m.consume_token(t) for t in tokens) and m.is_accepting()
+
+    enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
+    for plan in ("mb(100);", "mu(50);mf(30);", "ml(40);?s('dog')==True{mr(60);};"):
+        assert re.fullmatch(pb.regex_for(task)(""), plan)
+        assert accepts(enc(plan)), plan
+    assert enc("mb") == [tok.convert_tokens_to_ids("mb")]
+    assert not accepts(enc("m") + enc("b(100);"))  # the name spelled letter by letter
+    assert not accepts(enc("mf(100);"))  # not an evasive move
+    assert not accepts(enc("mb(100)"))  # unfinished: the regex's rest still applies
+
+
 def test_a_plan_of_free_calls_resumes_under_free_calls_even_where_it_began_like_a_unit():
     """One name only: no pick-and-place unit fits (its object and place are distinct), so the arm's whole grammar
     is free calls. A plan that happens to begin like a unit must go on under those, not under the unit's rest

@@ -97,6 +97,8 @@ class EngineInfo:
     speculative: str = ""
     # Tokens per KV-cache block (a prefix is reused in whole blocks); None where the backend does not say.
     kv_block_tokens: int | None = None
+    # Takes llguidance grammars (Lark, token ids as terminals) as extra['grammar']: vLLM's guidance backend.
+    token_grammar: bool = False
 
 
 SUBMISSION_LOG_LEN = 4096  # per-(re)submission records an engine keeps (a long-running node must not grow)

@@ -161,7 +161,8 @@ def _agree(members: Sequence[Engine], names: Sequence[str], probe_tokens: list[i
         raise PoolMismatchError(f"engine pool: every member must serve the same model; {', '.join(bad)}")
     return EngineInfo(name="pool", model=first.model, max_model_len=first.max_model_len,
                       needs_plan_text=first.needs_plan_text, supports_prefix_cache=first.supports_prefix_cache,
-                      step_model=first.step_model, kv_block_tokens=first.kv_block_tokens)
+                      step_model=first.step_model, kv_block_tokens=first.kv_block_tokens,
+                      token_grammar=all(m.info.token_grammar for m in members))
 
 
 def _mismatch(ref: EngineInfo, m: Engine, ref_name: str, probe_tokens: list[int]) -> str:

@@ -241,6 +241,45 @@ class PromptBuilder:
         ss = self.skillset
         return lambda plan_so_far="": grammar.continuation_regex(ss, plan_so_far, task_input)
 
+    def constraint_extra(self, task_input: str, token_grammar: bool) -> dict[str, Any]:
+        """The request extras that constrain this task's plan: its regex (:meth:`regex_for`) and, for an engine
+        that takes llguidance grammars, the grammar of the plan's start (:meth:`head_grammar_for`). Both are
+        functions of the plan so far, evaluated at every (re)submission."""
+        extra: dict[str, Any] = {"regex": self.regex_for(task_input)}
+        head = self.head_grammar_for(task_input) if token_grammar else None
+        if head is not None:
+            extra["grammar"] = head
+        return extra
+
+    def head_grammar_for(self, task_input: str) -> Callable[[str], str | None] | None:
+        """For an engine that takes llguidance grammars (``EngineInfo.token_grammar``): the grammar of this task's
+        fresh plan with its first skill asked for as the one token the prompt spells it with
+        (:func:`~timelyllm_ros.skills.grammar.plan_head`), as a function of the plan so far that gives None once
+        the plan has begun (the regex of :meth:`regex_for` takes over). None when the plan may begin with any
+        skill, or a skill it must begin with is not one token of this tokenizer."""
+        head = grammar.plan_head(self.skillset, task_input)
+        ids = [self._one_token(name) for name, _ in head]
+        if not head or None in ids:
+            return None
+        text = lark_head_grammar([(i, rest) for i, (_, rest) in zip(ids, head, strict=True)])  # type: ignore[misc]
+        return lambda plan_so_far="": None if plan_so_far.strip() else text
+
+    def _one_token(self, text: str) -> int | None:
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return ids[0] if len(ids) == 1 and self.tokenizer.decode(ids) == text else None
+
+
+def lark_head_grammar(heads: list[tuple[int, str]]) -> str:
+    """An llguidance (Lark) grammar: one of the token ids, then the regex that goes with it."""
+    rests: dict[str, list[int]] = {}
+    for tok, rest in heads:
+        rests.setdefault(rest, []).append(tok)
+    alts, terms = [], []
+    for k, (rest, toks) in enumerate(rests.items()):
+        alts.append("(" + " | ".join(f"<[{t}]>" for t in toks) + f") REST{k}")
+        terms.append(f"REST{k}: /" + rest.replace("/", "\\/") + "/")
+    return "start: " + " | ".join(alts) + "\n" + "\n".join(terms) + "\n"
+
 
 # Tokens a prompt must leave free in the model's context: a plan needs room for at least its first segment.
 CONTEXT_MARGIN = 16
@@ -306,7 +345,7 @@ class PromptRenderer:
             except ValueError as e:
                 raise TaskPromptError(str(e)) from None
         elif self.constrained:
-            extra["regex"] = self.builder(robot_type).regex_for(task)  # a callable: re-evaluated at every resume
+            extra |= self.builder(robot_type).constraint_extra(task, info.token_grammar)
         return ids, extra
 
     def warm_up_extra(self, robot_type: str) -> dict[str, Any]:

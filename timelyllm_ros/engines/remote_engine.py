@@ -60,7 +60,7 @@ from timelyllm_ros.engines.base import (
     RawTokens,
 )
 from timelyllm_ros.engines.detok import IncrementalDetokenizer
-from timelyllm_ros.engines.vllm_common import finish_reason_from_vllm
+from timelyllm_ros.engines.vllm_common import finish_reason_from_vllm, structured_output
 
 log = logging.getLogger(__name__)
 
@@ -328,13 +328,9 @@ class RemoteEngine(Engine):
         }
         if req.sampling_seed is not None:
             body["seed"] = req.sampling_seed
-        regex = ex.get("regex", self.default_regex if ex.get("constrained", True) else None)
-        if callable(regex):  # e.g. PromptBuilder.regex: the grammar state depends on the plan so far
-            regex = regex(self.decode(req.output_token_ids))
-        if ex.get("grammar"):
-            body["structured_outputs"] = {"grammar": ex["grammar"]}
-        elif regex:
-            body["structured_outputs"] = {"regex": regex}
+        so = structured_output(ex, self.default_regex, lambda: self.decode(req.output_token_ids))
+        if so:
+            body["structured_outputs"] = so
         return body
 
     async def _stream(self, s: _Stream, body: dict) -> None:

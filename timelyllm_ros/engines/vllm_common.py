@@ -8,7 +8,8 @@
   vLLM emulates bf16, measured ~12x slower); a forced dtype this machine cannot run fast is refused with the
   reason;
 * speculative decoding options (:func:`describe_speculative`), refused before the slow import when this build
-  lacks what they need.
+  lacks what they need;
+* a (re)submission's structured output (:func:`structured_output`).
 
 None of it imports vLLM.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -218,3 +219,22 @@ def apply_default_env(overrides: dict[str, str] | None = None) -> None:
     """Set vLLM's environment variables unless the user set them already."""
     for k, v in (DEFAULT_ENV | (overrides or {})).items():
         os.environ.setdefault(k, str(v))
+
+
+def structured_output(extra: Mapping[str, Any], default_regex: str | None,
+                      plan_so_far: Callable[[], str]) -> dict[str, str] | None:
+    """vLLM's structured output for a (re)submission: ``{"grammar": ...}`` or ``{"regex": ...}``, None for none.
+    ``extra['grammar']`` / ``extra['regex']`` are text or a function of the plan so far (the grammar state
+    depends on it); a grammar that gives None leaves the request to the regex (``PromptBuilder.head_grammar_for``
+    asks for a plan's first skill as a token, then the regex takes over)."""
+    text = None
+    grammar = extra.get("grammar")
+    if grammar:
+        text = plan_so_far()
+        grammar = grammar(text) if callable(grammar) else grammar
+        if grammar:
+            return {"grammar": grammar}
+    regex = extra.get("regex", default_regex if extra.get("constrained", True) else None)
+    if callable(regex):
+        regex = regex(plan_so_far() if text is None else text)
+    return {"regex": regex} if regex else None

@@ -95,9 +95,15 @@ from timelyllm_ros.engines.vllm_common import (  # noqa: F401 - the options and 
     finish_reason_from_vllm,
     platform_dtype,
     register_kernel_overrides_once,
+    structured_output,
 )
 
 log = logging.getLogger(__name__)
+
+
+def _so_backend(cfg: Any) -> str:
+    """The structured-output backend vLLM runs (``structured_outputs_config.backend``; "" when unknown)."""
+    return str(getattr(getattr(cfg, "structured_outputs_config", None), "backend", "") or "")
 
 # Bounds on bookkeeping that would otherwise grow with every request of a long-running node
 # (VllmEngine.submissions is a SubmissionLog: its last SUBMISSION_LOG_LEN records).
@@ -204,7 +210,8 @@ class VllmEngine(Engine):
                                max_model_len=int(cfg.model_config.max_model_len), needs_plan_text=False,
                                supports_prefix_cache=bool(cfg.cache_config.enable_prefix_caching),
                                dtype=self.dtype_choice.dtype, dtype_reason=self.dtype_choice.reason,
-                               speculative=speculative, kv_block_tokens=int(self.block_size))
+                               speculative=speculative, kv_block_tokens=int(self.block_size),
+                               token_grammar=_so_backend(cfg) == "guidance")
         gen_cfg = cfg.model_config.try_get_generation_config() or {}
         eos = gen_cfg.get("eos_token_id", self.tokenizer.eos_token_id)
         self.eos_token_ids: set[int] = set(eos if isinstance(eos, list) else [eos]) - {None}
@@ -275,14 +282,8 @@ class VllmEngine(Engine):
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         ex = req.extra
-        so = None
-        regex = ex.get("regex", self.default_regex if ex.get("constrained", True) else None)
-        if callable(regex):  # e.g. PromptBuilder.regex: the grammar state depends on the plan so far
-            regex = regex(self.decode(req.output_token_ids))
-        if ex.get("grammar"):
-            so = StructuredOutputsParams(grammar=ex["grammar"])
-        elif regex:
-            so = StructuredOutputsParams(regex=regex)
+        so = structured_output(ex, self.default_regex, lambda: self.decode(req.output_token_ids))
+        so = StructuredOutputsParams(**so) if so else None
         remaining = req.max_new_tokens - len(req.output_token_ids)
         if remaining <= 0:
             raise ValueError(f"{req.gen_id}: no tokens left (max_new_tokens={req.max_new_tokens})")

@@ -257,6 +257,17 @@ def call_regex(ss: SkillSet, returns: tuple[str, ...] | None = None, names: Sequ
     return "(?:" + "|".join(alts) + ")" if alts else ""
 
 
+def _args_regex(ss: SkillSet, skill: str, names: Sequence[str] | None) -> str:
+    """The parenthesised arguments of any call of ``skill`` (``call_regex`` of it less its name); "" when no
+    signature of it can be called (it names an object, and the task names none)."""
+    alts = []
+    for sig in ss[skill].signatures:
+        parts = [arg_regex(a, names) for a in sig]
+        if all(p is not None for p in parts):
+            alts.append(r"\(" + ",".join(parts) + r"\)")  # type: ignore[arg-type]
+    return "(?:" + "|".join(alts) + ")" if alts else ""
+
+
 def _rep(x: str, lo: int, hi: int | None) -> str:
     if hi is None:
         return f"(?:{x})" + ("*" if lo == 0 else "+" if lo == 1 else f"{{{lo},}}")
@@ -283,6 +294,8 @@ class _Grammar:
     stmt_nn: str = ""  # a statement that does not call it
     call_nn: str = ""  # a call of any other skill
     unit_plan: bool = False  # the plan is made of plan_structure units (else free calls: no unit fits the task's names)
+    head_skills: tuple[str, ...] = ()  # the skills the plan must begin with (first_by_tag, leading_skills)
+    after_head: str = ""  # the regex of the plan after its first statement
 
 
 _CACHE: OrderedDict[tuple[int, str | None], _Grammar] = OrderedDict()
@@ -357,6 +370,7 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
     head = ""
     if first:
         head = f"{call_regex(_only(ss, first), names=names)};"
+        first = tuple(sk for sk in first if _args_regex(ss, sk, names))
         n_max = None if n_max is None else n_max - 1
     gap_n = None if n_max is None else max(0, n_max - 1)
     if need_stmt:
@@ -367,7 +381,8 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
     else:
         top = head + _rep(stmt, 0 if head else 1, n_max)
     return _Grammar(call, stmt, top, names, units, need_skill=need if need_call else None, need_call=need_call,
-                    need_stmt=need_stmt, head=1 if head else 0, need_gap=gap_n, stmt_nn=stmt_nn, call_nn=call_nn)
+                    need_stmt=need_stmt, head=1 if head else 0, need_gap=gap_n, stmt_nn=stmt_nn, call_nn=call_nn,
+                    head_skills=first if head else (), after_head=top[len(head):] if head else "")
 
 
 _MAX_ASSIGNMENTS = 400  # name assignments a unit enumerates before its variables are left untied
@@ -510,6 +525,22 @@ def plan_regex(ss: SkillSet, task: str | None = None) -> str | None:
     if ss.grammar == "text":
         return None
     return _grammar(ss, task).top
+
+
+def plan_head(ss: SkillSet, task: str) -> tuple[tuple[str, str], ...]:
+    """A fresh plan split after the name of its first skill, where the task makes it begin with one of a few
+    (``first_by_tag``: an emergency's evasive move; ``leading_skills``): for each such skill, its name and the
+    regex of the rest of the plan. () where the plan may begin with anything.
+
+    name + rest, over the pairs, is exactly :func:`plan_regex`'s language. It exists for a backend that
+    constrains tokens, not text: there the first skill can be asked for as the one token the prompt spells it
+    with. Text alone lets a model that prefers a masked skill (``mf``, not evasive) spell an allowed one letter
+    by letter (``m``, ``b``), a sequence n-gram speculation never finds in the prompt: 5 steps to the first
+    segment where 2 do."""
+    if ss.grammar == "text":
+        return ()
+    g = _grammar(ss, task)
+    return tuple((sk, _args_regex(ss, sk, g.names) + ";" + g.after_head) for sk in g.head_skills)
 
 
 def continuation_regex(ss: SkillSet, plan_so_far: str, task: str | None = None) -> str | None:

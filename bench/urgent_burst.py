@@ -9,7 +9,9 @@ repetition, timed from the urgent goal's arrival at the core to its first segmen
 * ``alone``: the urgent task on an idle engine;
 * ``together``: the urgent task and 9 normal tasks in the same instant (the urgent one submitted last);
 * ``after``: the 9 normal tasks, then the urgent one ``--lag-ms`` later from another thread (as a goal
-  reaches the node), while the engine steps on their prompts.
+  reaches the node), while the engine steps on their prompts;
+* ``five`` (``--scenarios``, not run by default): 5 urgent tasks in the same instant, as the WID 2 trace's events
+  bring them; each one's first segment, in the order they came (``five #1`` .. ``five #5``).
 
 Every task's scene names an object of its own (``marker_<n>``), so no task finds another's turn in the
 prefix cache. Writes ``results.md``, ``results.json`` and ``urgent_burst.png``.
@@ -37,7 +39,9 @@ from timelyllm_ros.planner.core import PlannerCore
 from timelyllm_ros.planner.policies import make_policy
 from timelyllm_ros.planner.warmup import warm_up
 
-SCENARIOS = ("alone", "together", "after")
+SCENARIOS = ("alone", "together", "after", "five")
+DEFAULT_SCENARIOS = "alone,together,after"
+FIVE = 5
 
 
 def _tasks() -> tuple[list, list]:
@@ -110,8 +114,12 @@ def main() -> None:
                     help="comma list: admission's prefill budget per step (LatencyGuided prefill_step_s; "
                          "'default' = the planner's, 'off' = none), each run side by side; only the segmented "
                          "policies use it")
+    ap.add_argument("--scenarios", default=DEFAULT_SCENARIOS, help=f"comma list of {', '.join(SCENARIOS)}")
     ap.add_argument("--out", default="bench/results/urgent_burst")
     args = ap.parse_args()
+    scenarios = [x for x in args.scenarios.split(",") if x]
+    if bad := [x for x in scenarios if x not in SCENARIOS]:
+        ap.error(f"--scenarios: unknown {', '.join(bad)} (choose from {', '.join(SCENARIOS)})")
     engine, constrained = planner_engine(args.engine)
     renderer = PromptRenderer(engine, constrained=constrained)
     urgent, normal = _tasks()
@@ -137,7 +145,11 @@ def main() -> None:
             else:  # what the planner's warm-up tells its core (shedding's best case counts on the cache hit)
                 for rt, ids in prompts:
                     run.core.note_warm_prompt(rt, ids)
-            for sc in SCENARIOS:
+            for sc in scenarios:
+                if sc == "five":
+                    rows += _five(run, urgent, seq, rep, label)
+                    run.drain()
+                    continue
                 u = urgent[rep % len(urgent)]  # the same task in each arrival of a repetition
                 n0 = next(seq)
                 uid = f"u{n0}"
@@ -166,23 +178,42 @@ def main() -> None:
     _report(rows, args)
 
 
+def _five(run: Run, urgent: list, seq: itertools.count, rep: int, label: str) -> list[dict]:
+    """``five``: FIVE urgent tasks in the same instant; their first segments in the order they came."""
+    t0 = {}
+    for i in range(FIVE):
+        n = next(seq)
+        t0[f"u{n}"] = run.submit(f"u{n}", f"drone_u{n}", _text(urgent[i % len(urgent)].task_input, next(seq)), "urgent")
+    for uid in t0:
+        run.until(uid)
+    ms = sorted((run.first[u] - t0[u]) * 1000 if u in run.first else float("inf") for u in t0)
+    print(f"[urgent_burst] rep {rep} {label:28s} five      " + " ".join(f"{x:.0f}" for x in ms), flush=True)
+    if rep < 0:
+        return []
+    return [{"rep": rep, "policy": label, "scenario": f"five #{i + 1}", "task": "five urgent",
+             "first_segment_ms": x if x != float("inf") else float("nan")} for i, x in enumerate(ms)]
+
+
 def _report(rows: list[dict], args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     policies = list(dict.fromkeys(r["policy"] for r in rows))
+    cols = list(dict.fromkeys(r["scenario"] for r in rows))
     table: dict[tuple[str, str], list[float]] = {}
     for r in rows:
         table.setdefault((r["policy"], r["scenario"]), []).append(r["first_segment_ms"])
     lines = ["# An urgent task's first segment: alone, with 9 normal tasks at once, and 9 already prefilling", "",
              f"Command: `python -m bench.urgent_burst --reps {args.reps} --policies {args.policies} "
-             f"--lag-ms {args.lag_ms:g} --prefill-step-ms {args.prefill_step_ms} --out {args.out}`", "",
+             f"--lag-ms {args.lag_ms:g} --prefill-step-ms {args.prefill_step_ms}"
+             + ("" if args.scenarios == DEFAULT_SCENARIOS else f" --scenarios {args.scenarios}")
+             + f" --out {args.out}`", "",
              "Median ms from the urgent goal's arrival at the core to its first segment (each run's value in "
              "brackets; *no segment*: the policy shed the task, or none came within 20 s). The paper's urgent "
              "TUF: full utility within 200 ms, none at 500 ms.", "",
-             "| policy | " + " | ".join(SCENARIOS) + " |", "|---|" + "---|" * len(SCENARIOS)]
+             "| policy | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     for p in policies:
         cells = []
-        for sc in SCENARIOS:
+        for sc in cols:
             v = table.get((p, sc), [])
             ok = [x for x in v if x == x]
             runs = ", ".join(f"{x:.0f}" if x == x else "no segment" for x in v)
@@ -194,8 +225,8 @@ def _report(rows: list[dict], args: argparse.Namespace) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(policies)), 3.8))
-    w = 0.8 / len(SCENARIOS)
-    for i, sc in enumerate(SCENARIOS):
+    w = 0.8 / len(cols)
+    for i, sc in enumerate(cols):
         ax.bar([k + i * w for k in range(len(policies))],
                [statistics.median([x for x in table.get((p, sc), []) if x == x] or [float("nan")])
                 for p in policies], w, label=sc)

@@ -157,6 +157,29 @@ def test_load_sweep_command_writes_results_and_counts_every_task(tmp_path):
     assert "U/beta over **all** tasks" in (tmp_path / "summary.md").read_text()
 
 
+def test_preempt_audit_lists_the_tasks_the_policies_end_differently(tmp_path, monkeypatch):
+    """bench.preempt_audit on the WID 1 trace at 2x the fleet: the tasks pud-shed, pud and edf-seg end differently,
+    each with when its segments reached the robot, and what a task cut short by its robot's next one had earned."""
+    import sys
+
+    from bench import preempt_audit
+
+    monkeypatch.setattr(sys, "argv", ["preempt_audit", "--seeds", "0", "--out", str(tmp_path)])
+    assert preempt_audit.main() == 0
+    run = json.loads((tmp_path / "preempt_audit.json").read_text())["runs"][0]
+    assert run["rows"], "the policies ended every task alike"
+    for row in run["rows"]:
+        assert len({row[p]["status"] for p in preempt_audit.POLICIES}) > 1
+        for p in preempt_audit.POLICIES:
+            if row[p]["status"] == "cancelled":  # cut short by its robot's next task, after some segments
+                assert "preempted by task" in row[p]["reason"] and row[p]["segments_at_s"]
+    for p in preempt_audit.POLICIES:
+        cut = sum(1 for row in run["rows"] if row[p]["status"] == "cancelled")
+        assert run[f"{p}_cancelled_served"] >= cut
+        assert 0 <= run[f"{p}_cancelled_u"] <= run[f"{p}_cancelled_served"]
+    assert "Tasks lost to their own robot's next task" in (tmp_path / "preempt_audit.md").read_text()
+
+
 def test_scale_fleet_adds_robots_at_the_traces_pace():
     from bench.load_sweep import scale_fleet
     from timelyllm_ros.sim.workloads import load_workload

@@ -157,6 +157,35 @@ def test_load_sweep_command_writes_results_and_counts_every_task(tmp_path):
     assert "U/beta over **all** tasks" in (tmp_path / "summary.md").read_text()
 
 
+def test_a_prompt_longer_than_those_served_counts_its_own_warmed_prefix_as_its_best_case():
+    """Shedding's best case for a prompt is the most of it the cache can hold. The largest hit the robot type had
+    was no such bound for a longer prompt: an emergency's two example families make the drone's longest prompt,
+    and after a shorter normal prompt's hit its best case looked ~350 tokens of prefill too long; at the trace's
+    own pace on the CPU pud-shed shed every urgent task, which edf-seg served inside the cut-off."""
+    from timelyllm_ros.engines.sim_engine import SimEngineConfig
+
+    clock = SimClock(0.0)
+    results = []
+    eng = SimEngine(SimEngineConfig(prefill_s_per_token=0.0003))
+    core = PlannerCore(eng, make_policy("pud-shed"), clock, on_result=results.append)
+    short, long_ = list(range(5000, 6000)), list(range(5000, 5500)) + list(range(9000, 11500))
+    for p in (short, long_):
+        eng.warm_prefix(p)
+        core.note_warm_prompt("drone", p + [1, 2])
+    first = spec(0, arrival=0.0)
+    first.prompt_token_ids = short + [7, 8]
+    core.submit(first)
+    drain(core, clock)
+    assert core.prefill.best_hit("drone") < len(long_) - 1000  # the hit the robot type has had: the short one's
+    urgent = spec(1, level="urgent", arrival=clock.now())
+    urgent.prompt_token_ids = long_ + [7, 8, 9]
+    assert core.estimator.prefill_time(len(long_) - core.prefill.best_hit("drone")) > LEVELS["urgent"].cutoff
+    core.submit(urgent)
+    drain(core, clock)
+    r = next(x for x in results if x.task_id == urgent.task_id)
+    assert r.status == TaskStatus.DONE and r.response_time < LEVELS["urgent"].cutoff, r.reason
+
+
 def test_preempt_audit_lists_the_tasks_the_policies_end_differently(tmp_path, monkeypatch):
     """bench.preempt_audit on the WID 1 trace at 2x the fleet: the tasks pud-shed, pud and edf-seg end differently,
     each with when its segments reached the robot, and what a task cut short by its robot's next one had earned."""

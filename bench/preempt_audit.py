@@ -55,9 +55,15 @@ def main() -> int:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
+    if not a.load > 0:
+        ap.error(f"--load must be > 0, got {a.load:g}")
+    try:
+        seeds = [int(x) for x in a.seeds.split(",")]
+    except ValueError:
+        ap.error(f"--seeds: a comma list of integers, got {a.seeds!r}")
     out = a.out or results_root() / "load_sweep" / "preempt-audit"
     out.mkdir(parents=True, exist_ok=True)
-    res = [audit(a.workload, a.load, a.scale, int(s)) for s in a.seeds.split(",")]
+    res = [audit(a.workload, a.load, a.scale, s) for s in seeds]
     cmd = (f"python -m bench.preempt_audit --workload {a.workload} --load {a.load:g} --scale {a.scale} "
            f"--seeds {a.seeds}")
     head = (["seed"] + [f"{p} U/beta all" for p in POLICIES]

@@ -56,7 +56,7 @@ class Overload:
 
     def admitted(self, g: Generation, now: float) -> None:
         """A new prompt joined the engine: it joins the prefill queue at its best case."""
-        n = len(g.req.prompt_token_ids) - self.prefill.best_hit_of(g.spec, g.warm_hit)
+        n = len(g.req.prompt_token_ids) - self.prefill.best_hit_of(g)
         self._queue.append([g.task_id, max(1, n), now])
 
     def fewest_tokens(self, robot_type: str, first: bool) -> int | None:
@@ -122,7 +122,7 @@ class Overload:
         for g in ranked():
             if g.k != 0:
                 continue  # a resumed generation's prefill is what was evicted: nothing, at best
-            own = self.prefill.best(g.spec, est, g.warm_hit)
+            own = self.prefill.best(g, est)
             left = ahead + own + self.tokens_best(g, 0) * step1
             if policy.hopeless(g, now, left, comm):
                 end_queued(g, self.overdue_reason(g, now, policy.name, "queued", left + comm))
@@ -161,8 +161,7 @@ class Overload:
         step1 = est.step_time(1)
         for q in cands:
             if q.k == 0:
-                own = self.prefill.best(q.spec, est, q.warm_hit)
-                best = now - q.arrival + own + self.tokens_best(q, 0) * step1 + self.comm_s
+                best = now - q.arrival + self.prefill.best(q, est) + self.tokens_best(q, 0) * step1 + self.comm_s
                 if q.tuf.tuf0(best) > 0.0 and (delay_s is None or q.tuf.tuf0(best + delay_s) < q.beta):
                     return True
         return False

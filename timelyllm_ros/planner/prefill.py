@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 
 from timelyllm_ros.domain.tokens import common_prefix_len
-from timelyllm_ros.domain.types import TaskSpec
+from timelyllm_ros.domain.types import Generation, TaskSpec
 from timelyllm_ros.engines.base import Engine
 from timelyllm_ros.engines.latency import LatencyEstimator
 
@@ -88,14 +88,14 @@ class PrefillModel:
         uncached = n if hit is None else max(1.0, n - hit)
         return est.prefill_time(int(uncached))
 
-    def best_hit_of(self, spec: TaskSpec, warm_hit: int | None = None) -> int:
+    def best_hit_of(self, g: Generation) -> int:
         """The most of this prompt the cache can hold: the largest hit its robot type has had, or the prefix it
         shares with a warmed prompt (:meth:`warm_hit`) where that is more. The robot type's hit alone is no
         best case for a prompt longer than those seen: an emergency's two evasion families make a ~1.9k-token
         prompt whose warmed prefix leaves ~95 tokens to compute, where the largest hit of the shorter prompts
         before it left ~445 (~0.26 s on a CPU), and pud-shed shed every urgent task the trace's events bring."""
-        return max(self.best_hit(spec.robot_type), warm_hit or 0)
+        return max(self.best_hit(g.robot_type), g.warm_hit or 0)
 
-    def best(self, spec: TaskSpec, est: LatencyEstimator, warm_hit: int | None = None) -> float:
+    def best(self, g: Generation, est: LatencyEstimator) -> float:
         """The least a new prompt's prefill can take: less the most of it the cache can hold (:meth:`best_hit_of`)."""
-        return est.prefill_time(max(1, self.prompt_tokens(spec) - self.best_hit_of(spec, warm_hit)))
+        return est.prefill_time(max(1, self.prompt_tokens(g.spec) - self.best_hit_of(g)))

@@ -192,11 +192,13 @@ class EmulatedDrone:
 
 @contextlib.contextmanager
 def emulated_drones(count: int, *, speed: float = 0.05, log_dir: str | Path | None = None,
-                    drop: dict[int, list[str]] | None = None, start_timeout_s: float = 30.0,
+                    drop: dict[int, list[str]] | None = None, late: dict[int, list[str]] | None = None,
+                    start_timeout_s: float = 30.0,
                     max_lifetime_s: float = 1800.0) -> Iterator[list[EmulatedDrone]]:
     """``count`` Tello emulators, each in its own namespace; everything is removed on exit, also on errors.
 
-    ``drop``: per drone index, ``WORD:N`` fault injections (see the emulator)."""
+    ``drop``: per drone index, ``WORD:N`` fault injections; ``late``: per drone index, ``WORD:SECONDS`` slow
+    replies (see the emulator)."""
     sweep_stale()
     tmp = None
     if log_dir is None:
@@ -216,6 +218,8 @@ def emulated_drones(count: int, *, speed: float = 0.05, log_dir: str | Path | No
                    "--max-lifetime", str(max_lifetime_s)]
             for spec in (drop or {}).get(d.index, []):
                 cmd += ["--drop", spec]
+            for spec in (late or {}).get(d.index, []):
+                cmd += ["--late", spec]
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                     env=_child_env())
             drones.append(EmulatedDrone(d, log_path, proc))

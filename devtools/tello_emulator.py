@@ -24,7 +24,9 @@ reply goes out; ``seq`` numbers the commands in the order they were received
 (``stop`` during a motion is answered first but received second).
 
 Fault injection for tests: ``drop`` ignores the first N packets of a command
-word (a lost UDP packet: the SDK client retries).
+word (a lost UDP packet: the SDK client retries); ``late`` sends every reply to a
+command word that many seconds late (a slow link or drone), holding the commands
+behind it.
 
 Run: ``python -m devtools.tello_emulator --speed 0.05 --log drone.jsonl``
 (prints ``ready <ip> <port>`` once it listens).
@@ -61,7 +63,8 @@ class TelloEmulator:
 
     def __init__(self, bind_ip: str = "0.0.0.0", port: int = CONTROL_PORT, *, state_port: int = STATE_PORT,
                  speed: float = 1.0, log_path: str | Path | None = None, battery: int = 87,
-                 drop: dict[str, int] | None = None, state_period_s: float = 0.1,
+                 drop: dict[str, int] | None = None, late: dict[str, float] | None = None,
+                 state_period_s: float = 0.1,
                  skill_set: SkillSet | str = "drone") -> None:
         if speed <= 0:
             raise ValueError(f"speed must be > 0, got {speed}")
@@ -69,6 +72,7 @@ class TelloEmulator:
         self.speed = speed
         self.battery = battery
         self.drop = dict(drop or {})
+        self.late = dict(late or {})
         self.state_period_s = state_period_s
         self.model = ExecTimeModel(load_skill_set(skill_set) if isinstance(skill_set, str) else skill_set, learn=False)
         self.log_path = Path(log_path) if log_path else None
@@ -171,6 +175,9 @@ class TelloEmulator:
             seq, cmd, addr = item
             self._interrupt.clear()
             reply = self._execute(cmd, addr)
+            delay = self.late.get(cmd.split(" ")[0], 0.0)
+            if delay > 0:
+                time.sleep(delay)
             self._record({"seq": seq, "cmd": cmd, "reply": reply})
             self._reply(addr, reply)
 
@@ -306,13 +313,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--battery", type=int, default=87)
     ap.add_argument("--skills", default="drone", help="skill set whose execution-time models time the motions")
     ap.add_argument("--drop", action="append", default=[], help="WORD:N ignore the first N packets of WORD")
+    ap.add_argument("--late", action="append", default=[], help="WORD:S send every reply to WORD S seconds late")
     ap.add_argument("--max-lifetime", type=float, default=3600.0, help="exit after this many seconds (a bound)")
     a = ap.parse_args(argv)
     drop = {}
     for d in a.drop:
         w, _, n = d.partition(":")
         drop[w] = int(n or 1)
-    emu = TelloEmulator(a.bind, a.port, speed=a.speed, log_path=a.log, battery=a.battery, drop=drop,
+    late = {}
+    for d in a.late:
+        w, _, sec = d.partition(":")
+        late[w] = float(sec)
+    emu = TelloEmulator(a.bind, a.port, speed=a.speed, log_path=a.log, battery=a.battery, drop=drop, late=late,
                         skill_set=a.skills).start()
     print(f"ready {a.bind} {a.port}", flush=True)
     try:

@@ -154,10 +154,11 @@ def test_the_emulator_hovers_wherever_sdk_stop_cuts_a_take_off_a_move_or_a_landi
             for cmd, timeout in (("takeoff", 20), ("forward 100", 10), ("land", 10)):
                 t, out = _in_thread(lambda cmd=cmd, timeout=timeout: tello.send_control_command(cmd, timeout))
                 time.sleep(0.5)
-                tello.send_command_without_return("stop")
+                backend.halt()  # SDK 'stop'
                 t.join(15)
                 assert out.get("value") is True, (cmd, out)  # the cut command is over: 'ok'
-                backend.clear_replies()  # the 'ok' of 'stop' itself
+                backend.clear_replies()  # the other 'ok' ('stop' and the cut command are both answered)
+                backend.resume()
                 dm = int(tello.send_read_command("height?").removesuffix("dm"))
                 assert 0 < dm < 8 or cmd != "takeoff", (cmd, dm)  # part of the way up (80 cm)
                 # hovering in the air: a move is accepted (it is refused on the ground: 'error Not flying')
@@ -210,6 +211,29 @@ def test_a_preemption_during_the_take_off_leaves_a_hovering_drone_that_evades_at
         assert cmds[5] == "up 100" and cmds.count("takeoff") == 1
         assert cmds[cmds.index("forward 200") + 1] == "stop" and "cw 90" in cmds
         assert all(e["reply"] == "ok" for e in drone.log() if e["cmd"] in ("up 100", "cw 90"))
+
+
+def test_the_reply_a_stop_leaves_over_never_answers_the_next_command_even_when_it_comes_late():
+    """CI on a busy machine: the 'ok' of the take-off a 'stop' cut came after the backend's next command,
+    ``height?``, went out, and answered it ('answered 'ok', not a height'). The emulator here sends every
+    take-off reply 0.3 s late, so it comes after 'stop's own 'ok' every time."""
+    with emulated_drones(1, speed=SLOW, late={0: ["takeoff:0.3"]}) as (drone,):
+        backend = TelloBackend(drone.host, time_scale=SLOW)
+        try:
+            backend.connect()
+            t, out = _in_thread(backend.takeoff)
+            time.sleep(0.8)  # part of the way up
+            backend.halt()
+            t.join(15)
+            assert "error" not in out, out
+            assert backend.flying  # asks height?: the late 'ok' must not answer it
+            backend.resume()
+            backend.move("up", 20)
+        finally:
+            backend.close()
+        log = drone.log()
+        assert [e["cmd"] for e in log][2:6] == ["takeoff", "stop", "height?", "up 20"], log
+        assert next(e for e in log if e["cmd"] == "height?")["reply"].endswith("dm")
 
 
 def test_a_take_off_cut_near_the_ground_takes_off_again_before_the_evasion():

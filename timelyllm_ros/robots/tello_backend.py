@@ -58,11 +58,12 @@ class TelloBackend:
 
     def __init__(self, host: str, *, retry_count: int = Tello.RETRY_COUNT, time_scale: float = 1.0,
                  timeout_margin_s: float = 2.0, min_timeout_s: int = 1, takeoff_timeout_s: int = Tello.TAKEOFF_TIMEOUT,
-                 skillset: SkillSet | str = "drone") -> None:
+                 skillset: SkillSet | str = "drone", reply_drain_s: float = 1.0) -> None:
         """``time_scale``: expected durations are multiplied by it (an emulator run faster than real time);
         a command's reply timeout is ``expected * time_scale + timeout_margin_s`` seconds (at least
         ``min_timeout_s``); ``skillset``: whose execution-time models give the expected durations (a motion
-        no skill performs gets djitellopy's fixed timeout)."""
+        no skill performs gets djitellopy's fixed timeout); ``reply_drain_s``: how long the next command waits
+        for a reply a ``stop`` still owes (see :meth:`clear_replies`)."""
         if retry_count < 1:
             raise ValueError(f"retry_count must be >= 1, got {retry_count}")
         if time_scale <= 0:
@@ -72,6 +73,7 @@ class TelloBackend:
         self.timeout_margin_s = timeout_margin_s
         self.min_timeout_s = min_timeout_s
         self.takeoff_timeout_s = takeoff_timeout_s
+        self.reply_drain_s = reply_drain_s
         try:
             self.tello = Tello(host=host, retry_count=retry_count)
         except OSError as e:  # the process-wide reply socket: one process per host serves every drone
@@ -87,6 +89,9 @@ class TelloBackend:
         self._in_flight: str | None = None
         self._halted = False
         self._cut = False  # a halt came while the command in flight ran
+        # Replies the drone still owes for the 'stop's halt() sent: each 'stop' is answered, and so is the command
+        # it cut; the cut command's thread takes whichever comes first, so one reply per 'stop' is left over.
+        self._owed = 0
         self.connected = False
         self._heard: float | None = None  # monotonic time of the latest reply or new state packet
         self._state_seen: object = None  # the state dict last seen by link_state (djitellopy replaces it per packet)
@@ -195,6 +200,7 @@ class TelloBackend:
         with self._state_lock:
             self._halted = True
             self._cut = self._in_flight is not None
+            self._owed += 1
         self.tello.send_command_without_return("stop")
 
     def resume(self) -> None:
@@ -237,11 +243,19 @@ class TelloBackend:
 
     def clear_replies(self) -> None:
         """Drop the drone's replies not read yet (djitellopy queues them per address): a reply still queued, such
-        as the 'ok' of a 'stop', would otherwise answer the next command."""
+        as the 'ok' of a 'stop', would otherwise answer the next command. A reply a 'stop' still owes is waited
+        for first (at most ``reply_drain_s``): one that came after the next command went out would answer it,
+        e.g. a ``height?`` with 'ok' (a drone slow to answer the command it cut, or a busy host)."""
+        with self._state_lock:
+            owed, self._owed = self._owed, 0
         try:
-            self.tello.get_own_udp_object()["responses"].clear()
+            responses = self.tello.get_own_udp_object()["responses"]
         except KeyError:
-            pass
+            return
+        deadline = time.monotonic() + self.reply_drain_s
+        while len(responses) < owed and time.monotonic() < deadline:
+            time.sleep(0.005)
+        responses.clear()
 
     def _command(self, cmd: str, timeout: int) -> bool:
         """Send and wait for 'ok'; True when a :meth:`halt` came while it was in flight (it was cut)."""

@@ -243,8 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(drone-wid2, robotarm-fltrnn) or a trace folder")
     p.add_argument("--policies", default=DEFAULT_POLICIES)
     p.add_argument("--admission", default="auto",
-                   help="auto | adaptive | adaptive-cutoff | a fixed batch cap (e.g. 8); a comma list runs every "
-                        "policy under each, side by side")
+                   help="auto | adaptive | adaptive-tuf | adaptive-ert | adaptive-cutoff | a fixed batch cap (e.g. 8); "
+                        "a comma list runs every policy under each, side by side")
     p.add_argument("--name", help="results sub-folder name")
     common(p)
     p.set_defaults(fn=cmd_sim)

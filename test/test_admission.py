@@ -31,6 +31,8 @@ def view(running, now=0.0):
 
 def test_names_and_modes():
     assert make_admission("adaptive").name == "adaptive"
+    assert make_admission("adaptive-tuf").name == "adaptive-tuf" and make_admission("adaptive-tuf").weigh
+    assert not make_admission("auto", segmented=True).weigh and not make_admission("adaptive-ert").weigh
     assert make_admission("adaptive").mode == "protect"
     assert make_admission("adaptive-cutoff").mode == "cutoff"
     assert make_admission("adaptive-cutoff").name == "adaptive-cutoff"
@@ -153,6 +155,80 @@ def test_burst_urgent_first_segments_meet_ert_with_normals_in_the_queue():
         assert first_ready[t] + 0.008 - 0.001 * int(t[1]) <= LEVELS["urgent"].ert
     for t in ("t0", "t3", "t4", "t5", "t6", "t7"):
         assert first_ready[t] + 0.008 - 0.001 * int(t[1]) <= LEVELS["normal"].ert
+
+
+def test_weighing_the_tufs_lets_two_of_five_simultaneous_urgent_prompts_go_first():
+    """5 urgent goals at once, each ~70 ms of prefill: on the deadlines alone they tie, so none blocks another and
+    all share one long prefill step. Weighed, a third joining would push the two admitted past their deadline
+    by more than waiting costs it."""
+    est = LatencyEstimator(decode_s=0.02, slope_s=0.001, prefill_s_per_token=0.0008)
+    burst = [gen("urgent", seq=i, tok=6.0, prefill=0.075) for i in range(5)]
+    for weigh, taken in ((False, 5), (True, 2)):
+        adm, running = LatencyGuided(weigh=weigh), []
+        for g in burst:
+            if adm.admit(AdmissionView(running, 0.005, 0.008, 0.1, est), g):
+                running.append(g)
+        assert len(running) == taken, weigh
+    # in series, the third's decode no longer runs beside theirs: tasks waiting behind it near their deadline
+    # start that much later, and weigh for joining now
+    behind = [gen("normal", arrival=-0.6, seq=10 + i, tok=8.0) for i in range(3)]
+    assert not LatencyGuided(weigh=True).admit(AdmissionView(burst[:2], 0.005, 0.008, 0.1, est, burst[2:]), burst[2])
+    assert LatencyGuided(weigh=True).admit(AdmissionView(burst[:2], 0.005, 0.008, 0.1, est, burst[2:] + behind),
+                                           burst[2])
+    # a candidate that cannot earn either way is no reason to refuse, nor are running ones past their cut-off
+    late = gen("urgent", arrival=-0.6, seq=9, tok=6.0, prefill=0.075)
+    assert LatencyGuided(weigh=True).admit(AdmissionView(burst[:2], 0.005, 0.008, 0.1, est), late)
+    assert LatencyGuided(weigh=True).admit(AdmissionView([late], 0.005, 0.008, 0.1, est), burst[0])
+
+
+def _five_urgent_at_once(policy: str, admission: str) -> dict[str, float]:
+    """Response times of 5 urgent goals that arrive together at a CPU-like simulated engine whose prefix cache
+    holds their shared prompt prefix (each prompt has ~90 tokens of its own to prefill)."""
+    from timelyllm_ros.domain.tuf import TimeUtility
+
+    clock = SimClock()
+    first: dict[str, float] = {}
+    eng = SimEngine(SimEngineConfig(decode_s=0.02, batch_slowdown=0.05, prefill_s_per_token=0.0008))
+    core = PlannerCore(eng, make_policy(policy), clock, admission=admission,
+                       on_segment=lambda t, s: first.setdefault(t.task_id, clock.now()))
+    shared = list(range(100, 1900))
+
+    def drive():
+        for _ in range(5000):
+            rep = core.start_step()
+            if rep is None:
+                w = core.next_wakeup()
+                if w is None:
+                    return
+                clock.set(max(w, clock.now()))
+                continue
+            clock.advance(rep.duration_s)
+            core.complete_step(rep)
+
+    # warm the cache with a relaxed task, as the planner warms each robot type's prompts at start-up
+    core.submit(TaskSpec(robot_id="w", prompt="p", tuf=TimeUtility(alpha=-0.1, beta=1.0, ert=5.0), task_id="warm",
+                         arrival=0.0, prompt_token_ids=shared + [9] * 90, extra={"plan_text": "mb(100);"}))
+    drive()
+    core.prefill.note_warm_prompt("drone", shared + [9] * 90)
+    t0 = clock.now() + 1.0
+    clock.set(t0)
+    for i in range(5):
+        core.submit(TaskSpec(robot_id=f"r{i}", prompt="p", tuf=LEVELS["urgent"], task_id=f"t{i}", arrival=t0,
+                             prompt_token_ids=shared + [i] * 90, extra={"plan_text": "mb(100);mf(50);"}))
+    clock.set(t0 + 0.005)
+    drive()
+    return {t: v - t0 for t, v in first.items() if t != "warm"}
+
+
+def test_pud_shed_serves_two_of_five_simultaneous_urgent_goals_in_time_where_one_shared_step_lost_all():
+    tuf = LEVELS["urgent"]
+    weighed = _five_urgent_at_once("pud-shed", "adaptive-tuf")
+    alone = _five_urgent_at_once("pud-shed", "auto")
+    assert len(weighed) == 2 and all(tuf.tuf0(t) > 0.5 * tuf.beta for t in weighed.values()), weighed
+    assert alone == {}  # all five in one step: none can make the cut-off, all shed
+    # a policy that does not shed serves all five near the cut-off
+    edf = _five_urgent_at_once("edf-seg", "auto")
+    assert len(edf) == 5 and all(0 <= tuf.tuf0(t) < 0.1 * tuf.beta for t in edf.values()), edf
 
 
 # -- the step-time estimate --------------------------------------------------------------------------------

@@ -303,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fleet-time-scale", type=float, default=1.0, help="robot execution time factor")
     ap.add_argument("--admission", default="auto",
                     help="'auto' (latency-guided for segmented policies, vLLM's cap of 256 for fcfs and "
-                         "fcfs-stream, as in the simulator), 'latency' or a fixed batch cap")
+                         "fcfs-stream, as in the simulator), 'latency', 'adaptive-tuf' (weighing the TUFs of "
+                         "simultaneous first segments) or a fixed batch cap")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--out", default="", help="results folder (default out/demo/<time>)")

@@ -17,6 +17,7 @@ Fixed caps (1..16) are the comparison of paper Fig. 7.
 from __future__ import annotations
 
 import abc
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,7 @@ class AdmissionView:
     comm_s: float
     kv_usage: float  # 0..1
     estimator: LatencyEstimator
+    waiting: Sequence[Generation] = ()  # the candidates not admitted yet (weighing, see LatencyGuided)
 
 
 class Admission(abc.ABC):
@@ -98,6 +100,27 @@ class LatencyGuided(Admission):
     prompts step after step. A prompt is never held back when nothing else is prefilling (a long one still
     goes through, alone).
 
+    ``weigh=True`` (protect mode; admission ``adaptive-tuf``, opt-in) also weighs the TUFs among *peers*, first
+    segments of the same TUF: a first-segment candidate c may not join when the utility the running peers at
+    least as urgent as c (a tie counts) would lose by its joining exceeds what waiting for their segments costs
+    c and the work waiting behind it. Each loss is a TUF's slope times the lateness added between its deadline
+    and its cut-off (:func:`_lost`: past the cut-off a shedding policy drops the task, so lateness there costs
+    nothing); the work behind (tasks of other TUFs, later segments; at most :data:`WEIGH_WAITING` of them) is
+    delayed by c's decode, which runs alone instead of beside the peers'. Why: deadlines that tie never block
+    one another, so 5 urgent goals arriving together are prefilled in one step and all come at the cut-off;
+    weighed, they go in smaller groups and those that cannot earn are shed (bench/results/urgent_burst/five-weighed:
+    pud-shed's five urgent tasks U/beta +0.31 against -0.05, the same run). Why peers only, and the work behind:
+    weighed against every more urgent generation, or without the work behind, the simulated WID 1 trace at 2x
+    the fleet lost 0.016 normal U/beta to the serial decode (pud-shed then behind pud). Why opt-in: it is only
+    as good as the estimates it weighs. In the demo at the paper's TUFs (3 interleaved pairs) pud-shed's urgent
+    U/beta was 0.235 / 0.304 / 0.340 with it against 0.433 / 0.371 / 0.327 without: there the step-time
+    estimate (decode 16-25 ms a token, prefill 1.2-1.3 ms a prompt token, with the ROS nodes on the same 2
+    cores; 7.0 and 0.77 in the burst benchmark) made a shared step look dearer than it was, so it held back
+    goals that one shared step served at ~0.3 s, and shedding then dropped them
+    (bench/results/demo_cpu/weigh_ab). Under a policy that does not shed, weighing against every more urgent
+    generation lost in an overloaded engine (simulated WID 2 trace on this CPU's fitted step model: edf-seg
+    all-tasks U/beta -0.26 against -0.12).
+
     ``mode="cutoff"`` (the previous rule, kept for comparison): refuse only when a
     running generation that can still finish before its TUF *cutoff* at the
     current batch size could not with c; already-late ones do not constrain.
@@ -107,7 +130,7 @@ class LatencyGuided(Admission):
 
     def __init__(self, lmax: dict[str, int] | None = None, default_lmax: int = 10,
                  kv_high: float = 0.95, hard_cap: int = 256, mode: str = "protect", worst_case: bool = False,
-                 prefill_step_s: float | None = None) -> None:
+                 prefill_step_s: float | None = None, weigh: bool = False) -> None:
         if mode not in self.MODES:
             raise ValueError(f"LatencyGuided mode must be one of {self.MODES}, got {mode!r}")
         if prefill_step_s is not None and not prefill_step_s > 0:
@@ -118,7 +141,8 @@ class LatencyGuided(Admission):
         self.kv_high, self.hard_cap = kv_high, hard_cap
         self.mode = mode
         self.worst_case = worst_case
-        self.name = "adaptive" if mode == "protect" else f"adaptive-{mode}"
+        self.weigh = weigh
+        self.name = f"adaptive-{mode}" if mode != "protect" else "adaptive-tuf" if weigh else "adaptive"
 
     def admit(self, view: AdmissionView, cand: Generation) -> bool:
         running = view.running
@@ -147,32 +171,70 @@ class LatencyGuided(Admission):
                 and now + pending + t_now + c_gen <= c_dl:
             return False  # the next decision takes it, and a step in between stays short
         worst = self.worst_case
+        weigh = self.weigh and cand.k == 0
+        c_tuf = cand.tuf
+        loss = 0.0  # utility the generations at least as urgent as c lose if it joins now (weigh)
+        c_start = now + pending  # when c would start if it waited for them (weigh)
         for g in running:
             dl = g.deadline() - comm
-            if dl >= c_dl:
+            peer = weigh and g.k == 0 and g.tuf == c_tuf  # a first segment of the same TUF as c's
+            if dl > c_dl or (dl == c_dl and not peer):
                 continue  # g is not more urgent than the candidate
             if worst:
                 left = max(1, lmax.get(g.robot_type, dflt) - g.seg_tokens())
             else:
                 left = max(1.0, g.tok_est - g.seg_tokens())
-            if now + pending + extra + left * t_more > dl and now + pending + left * t_now + c_gen <= c_dl:
+            end_with = now + pending + extra + left * t_more
+            end_without = now + pending + left * t_now
+            if dl < c_dl and end_with > dl and end_without + c_gen <= c_dl:
                 return False
+            if peer:
+                loss += _lost(g, dl, end_without, end_with)
+                c_start = max(c_start, end_without)
+        if loss > 0.0:
+            gain = _lost(cand, c_dl, now + pending + c_gen, c_start + c_gen)
+            if loss > gain:
+                # Served in series, c's segment is decoded alone, not beside theirs: the work waiting behind
+                # (tasks of other TUFs, later segments) starts that much later.
+                delay = cand.tok_est * t_now
+                after = c_start + c_gen
+                for w in itertools.islice(view.waiting, WEIGH_WAITING):
+                    if w is cand or (w.k == 0 and w.tuf == c_tuf):
+                        continue
+                    w_end = after + (w.prefill_est_s if w.k == 0 else 0.0) + w.tok_est * t_now
+                    gain += _lost(w, w.deadline() - comm, w_end, w_end + delay)
+                    if gain >= loss:
+                        break
+            if loss > gain:
+                return False  # waiting costs c and the work behind it less than joining now costs them
         return True
 
     def max_batch(self) -> int:
         return self.hard_cap
 
 
+def _lost(g: Generation, dl: float, early: float, late: float) -> float:
+    """Utility ``g`` (deadline ``dl``, hop already taken off) loses when its segment ends at ``late`` instead of
+    ``early``: its TUF's slope times the lateness added between its deadline and its cut-off (zero utility).
+    Past the cut-off nothing more is counted: a generation that earns nothing either way is no reason to keep
+    one that still can waiting, nor one to let it jump ahead."""
+    cut = dl - g.beta / g.alpha
+    return -g.alpha * (min(max(late, dl), cut) - min(max(early, dl), cut))
+
+
+WEIGH_WAITING = 256  # waiting tasks weighing looks at per decision (bounded time on the engine's hot path)
 VLLM_MAX_NUM_SEQS = 256  # vLLM's default batch limit: what a vLLM-style baseline admits (then KV memory bounds it)
-ADMISSIONS = "'auto', 'adaptive' (= 'latency'), 'adaptive-cutoff' or a fixed batch cap such as 8"
+ADMISSIONS = ("'auto', 'adaptive' (= 'latency', 'adaptive-ert'), 'adaptive-tuf', 'adaptive-cutoff' or a fixed batch "
+              "cap such as 8")
 
 
 def make_admission(spec: str | int, *, segmented: bool | None = None, **kw: Any) -> Admission:
     """``"auto"``: latency-guided for the segmented policies, vLLM's own admission (a cap of
     :data:`VLLM_MAX_NUM_SEQS`) for the unsegmented vLLM-style baselines, so a baseline is admitted the
     same way in simulation and on the real engine (``segmented``: the policy's, required for auto).
-    ``"adaptive"`` (deadline-protecting), ``"adaptive-cutoff"`` (the previous rule) or a fixed cap
-    (``8`` / ``"cap8"`` / ``"8"``)."""
+    ``"adaptive"`` (= ``"adaptive-ert"``): deadline-protecting; ``"adaptive-tuf"``: the same, also weighing the
+    TUFs among simultaneous first segments (opt-in, see :class:`LatencyGuided`); ``"adaptive-cutoff"``: the rule
+    before; or a fixed cap (``8`` / ``"cap8"`` / ``"8"``)."""
     if isinstance(spec, int) and not isinstance(spec, bool):
         return FixedCap(spec, **kw)
     s = str(spec).strip().lower()
@@ -180,8 +242,10 @@ def make_admission(spec: str | int, *, segmented: bool | None = None, **kw: Any)
         if segmented is None:
             raise ValueError("admission 'auto' depends on the policy: say whether it is segmented")
         return LatencyGuided(**kw) if segmented else FixedCap(VLLM_MAX_NUM_SEQS, **kw)
-    if s in ("adaptive", "latency", "latency-guided"):
+    if s in ("adaptive", "adaptive-ert", "latency", "latency-guided"):
         return LatencyGuided(**kw)
+    if s in ("adaptive-tuf", "tuf"):
+        return LatencyGuided(weigh=True, **kw)
     if s in ("adaptive-cutoff", "cutoff"):
         return LatencyGuided(mode="cutoff", **kw)
     s = s.removeprefix("cap")

@@ -577,7 +577,7 @@ class PlannerCore:
         picked: list[Generation] = []
         if room > 0 and q.cands:
             view = AdmissionView(list(q.running.values()), now, self.cfg.comm_s, self.engine.stats().kv_cache_usage,
-                                 self.estimator)
+                                 self.estimator, q.cands.values())
             while True:
                 # Admit in the policy's order while the batch has room and admission takes them, ranking only as
                 # many as could join (cheaper than a full sort), and again if all were taken.

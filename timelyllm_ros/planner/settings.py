@@ -26,7 +26,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("engine_config", "engine_vllm_cpu.yaml",
             "engine YAML (file name in config/ or a path); loaded at configure"),
     Setting("admission", "auto", "'auto' (latency-guided for segmented policies, vLLM's cap of 256 for the fcfs "
-            "baselines), 'latency' (latency-guided) or a fixed batch cap"),
+            "baselines), 'latency' (latency-guided), 'adaptive-tuf' (latency-guided, weighing the TUFs of "
+            "simultaneous first segments: opt-in, see planner/admission.py) or a fixed batch cap"),
     Setting("prefill_step_ms", 0.0, "latency-guided admission: the prefill one step may carry, ms of estimated "
             "prefill, so a step in flight delays an urgent goal less (0 = off, the default: it costs throughput "
             "under load)", 0.0, 10_000.0),

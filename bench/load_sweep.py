@@ -77,8 +77,10 @@ def burst_workload(max_per_event: int, seed: int) -> Workload:
 
 
 def run_point(wl: Workload, policy: str, args: argparse.Namespace) -> dict[str, Any]:
-    """One simulation: U/beta all per urgency level and overall, and how tasks ended."""
-    res = run_policy(wl, policy, None, args)
+    """One simulation: U/beta all per urgency level and overall, and how tasks ended. ``policy@admission`` (e.g.
+    ``pud-shed@adaptive-tuf``) runs the policy under that admission instead of its own ('auto')."""
+    name, _, admission = policy.partition("@")
+    res = run_policy(wl, name, admission or None, args)
     rows = {r.group: r for r in metrics.summarize(res.records)}
     out: dict[str, Any] = {"n": rows["all"].n, "statuses": rows["all"].statuses}
     for lvl in LEVELS:
@@ -415,7 +417,8 @@ def add_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> N
     p.add_argument("--workloads", default="wid1,wid2,wid3",
                    help="comma list: wid2 (the published trace), wid1/wid3 (generated), a trace name or folder")
     p.add_argument("--policies", default=DEFAULT_POLICIES,
-                   help="comma list; the first is compared (paired) with those of --compare")
+                   help="comma list; the first is compared (paired) with those of --compare; policy@admission runs a "
+                        "policy under another admission (e.g. pud-shed@adaptive-tuf)")
     p.add_argument("--compare", default=",".join(COMPARED),
                    help="comma list: the policies the table compares the first one with (paired per seed; "
                         "results.json holds every pair)")

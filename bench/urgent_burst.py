@@ -34,7 +34,7 @@ from timelyllm_ros.domain.types import TaskSpec
 from timelyllm_ros.engines.factory import planner_engine
 from timelyllm_ros.engines.latency import LatencyEstimator
 from timelyllm_ros.engines.prompts import PromptRenderer
-from timelyllm_ros.planner.admission import LatencyGuided
+from timelyllm_ros.planner.admission import LatencyGuided, make_admission
 from timelyllm_ros.planner.core import PlannerCore
 from timelyllm_ros.planner.policies import make_policy
 from timelyllm_ros.planner.warmup import warm_up
@@ -61,11 +61,14 @@ def _text(task_input: str, n: int) -> str:
 
 class Run:
     def __init__(self, engine, renderer: PromptRenderer, policy: str, budget_s: float | str | None,
-                 estimator: LatencyEstimator) -> None:
+                 estimator: LatencyEstimator, admission: str = "auto") -> None:
         self.first: dict[str, float] = {}
         pol = make_policy(policy)
         # budget_s: "default" = the admission the planner uses (LatencyGuided's default budget), None = no budget
-        adm = "auto" if budget_s == "default" or not pol.segmented else LatencyGuided(prefill_step_s=budget_s)
+        adm: str | LatencyGuided = admission
+        if budget_s != "default" and pol.segmented:
+            adm = make_admission(admission, segmented=True)
+            adm.prefill_step_s = budget_s
         self.core = PlannerCore(engine, pol, RealClock(), admission=adm, on_segment=self._on_segment,
                                 estimator=estimator)
         self.renderer = renderer
@@ -114,6 +117,9 @@ def main() -> None:
                     help="comma list: admission's prefill budget per step (LatencyGuided prefill_step_s; "
                          "'default' = the planner's, 'off' = none), each run side by side; only the segmented "
                          "policies use it")
+    ap.add_argument("--admissions", default="auto",
+                    help="comma list of admissions (make_admission: auto, adaptive-ert, adaptive-tuf, ...), each run "
+                         "side by side; only the segmented policies use them")
     ap.add_argument("--scenarios", default=DEFAULT_SCENARIOS, help=f"comma list of {', '.join(SCENARIOS)}")
     ap.add_argument("--out", default="bench/results/urgent_burst")
     args = ap.parse_args()
@@ -128,17 +134,21 @@ def main() -> None:
     rows: list[dict] = []
     budgets = [None if b == "off" else b if b == "default" else float(b) / 1000
                for b in args.prefill_step_ms.split(",")]
-    configs = [(p, b) for p in policies for b in budgets if b == "default" or make_policy(p).segmented]
+    admissions = [a for a in args.admissions.split(",") if a]
+    configs = [(p, b, a) for p in policies for b in budgets for a in admissions
+               if (b == "default" and a == admissions[0]) or make_policy(p).segmented]
     prompts, burst = renderer.warm_up_prompts(["drone"])
     warmed = False
     # One step-time estimate for every run, learned as a long-running planner's is (a fresh one starts from
     # the engine's fitted step model); repetition -1 only teaches it and is not reported.
     estimator = LatencyEstimator.for_engine(engine)
     for rep in range(-1, args.reps):
-        for pol, budget in configs:
-            run = Run(engine, renderer, pol, budget, estimator)
+        for pol, budget, adm in configs:
+            run = Run(engine, renderer, pol, budget, estimator, adm)
             label = (pol if budget == "default" or not make_policy(pol).segmented else
                      f"{pol} no prefill budget" if budget is None else f"{pol} prefill<={budget * 1000:g}ms")
+            if adm != admissions[0] and make_policy(pol).segmented:
+                label += f" {adm}"
             if not warmed:  # one engine for every run: the prefix cache holds the shared prompts throughout
                 warm_up(run.core, prompts, burst, extra=renderer.warm_up_extra)
                 warmed = True
@@ -175,7 +185,7 @@ def main() -> None:
                 print(f"[urgent_burst] rep {rep} {label:28s} {sc:9s} {u.name:20s} {ms:7.0f} ms", flush=True)
                 run.drain()
     engine.close()
-    _report(rows, args)
+    _report(rows, args, estimator.describe())
 
 
 def _five(run: Run, urgent: list, seq: itertools.count, rep: int, label: str) -> list[dict]:
@@ -194,7 +204,26 @@ def _five(run: Run, urgent: list, seq: itertools.count, rep: int, label: str) ->
              "first_segment_ms": x if x != float("inf") else float("nan")} for i, x in enumerate(ms)]
 
 
-def _report(rows: list[dict], args: argparse.Namespace) -> None:
+def _five_utility(rows: list[dict]) -> list[str]:
+    """The five urgent tasks' mean U/beta under the paper's urgent TUF, per run (a shed task earns 0)."""
+    tuf = LEVELS["urgent"]
+    per: dict[str, dict[int, list[float]]] = {}
+    for r in rows:
+        if r["scenario"].startswith("five #"):
+            x = r["first_segment_ms"]
+            u = 0.0 if x != x else tuf.tuf0(x / 1000) / tuf.beta
+            per.setdefault(r["policy"], {}).setdefault(r["rep"], []).append(u)
+    if not per:
+        return []
+    out = ["", "The five urgent tasks' U/beta (mean of the 5; a task with no segment earns 0), median over runs "
+           "(each run's value in brackets):", "", "| policy | five U/beta |", "|---|---|"]
+    for p, reps in per.items():
+        means = [statistics.mean(v) for _, v in sorted(reps.items())]
+        out.append(f"| {p} | {statistics.median(means):+.3f} ({', '.join(f'{m:+.3f}' for m in means)}) |")
+    return out
+
+
+def _report(rows: list[dict], args: argparse.Namespace, est: dict) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     policies = list(dict.fromkeys(r["policy"] for r in rows))
@@ -206,6 +235,7 @@ def _report(rows: list[dict], args: argparse.Namespace) -> None:
              f"Command: `python -m bench.urgent_burst --reps {args.reps} --policies {args.policies} "
              f"--lag-ms {args.lag_ms:g} --prefill-step-ms {args.prefill_step_ms}"
              + ("" if args.scenarios == DEFAULT_SCENARIOS else f" --scenarios {args.scenarios}")
+             + ("" if args.admissions == "auto" else f" --admissions {args.admissions}")
              + f" --out {args.out}`", "",
              "Median ms from the urgent goal's arrival at the core to its first segment (each run's value in "
              "brackets; *no segment*: the policy shed the task, or none came within 20 s). The paper's urgent "
@@ -219,8 +249,12 @@ def _report(rows: list[dict], args: argparse.Namespace) -> None:
             runs = ", ".join(f"{x:.0f}" if x == x else "no segment" for x in v)
             cells.append(f"{statistics.median(ok):.0f} ({runs})" if ok else f"- ({runs})")
         lines.append(f"| {p} | " + " | ".join(cells) + " |")
+    lines += _five_utility(rows)
+    lines += ["", f"The step-time estimate admission and shedding ran on, at the end (seeded from {est['seed']}): "
+              f"decode {est['decode_ms_b1']:.1f} ms a token at batch 1, prefill {est['prefill_ms_per_token']:.3f} ms "
+              f"a prompt token ({est['decode_samples']} decode and {est['prefill_samples']} prefill steps kept)."]
     (out / "results.md").write_text("\n".join(lines) + "\n")
-    (out / "results.json").write_text(json.dumps({"args": vars(args), "runs": rows}, indent=1))
+    (out / "results.json").write_text(json.dumps({"args": vars(args), "runs": rows, "estimate": est}, indent=1))
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -88,3 +88,25 @@ def test_shed_audit_lists_each_shed_task_with_what_pud_made_of_it(tmp_path):
         assert r["earns"] == (r["pud_status"] == "done" and (r["pud_u_beta"] or 0) > 0)
     assert (out / "shed_audit.md").read_text().startswith("# Shed audit")
     assert len((out / "shed_audit.csv").read_text().splitlines()) == 1 + pt["shed"]
+
+
+
+def test_a_policy_runs_under_the_admission_its_name_gives(monkeypatch):
+    import argparse
+
+    import bench.load_sweep as ls
+
+    seen, real = [], ls.run_policy
+
+    def spy(wl, policy, admission, args):
+        res = real(wl, policy, admission, args)
+        seen.append((res.policy, res.admission))
+        return res
+
+    monkeypatch.setattr(ls, "run_policy", spy)
+    wl0 = load_workload("wid2")
+    wl = Workload("w", wl0.jobs[:6], wl0.config)
+    args = argparse.Namespace(seed=0, context_tokens=64, resume_lead=0.1)
+    ls.run_point(wl, "pud-shed@adaptive-tuf", args)
+    ls.run_point(wl, "pud-shed", args)
+    assert seen == [("pud-shed", "adaptive-tuf"), ("pud-shed", "adaptive")]

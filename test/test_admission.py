@@ -128,6 +128,20 @@ def test_resumed_segment_with_tight_slack_is_not_starved():
     assert LatencyGuided().admit(view([urgent], now=0.01), resumed)
 
 
+def _drive(core: PlannerCore, clock: SimClock, steps: int = 5000) -> None:
+    """Run the core on its simulated engine until nothing is left to do."""
+    for _ in range(steps):
+        rep = core.start_step()
+        if rep is None:
+            w = core.next_wakeup()
+            if w is None:
+                return
+            clock.set(max(w, clock.now()))
+            continue
+        clock.advance(rep.duration_s)
+        core.complete_step(rep)
+
+
 def test_burst_urgent_first_segments_meet_ert_with_normals_in_the_queue():
     """A burst of 2 urgent + 6 normal tasks on an idle engine: the normals' prefills wait."""
     clock = SimClock()
@@ -141,16 +155,7 @@ def test_burst_urgent_first_segments_meet_ert_with_normals_in_the_queue():
                              prompt_token_ids=list(range(100, 400)) + [i] * 16 + ctx,
                              extra={"plan_text": "tc(30);mf(50);"}))
     clock.set(0.008)  # the whole burst is queued before the first decision
-    for _ in range(2000):
-        rep = core.start_step()
-        if rep is None:
-            w = core.next_wakeup()
-            if w is None:
-                break
-            clock.set(max(w, clock.now()))
-            continue
-        clock.advance(rep.duration_s)
-        core.complete_step(rep)
+    _drive(core, clock)
     for t in ("t1", "t2"):
         assert first_ready[t] + 0.008 - 0.001 * int(t[1]) <= LEVELS["urgent"].ert
     for t in ("t0", "t3", "t4", "t5", "t6", "t7"):
@@ -193,22 +198,10 @@ def _five_urgent_at_once(policy: str, admission: str) -> dict[str, float]:
                        on_segment=lambda t, s: first.setdefault(t.task_id, clock.now()))
     shared = list(range(100, 1900))
 
-    def drive():
-        for _ in range(5000):
-            rep = core.start_step()
-            if rep is None:
-                w = core.next_wakeup()
-                if w is None:
-                    return
-                clock.set(max(w, clock.now()))
-                continue
-            clock.advance(rep.duration_s)
-            core.complete_step(rep)
-
     # warm the cache with a relaxed task, as the planner warms each robot type's prompts at start-up
     core.submit(TaskSpec(robot_id="w", prompt="p", tuf=TimeUtility(alpha=-0.1, beta=1.0, ert=5.0), task_id="warm",
                          arrival=0.0, prompt_token_ids=shared + [9] * 90, extra={"plan_text": "mb(100);"}))
-    drive()
+    _drive(core, clock)
     core.prefill.note_warm_prompt("drone", shared + [9] * 90)
     t0 = clock.now() + 1.0
     clock.set(t0)
@@ -216,7 +209,7 @@ def _five_urgent_at_once(policy: str, admission: str) -> dict[str, float]:
         core.submit(TaskSpec(robot_id=f"r{i}", prompt="p", tuf=LEVELS["urgent"], task_id=f"t{i}", arrival=t0,
                              prompt_token_ids=shared + [i] * 90, extra={"plan_text": "mb(100);mf(50);"}))
     clock.set(t0 + 0.005)
-    drive()
+    _drive(core, clock)
     return {t: v - t0 for t, v in first.items() if t != "warm"}
 
 

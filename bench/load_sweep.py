@@ -55,6 +55,8 @@ from bench.common import (  # noqa: F401 - scale_load, t95, line_fit: part of th
     truncate,
 )
 from timelyllm_ros.measure import metrics
+from timelyllm_ros.planner.admission import make_admission
+from timelyllm_ros.planner.policies import make_policy
 from timelyllm_ros.sim.workloads import SETTINGS, Workload, generate, load_workload
 
 DEFAULT_LOADS = "0.5,0.75,1,1.5,2,2.5,3"
@@ -262,6 +264,14 @@ def seeds_text(jitter_ms: float) -> str:
 
 def cmd_load_sweep(args: argparse.Namespace) -> int:
     policies = [p for p in args.policies.split(",") if p]
+    for p in policies:  # a misspelt name is refused now, not after the sweeps before it ran
+        name, _, admission = p.partition("@")
+        try:
+            segmented = make_policy(name).segmented
+            if admission:
+                make_admission(admission, segmented=segmented)
+        except ValueError as e:
+            raise SystemExit(f"load-sweep --policies: {p!r}: {e}") from None
     loads = [float(x) for x in args.loads.split(",") if x]
     bursts = [int(x) for x in args.bursts.split(",") if x]
     seeds = list(range(args.seed, args.seed + args.seeds))

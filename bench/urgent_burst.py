@@ -126,6 +126,12 @@ def main() -> None:
     scenarios = [x for x in args.scenarios.split(",") if x]
     if bad := [x for x in scenarios if x not in SCENARIOS]:
         ap.error(f"--scenarios: unknown {', '.join(bad)} (choose from {', '.join(SCENARIOS)})")
+    admissions = [a for a in args.admissions.split(",") if a]
+    for a in admissions or [""]:
+        try:
+            make_admission(a, segmented=True)
+        except ValueError as e:
+            ap.error(f"--admissions: {e}")
     engine, constrained = planner_engine(args.engine)
     renderer = PromptRenderer(engine, constrained=constrained)
     urgent, normal = _tasks()
@@ -134,7 +140,6 @@ def main() -> None:
     rows: list[dict] = []
     budgets = [None if b == "off" else b if b == "default" else float(b) / 1000
                for b in args.prefill_step_ms.split(",")]
-    admissions = [a for a in args.admissions.split(",") if a]
     configs = [(p, b, a) for p in policies for b in budgets for a in admissions
                if (b == "default" and a == admissions[0]) or make_policy(p).segmented]
     prompts, burst = renderer.warm_up_prompts(["drone"])

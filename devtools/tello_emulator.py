@@ -316,14 +316,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--late", action="append", default=[], help="WORD:S send every reply to WORD S seconds late")
     ap.add_argument("--max-lifetime", type=float, default=3600.0, help="exit after this many seconds (a bound)")
     a = ap.parse_args(argv)
-    drop = {}
-    for d in a.drop:
-        w, _, n = d.partition(":")
-        drop[w] = int(n or 1)
-    late = {}
-    for d in a.late:
-        w, _, sec = d.partition(":")
-        late[w] = float(sec)
+    drop, late = {}, {}
+    for opt, specs, kind, into in (("--drop", a.drop, int, drop), ("--late", a.late, float, late)):
+        for d in specs:
+            w, _, v = d.partition(":")
+            try:
+                into[w] = kind(v or 1)
+            except ValueError:
+                ap.error(f"{opt}: WORD:{'N' if kind is int else 'SECONDS'} expected, got {d!r}")
+            if not w or into[w] < 0:
+                ap.error(f"{opt}: WORD:{'N' if kind is int else 'SECONDS'} with a word and a value >= 0, got {d!r}")
     emu = TelloEmulator(a.bind, a.port, speed=a.speed, log_path=a.log, battery=a.battery, drop=drop, late=late,
                         skill_set=a.skills).start()
     print(f"ready {a.bind} {a.port}", flush=True)

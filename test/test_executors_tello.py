@@ -217,6 +217,8 @@ def test_the_reply_a_stop_leaves_over_never_answers_the_next_command_even_when_i
     """CI on a busy machine: the 'ok' of the take-off a 'stop' cut came after the backend's next command,
     ``height?``, went out, and answered it ('answered 'ok', not a height'). The emulator here sends every
     take-off reply 0.3 s late, so it comes after 'stop's own 'ok' every time."""
+    with pytest.raises(ValueError, match="reply_drain_s must be >= 0"):
+        TelloBackend("192.168.10.1", reply_drain_s=-1.0)
     with emulated_drones(1, speed=SLOW, late={0: ["takeoff:0.3"]}) as (drone,):
         backend = TelloBackend(drone.host, time_scale=SLOW)
         try:

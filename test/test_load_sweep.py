@@ -110,3 +110,16 @@ def test_a_policy_runs_under_the_admission_its_name_gives(monkeypatch):
     ls.run_point(wl, "pud-shed@adaptive-tuf", args)
     ls.run_point(wl, "pud-shed", args)
     assert seen == [("pud-shed", "adaptive-tuf"), ("pud-shed", "adaptive")]
+
+
+def test_an_unknown_policy_or_admission_is_refused_by_name_before_any_run(tmp_path):
+    import pytest
+
+    from bench import cli
+
+    for spec, word in (("pud-shed@adaptve-tuf", "unknown admission 'adaptve-tuf'"), ("pdu", "unknown policy 'pdu'")):
+        args = cli.build_parser().parse_args(["load-sweep", "--workloads", "wid2", "--bursts", "", "--policies", spec,
+                                              "--out", str(tmp_path)])
+        with pytest.raises(SystemExit, match=word):
+            args.fn(args)
+    assert not (tmp_path / "summary.md").exists()

@@ -68,6 +68,8 @@ class TelloBackend:
             raise ValueError(f"retry_count must be >= 1, got {retry_count}")
         if time_scale <= 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
+        if not reply_drain_s >= 0:
+            raise ValueError(f"reply_drain_s must be >= 0, got {reply_drain_s}")
         self.host = host
         self.time_scale = time_scale
         self.timeout_margin_s = timeout_margin_s

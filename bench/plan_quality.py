@@ -32,7 +32,7 @@ from timelyllm_ros.domain.plans import PlanTemplate, plan_templates
 from timelyllm_ros.engines import driver
 from timelyllm_ros.engines.base import Engine, EngineRequest, FinishReason, concat_segments
 from timelyllm_ros.engines.factory import REGEX_BACKENDS, load_engine_config, make_engine
-from timelyllm_ros.engines.prompts import PromptBuilder, PromptRenderer
+from timelyllm_ros.engines.prompts import PromptBuilder, PromptRenderer, cache_block_tokens
 from timelyllm_ros.skills.exec_model import ExecTimeModel
 from timelyllm_ros.skills.quality import judge, template_spec
 from timelyllm_ros.skills.segmenter import make_stop_checker
@@ -42,11 +42,15 @@ MODES = ("unconstrained", "constrained")
 
 
 def generate(engine: Engine, templates: list[PlanTemplate], *, samples: int, temperature: float,
-             constrained: bool, max_new_tokens: int, desc: str, seed: int = 0) -> dict[str, list[tuple[str, bool]]]:
-    """Plans per template name: (text, ended) for each sample, through the engine's segmented generation."""
+             constrained: bool, max_new_tokens: int, desc: str, seed: int = 0,
+             align: bool = True) -> dict[str, list[tuple[str, bool]]]:
+    """Plans per template name: (text, ended) for each sample, through the engine's segmented generation.
+    ``align``: prompts aligned to the engine's prefix-cache blocks, as the planner renders them."""
     from tqdm import tqdm
 
-    builders = {rt: PromptBuilder(engine.tokenizer, rt) for rt in sorted({t.robot_type for t in templates})}
+    block = cache_block_tokens(engine) if align else None
+    builders = {rt: PromptBuilder(engine.tokenizer, rt, align_tokens=block)
+                for rt in sorted({t.robot_type for t in templates})}
     reqs, owner = [], {}
     for ti, t in enumerate(templates):
         pb = builders[t.robot_type]
@@ -78,11 +82,11 @@ def generate(engine: Engine, templates: list[PlanTemplate], *, samples: int, tem
 
 
 def first_segment_times(engine: Engine, templates: list[PlanTemplate], *, constrained: bool,
-                        max_new_tokens: int) -> dict[str, float]:
+                        max_new_tokens: int, align: bool = True) -> dict[str, float]:
     """Seconds from adding each template's greedy request to its first segment, one task alone on the
     engine, after the warm-up the planner does before it serves (PromptRenderer.warm_up_prompts: each robot
     type's shared prompt prefix in the prefix cache, a first batch). The task turn itself is never cached."""
-    renderer = PromptRenderer(engine, constrained=constrained)
+    renderer = PromptRenderer(engine, constrained=constrained, align=align)
     robot_types = sorted({t.robot_type for t in templates})
     singles, burst = renderer.warm_up_prompts(robot_types)
     warm = [EngineRequest(f"warm/{i}", list(ids), make_stop_checker(renderer.builder(rt).skillset),
@@ -251,10 +255,11 @@ def cmd_plan_quality(args: argparse.Namespace) -> int:
             t0 = time.perf_counter()
             plans = generate(engine, templates, samples=args.samples, temperature=args.temperature,
                              constrained=mode == "constrained", max_new_tokens=args.max_new_tokens,
-                             desc=f"{args.label} {mode}", seed=args.seed)
+                             desc=f"{args.label} {mode}", seed=args.seed, align=not args.no_align)
             rows = evaluate(templates, plans)
             ttfs = (first_segment_times(engine, templates, constrained=mode == "constrained",
-                                        max_new_tokens=args.max_new_tokens) if args.ttfs else {})
+                                        max_new_tokens=args.max_new_tokens, align=not args.no_align)
+                    if args.ttfs else {})
             for r in rows:
                 if r["template"] in ttfs:
                     r["first_segment_ms"] = 1000 * ttfs[r["template"]]
@@ -264,6 +269,7 @@ def cmd_plan_quality(args: argparse.Namespace) -> int:
                 f"{engine.info.name}, model {Path(engine.info.model).name}", "samples": args.samples,
                 "temperature": args.temperature, "seed": args.seed, "max_new_tokens": args.max_new_tokens,
                 "templates": args.templates or "data/plans.yaml", "speculative": bool(engine.info.speculative),
+                "prompt_align": None if args.no_align else cache_block_tokens(engine),
                 "git": _git(),
                 "wall_s": time.perf_counter() - t0,
                 "host": f"{platform.machine()}, {os.cpu_count()} CPUs", "rows": rows, "totals": _totals(rows)}
@@ -314,6 +320,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--ttfs", action="store_true",
                    help="also time each greedy plan's first segment alone on the engine, after the planner's "
                         "warm-up (use --samples 1 to time the engine config as it is, speculation included)")
+    p.add_argument("--no-align", action="store_true",
+                   help="prompts not aligned to the engine's prefix-cache blocks (the planner aligns them)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help=f"output folder (default {DEFAULT_OUT})")
     p.set_defaults(fn=cmd_plan_quality)
     return p

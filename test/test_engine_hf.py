@@ -68,6 +68,33 @@ def test_continuation_regex_after_cut():
     assert re.fullmatch(grammar.continuation_regex(ss, "tc(90);"), "")
 
 
+@pytest.mark.parametrize("robot,task", [("drone", CAT), ("drone", BOY), ("arm", "Put the red box on the blue box.")])
+def test_aligned_prompts_start_the_task_turn_on_a_cache_block(tok, robot, task):
+    """A prefix cache keeps whole blocks: unaligned, the block where the examples end and the task begins was
+    prefilled again for every task (26 of an emergency's 95 uncached tokens). Aligned, a task shares whole blocks
+    with the warm-up prompt of its examples up to its own turn, and the padding is newlines only."""
+    from timelyllm_ros.domain.tokens import common_prefix_len
+    from timelyllm_ros.engines.prompts import WARM_UP_TASK
+
+    plain, aligned = PromptBuilder(tok, robot), PromptBuilder(tok, robot, align_tokens=32)
+    examples = plain.library.select(task)
+    ids, ids32 = plain.token_ids(task), aligned.token_ids(task)
+    turn = len(tok.encode(plain.user_text(task), add_special_tokens=False))
+    head = [i for i, t in enumerate(ids32) if t == tok.convert_tokens_to_ids("<|im_start|>")][-2]  # the task's turn
+    assert head % 32 == 0
+    pad = len(ids32) - len(ids)
+    assert 0 <= pad < 32 and ids32[head - pad:head] == [tok.encode("\n", add_special_tokens=False)[0]] * pad
+    assert ids32[:head - pad] + ids32[head:] == ids  # only the padding differs
+    def uncached(b: PromptBuilder, p: list[int]) -> int:  # what a prefix cache holding the warm-up prompt lacks
+        return len(p) - common_prefix_len(b.token_ids(WARM_UP_TASK, examples=examples), p) // 32 * 32
+
+    assert uncached(aligned, ids32) == len(ids32) - head <= turn + 10  # the turn, its header and the assistant's
+    assert uncached(aligned, ids32) < uncached(plain, ids)
+    with pytest.raises(ValueError, match="align_tokens"):
+        PromptBuilder(tok, robot, align_tokens=0)
+    assert PromptBuilder(tok, robot, align_tokens=1).token_ids(task) == ids
+
+
 def test_prompt_layout(tok):
     pb = PromptBuilder(tok, "drone")
     text = pb.render(CAT)

@@ -89,6 +89,24 @@ def test_smoke_greedy_and_prefix_cache(eng, pb):
 
 
 @engine
+def test_an_aligned_prompt_is_prefilled_from_its_own_turn_on(eng):
+    """vLLM's prefix cache holds the aligned prompt's every block before the task's turn: after the warm-up
+    prompt of the same examples, a new task computes only its own turn (PromptBuilder.for_engine)."""
+    from timelyllm_ros.engines.prompts import WARM_UP_TASK
+
+    pb = PromptBuilder.for_engine(eng, "drone")
+    assert pb.align_tokens == eng.block_size
+    examples = pb.library.select(BOY)
+    warm = EngineRequest("align-warm", pb.token_ids(WARM_UP_TASK, examples=examples), make_stop_checker(pb.skillset),
+                         max_new_tokens=1)
+    driver.run(eng, [warm])
+    ids = pb.token_ids(BOY)
+    turn = [i for i, t in enumerate(ids) if t == eng.tokenizer.convert_tokens_to_ids("<|im_start|>")][-2]
+    ev = driver.run(eng, [EngineRequest("align-task", ids, make_stop_checker(pb.skillset), max_new_tokens=2)])
+    assert ev["align-task"][0].cached_prompt_tokens == turn and turn % eng.block_size == 0
+
+
+@engine
 @pytest.mark.parametrize("constrained", [False, True])
 def test_drone_prompt_segments_parse(eng, pb, constrained):
     extra = {"regex": pb.regex} if constrained else {}

@@ -186,6 +186,41 @@ def test_a_prompt_longer_than_those_served_counts_its_own_warmed_prefix_as_its_b
     assert r.status == TaskStatus.DONE and r.response_time < LEVELS["urgent"].cutoff, r.reason
 
 
+def test_a_prompt_sent_again_is_estimated_from_the_cache_its_first_sending_left():
+    """The same emergency sent twice: the second finds all of its prompt but the last block in the cache, yet was
+    estimated from the warmed prefix alone (~75 uncached tokens on the CPU where the engine computed < 32), which
+    made shedding and admission plan with prefills 2-3x too long. A run of new tasks pushes no warmed prefix out."""
+    from timelyllm_ros.planner.prefill import SERVED_PROMPTS_KEPT, WARM_PROMPTS_KEPT
+
+    clock = SimClock(0.0)
+    eng = SimEngine()
+    core = PlannerCore(eng, make_policy("pud-shed"), clock)
+    block = core.prefill.block_tokens(eng)
+    shared = list(range(5000, 5000 + 40 * block))
+    eng.warm_prefix(shared)
+    core.note_warm_prompt("drone", shared + [1, 2])
+    prompt = shared + list(range(9000, 9000 + 3 * block + 5))
+    first = spec(0, level="urgent", arrival=0.0)
+    first.prompt_token_ids = list(prompt)
+    core.submit(first)
+    assert core.generation(first.task_id).warm_hit == len(shared)
+    drain(core, clock)
+    again = spec(1, level="urgent", arrival=clock.now())
+    again.prompt_token_ids = list(prompt)
+    core.submit(again)
+    g = core.generation(again.task_id)
+    assert g.warm_hit == len(prompt) // block * block  # all but the last, partial block
+    assert g.prefill_est_s == pytest.approx(core.estimator.prefill_time(len(prompt) - g.warm_hit))
+    for i in range(2 * max(SERVED_PROMPTS_KEPT, WARM_PROMPTS_KEPT)):  # new tasks, each served
+        core.prefill.note_served("drone", [7000 + i] * 50, eng)
+    fresh = spec(2, arrival=clock.now())
+    fresh.prompt_token_ids = shared + [3] * 40
+    assert core.prefill.warm_hit(fresh, eng) == len(shared)  # the warmed prefix is still known
+    drain(core, clock)
+    core.replace_engine(SimEngine())
+    assert core.prefill.warm_hit(again, core.engine) is None  # a new engine's cache holds nothing of them
+
+
 def test_preempt_audit_lists_the_tasks_the_policies_end_differently(tmp_path, monkeypatch):
     """bench.preempt_audit on the WID 1 trace at 2x the fleet: the tasks pud-shed, pud and edf-seg end differently,
     each with when its segments reached the robot, and what a task cut short by its robot's next one had earned."""

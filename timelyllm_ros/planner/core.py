@@ -713,6 +713,8 @@ class PlannerCore:
         if not g.segments:  # first segment: learn how much of a new prompt the prefix cache covers
             rt = g.robot_type
             self.prefill.observe(rt, ev.cached_prompt_tokens)
+            if g.req is not None and len(self.engine.warm_up_targets()) == 1:  # a pool's members cache apart
+                self.prefill.note_served(rt, g.req.prompt_token_ids, self.engine)
             for q in self.queue.cands.values():
                 if q.k == 0 and q.robot_type == rt and q.warm_hit is None:
                     q.prefill_est_s = self.prefill.estimate(q.spec, self.estimator)

@@ -1,11 +1,13 @@
 """What a new prompt's prefill costs: how much of it the engine's prefix cache holds.
 
-Two sources: the prompts warm-up left in the cache (a task shares its prefix with one of them), and the hits
-the robot type's first segments have reported (an EWMA, and the largest as a best case for shedding).
+Two sources: the prompts the cache holds, warm-up's and those served since (a task shares its prefix with one of
+them), and the hits the robot type's first segments have reported (an EWMA, and the largest as a best case for
+shedding).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 
 from timelyllm_ros.domain.tokens import common_prefix_len
@@ -14,6 +16,9 @@ from timelyllm_ros.engines.base import Engine
 from timelyllm_ros.engines.latency import LatencyEstimator
 
 WARM_PROMPTS_KEPT = 64  # per robot type: the planner warms one prompt per set of few-shot families (21 for a drone)
+# per robot type: the last prompts served. A served prompt costs the cache only its own turn's few blocks beyond the
+# warmed prefix, so vLLM's CPU cache (~1,450 blocks of 32 tokens) keeps far more of them than this.
+SERVED_PROMPTS_KEPT = 64
 
 
 class PrefillModel:
@@ -27,6 +32,10 @@ class PrefillModel:
         # robot type -> the prompts warm-up left in the prefix cache (one per few-shot family set: a task
         # shares its prefix with one of them only), the last WARM_PROMPTS_KEPT
         self._warm: dict[str, deque[list[int]]] = {}
+        # robot type -> prompts served since, the last SERVED_PROMPTS_KEPT: a task sent again (the same emergency
+        # report, the same request) finds all of its prompt but the last block in the cache. Apart from the warm
+        # prompts, so that a run of new tasks never pushes a family's warmed prefix out.
+        self._served: dict[str, deque[list[int]]] = {}
 
     def block_tokens(self, engine: Engine) -> int:
         """Tokens per KV block: the prefix cache holds whole blocks only (the engine's, else 16)."""
@@ -35,22 +44,30 @@ class PrefillModel:
     def note_warm_prompt(self, robot_type: str, prompt_ids: list[int]) -> None:
         self._warm.setdefault(robot_type, deque(maxlen=WARM_PROMPTS_KEPT)).append(list(prompt_ids))
 
+    def note_served(self, robot_type: str, prompt_ids: list[int], engine: Engine) -> None:
+        """A prompt was prefilled (its first segment came): its whole blocks are in ``engine``'s prefix cache now."""
+        if engine.info.supports_prefix_cache:
+            self._served.setdefault(robot_type, deque(maxlen=SERVED_PROMPTS_KEPT)).append(list(prompt_ids))
+
     def forget_warm(self) -> None:
         """The engine's prefix cache is gone (a replaced engine)."""
         self._warm.clear()
+        self._served.clear()
 
     def warm_hit(self, spec: TaskSpec, engine: Engine) -> int | None:
-        """The prompt tokens the prefix cache holds for ``spec`` from a warmed prompt: the longest prefix it shares
-        with one, in whole KV blocks (vLLM caches full blocks only), less the last prompt token (always
-        computed). None when no prompt of its robot type was warmed. Per prompt, not per robot type: the
-        drone's families leave cached prefixes from 1.4k to 1.8k tokens, and a robot type's mean hit made a
-        short prompt's uncached tail look 3x too small, so admission let several such prefills into one step."""
+        """The prompt tokens the prefix cache holds for ``spec`` from a warmed or served prompt (:meth:`note_served`):
+        the longest prefix it shares with one, in whole KV blocks (vLLM caches full blocks only), less the last
+        prompt token (always computed). None when no prompt of its robot type was warmed. Per prompt, not per
+        robot type: the drone's families leave cached prefixes from 1.4k to 1.8k tokens, and a robot type's mean
+        hit made a short prompt's uncached tail look 3x too small, so admission let several such prefills into
+        one step."""
         ids = spec.prompt_token_ids
         warm = self._warm.get(spec.robot_type)
         if not ids or not warm:
             return None
         block = self.block_tokens(engine)
-        n = max(common_prefix_len(w, ids) for w in warm) // block * block
+        held = itertools.chain(warm, self._served.get(spec.robot_type, ()))
+        n = max(common_prefix_len(w, ids) for w in held) // block * block
         return min(n, len(ids) - 1)
 
     def seed(self, robot_type: str, hit: int | None) -> None:

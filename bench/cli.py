@@ -296,6 +296,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:  # the program itself: benchmarks run the engine as the planner does (engines/openmp.py)
+        from timelyllm_ros.engines.openmp import reexec_with_intel_openmp
+
+        reexec_with_intel_openmp()
     args = build_parser().parse_args(argv)
     return int(args.fn(args) or 0)
 

@@ -64,6 +64,7 @@ def up(config: str, only: list[str] | None, ros_args: list[str], grace_s: float 
 
 
 def main(argv: list[str] | None = None) -> int:
+    from_command_line = argv is None
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(prog="timelyllm", description="timelyllm_ros command line")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -77,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("bags", help="record / replay / convert / info / metrics of bags", add_help=False)
     args, rest = ap.parse_known_args(argv)
     if args.cmd == "demo":
+        if from_command_line:  # the program itself, not a caller in this process: see engines/openmp.py
+            from timelyllm_ros.engines.openmp import reexec_with_intel_openmp
+
+            reexec_with_intel_openmp()
         from timelyllm_ros.demo import main as demo_main
 
         return demo_main(rest)

@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from timelyllm_ros.engines import openmp
 from timelyllm_ros.measure import metrics
 from timelyllm_ros.measure.records import SegRecord, TaskRecord
 from timelyllm_ros.planner import telemetry
@@ -241,7 +242,8 @@ def write_results(results: list[RunResult], out: Path, args: argparse.Namespace)
           "Times are the robots' view: arrival = when the robot sent the goal, response = until the robot "
           "started the first segment. `timelyllm bags metrics <bag>` measures from the planner's receive "
           "stamp instead, so its response times are shorter by the goal's transit time.", "",
-          f"TUF time axis scaled by {args.tuf_scale:g} (ERT and cut-off; 1 = the paper's TUFs).", ""]
+          f"TUF time axis scaled by {args.tuf_scale:g} (ERT and cut-off; 1 = the paper's TUFs).", "",
+          f"OpenMP runtime of the engine's CPU kernels: {openmp.runtime()} (timelyllm_ros/engines/openmp.py).", ""]
     for r in results:
         rows += metrics.summary_dicts(r.summary, policy=r.policy, admission=r.admission)
         est = r.latency_estimate
@@ -336,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     with console.status(f"loading the engine ({args.engine}) ..."):
         t0 = time.monotonic()
         engine, constrained = planner_engine(args.engine)
-    console.print(f"engine {engine.info.name} ({engine.info.model}) loaded in {time.monotonic() - t0:.1f} s")
+    console.print(f"engine {engine.info.name} ({engine.info.model}) loaded in {time.monotonic() - t0:.1f} s; "
+                  f"OpenMP runtime: {openmp.runtime()}")
     if args.tuf_scale is None:
         args.tuf_scale = default_tuf_scale(engine)
     if args.tuf_scale != 1:
@@ -368,4 +371,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    openmp.reexec_with_intel_openmp()  # the engine steps on a thread of its own: see engines/openmp.py
     sys.exit(main())

@@ -419,6 +419,10 @@ def main(args: list[str] | None = None) -> int:
     # No callback blocks for long except the bounded one-shot /plan calls (max_oneshot_calls).
     import sys
 
+    if args is None:  # the node's own process (ros2 run / launch): its engine thread wants Intel OpenMP
+        from timelyllm_ros.engines.openmp import reexec_with_intel_openmp
+
+        reexec_with_intel_openmp()
     argv = sys.argv if args is None else args
     sched_kw = {"cli_args": ros_args_without_node_rename(argv), "use_global_arguments": False}
     return run_nodes(lambda: build_planner(scheduler_kw=sched_kw)[::-1], args, num_threads=16,

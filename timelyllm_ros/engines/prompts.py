@@ -237,7 +237,7 @@ class PromptBuilder:
     def render(self, task_input: str, scene: str | None = None, plan_so_far: str = "",
                examples: list[dict[str, str]] | None = None) -> str:
         """Prompt text; ``plan_so_far`` becomes the start of the assistant's answer; ``examples``: these
-        instead of the library's choice."""
+        instead of the library's choice. Never aligned: the alignment is in tokens (:meth:`token_ids`)."""
         text = self.tokenizer.apply_chat_template(self.messages(task_input, scene, examples), tokenize=False,
                                                   add_generation_prompt=True)
         return text + plan_so_far

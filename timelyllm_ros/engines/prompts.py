@@ -20,6 +20,7 @@ engine declares in its :class:`~timelyllm_ros.engines.base.EngineInfo`.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
@@ -266,7 +267,7 @@ class PromptBuilder:
             if len(self._head_len) >= 256:  # bounded: one entry per few-shot family set in practice
                 self._head_len.clear()
             head = self._head_len[key] = self._turns_len(msgs[:-1], ids)
-        pad = self._newline_id()
+        pad = self._pad_id
         if head is None or pad is None:
             return ids
         return ids[:head] + [pad] * (-head % self.align_tokens) + ids[head:]
@@ -278,7 +279,9 @@ class PromptBuilder:
         head = list(self.tokenizer.encode(text, add_special_tokens=False))
         return len(head) if ids[:len(head)] == head and len(head) < len(ids) else None
 
-    def _newline_id(self) -> int | None:
+    @functools.cached_property
+    def _pad_id(self) -> int | None:
+        """The newline's token id, None where a newline is not one token (then nothing is aligned)."""
         return self._one_token("\n")
 
     def regex(self, plan_so_far: str = "") -> str | None:
@@ -367,8 +370,8 @@ class PromptRenderer:
         with self._lock:
             b = self._builders.get(robot_type)
             if b is None:
-                block = cache_block_tokens(self._engine) if self.align else None
-                b = self._builders[robot_type] = PromptBuilder(self._engine.tokenizer, robot_type, align_tokens=block)
+                b = self._builders[robot_type] = (PromptBuilder.for_engine(self._engine, robot_type) if self.align
+                                                  else PromptBuilder(self._engine.tokenizer, robot_type))
             return b
 
     def count_tokens(self, text: str) -> int:

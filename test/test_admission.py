@@ -32,7 +32,9 @@ def view(running, now=0.0):
 def test_names_and_modes():
     assert make_admission("adaptive").name == "adaptive"
     assert make_admission("adaptive-tuf").name == "adaptive-tuf" and make_admission("adaptive-tuf").weigh
-    assert not make_admission("auto", segmented=True).weigh and not make_admission("adaptive-ert").weigh
+    # auto weighs (issue 37: simultaneous urgent goals otherwise share one long prefill); adaptive is the rule without
+    assert make_admission("auto", segmented=True).weigh and not make_admission("adaptive-ert").weigh
+    assert make_admission("auto", segmented=True).name == "adaptive-tuf"
     assert make_admission("adaptive").mode == "protect"
     assert make_admission("adaptive-cutoff").mode == "cutoff"
     assert make_admission("adaptive-cutoff").name == "adaptive-cutoff"
@@ -216,11 +218,12 @@ def _five_urgent_at_once(policy: str, admission: str) -> dict[str, float]:
 def test_pud_shed_serves_two_of_five_simultaneous_urgent_goals_in_time_where_one_shared_step_lost_all():
     tuf = LEVELS["urgent"]
     weighed = _five_urgent_at_once("pud-shed", "adaptive-tuf")
-    alone = _five_urgent_at_once("pud-shed", "auto")
+    assert _five_urgent_at_once("pud-shed", "auto") == weighed  # the default
+    alone = _five_urgent_at_once("pud-shed", "adaptive")
     assert len(weighed) == 2 and all(tuf.tuf0(t) > 0.5 * tuf.beta for t in weighed.values()), weighed
     assert alone == {}  # all five in one step: none can make the cut-off, all shed
     # a policy that does not shed serves all five near the cut-off
-    edf = _five_urgent_at_once("edf-seg", "auto")
+    edf = _five_urgent_at_once("edf-seg", "adaptive")
     assert len(edf) == 5 and all(0 <= tuf.tuf0(t) < 0.1 * tuf.beta for t in edf.values()), edf
 
 
@@ -295,7 +298,7 @@ def test_simulator_learns_its_engines_prefill_cost_with_the_planners_code():
 
 
 def test_auto_admission_gives_the_baselines_vllms_and_follows_a_policy_switch():
-    assert make_admission("auto", segmented=True).name == "adaptive"
+    assert make_admission("auto", segmented=True).name == "adaptive-tuf"
     assert make_admission("auto", segmented=False).name == f"cap{VLLM_MAX_NUM_SEQS}"
     with pytest.raises(ValueError, match="depends on the policy"):
         make_admission("auto")
@@ -304,7 +307,7 @@ def test_auto_admission_gives_the_baselines_vllms_and_follows_a_policy_switch():
     core = PlannerCore(SimEngine(), make_policy("fcfs"), SimClock(), admission="auto")
     assert core.admission.name == "cap256" and core.snapshot()["admission"] == "cap256"
     core.set_policy(make_policy("pud"))
-    assert core.admission.name == "adaptive"
+    assert core.admission.name == "adaptive-tuf"
     fixed = PlannerCore(SimEngine(), make_policy("fcfs"), SimClock(), admission="8")
     fixed.set_policy(make_policy("pud"))
     assert fixed.admission.name == "cap8"  # a fixed spec stays what it was given

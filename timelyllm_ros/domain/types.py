@@ -148,7 +148,7 @@ class Generation:
         "task_id", "robot_id", "robot_type", "spec", "tuf", "alpha", "beta", "ert", "arrival",
         "k", "prev_end", "enqueued_at", "eligible_at", "tok_est", "prefill_est_s", "seq", "status",
         "req", "segments", "seg_start_len", "gen_start", "wait_version", "reason", "pending_abort",
-        "held", "checker", "abort_status", "rem_tok_est", "warm_hit",
+        "held", "checker", "abort_status", "rem_tok_est", "warm_hit", "prompt_blocks",
     )
 
     def __init__(self, spec: TaskSpec, task_id: str, arrival: float, seq: int) -> None:
@@ -163,7 +163,8 @@ class Generation:
         self.eligible_at = arrival
         self.tok_est = 8.0  # tokens of the next segment (the scheduler's length estimate, see CoreConfig.length_model)
         self.rem_tok_est = 8.0  # tokens left in the plan, the next segment included (PlannerCore.queue_view)
-        self.prefill_est_s = 0.0
+        self.prefill_est_s = 0.0  # its prompt's prefill in a step of its own (k == 0; PrefillModel.price)
+        self.prompt_blocks: tuple[int, list[int]] | None = None  # (block size, its prompt's block hashes), kept
         # prompt tokens the prefix cache holds from a warmed prompt (PlannerCore); None: no warmed prompt known
         self.warm_hit: int | None = None
         self.seq = seq

@@ -151,10 +151,18 @@ class LatencyGuided(Admission):
             return True  # never starve: an idle engine always takes the best candidate
         if n >= self.hard_cap or view.kv_usage >= self.kv_high:
             return False
-        t_now = view.estimator.step_time(n)
-        t_more = view.estimator.step_time(n + 1)
-        pending = sum(g.prefill_est_s for g in running if g.k == 0 and g.seg_tokens() == 0)
-        extra = cand.prefill_est_s if cand.k == 0 else 0.0
+        est = view.estimator
+        t_now = est.step_time(n)
+        t_more = est.step_time(n + 1)
+        # The prompts still to prefill share their steps: the fixed cost of a step that prefills once
+        # (LatencyEstimator.prefill_step_s), then each prompt's uncached tokens. c joining adds its tokens, and the
+        # fixed cost only where no prompt is pending.
+        fixed = est.prefill_step_s
+        waits = [g.prefill_est_s for g in running if g.k == 0 and g.seg_tokens() == 0]
+        pending = max(0.0, sum(waits) - fixed * (len(waits) - 1)) if waits else 0.0
+        extra = 0.0
+        if cand.k == 0:
+            extra = max(0.0, cand.prefill_est_s - fixed) if waits else cand.prefill_est_s
         now, comm = view.now, view.comm_s
         lmax, dflt = self.lmax, self.default_lmax
         if self.mode == "cutoff":
@@ -165,7 +173,8 @@ class LatencyGuided(Admission):
                     return False
             return True
         c_dl = cand.deadline() - comm
-        c_gen = cand.tok_est * t_more + extra  # c's own generation time once it runs
+        # c's own generation time once it runs, after waiting: its prompt in a step of its own
+        c_gen = cand.tok_est * t_more + (cand.prefill_est_s if cand.k == 0 else 0.0)
         budget = self.prefill_step_s
         if budget is not None and extra > 0 and pending > 0 and pending + extra > budget \
                 and now + pending + t_now + c_gen <= c_dl:
@@ -191,8 +200,8 @@ class LatencyGuided(Admission):
             if peer:
                 loss += _lost(g, dl, end_without, end_with)
                 c_start = max(c_start, end_without)
-        if loss > 0.0:
-            gain = _lost(cand, c_dl, now + pending + c_gen, c_start + c_gen)
+        if loss > 0.0:  # c joining now ends with them; waiting, it starts when they are through
+            gain = _lost(cand, c_dl, now + pending + extra + cand.tok_est * t_more, c_start + c_gen)
             if loss > gain:
                 # Served in series, c's segment is decoded alone, not beside theirs: the work waiting behind
                 # (tasks of other TUFs, later segments) starts that much later.
@@ -228,20 +237,30 @@ ADMISSIONS = ("'auto', 'adaptive' (= 'latency', 'adaptive-ert'), 'adaptive-tuf',
               "cap such as 8")
 
 
-def make_admission(spec: str | int, *, segmented: bool | None = None, **kw: Any) -> Admission:
-    """``"auto"``: latency-guided for the segmented policies, vLLM's own admission (a cap of
-    :data:`VLLM_MAX_NUM_SEQS`) for the unsegmented vLLM-style baselines, so a baseline is admitted the
+def make_admission(spec: str | int, *, segmented: bool | None = None, prefill_step_s: float | None = None,
+                   **kw: Any) -> Admission:
+    """``"auto"``: latency-guided and weighing (``adaptive-tuf``) for the segmented policies, vLLM's own admission
+    (a cap of :data:`VLLM_MAX_NUM_SEQS`) for the unsegmented vLLM-style baselines, so a baseline is admitted the
     same way in simulation and on the real engine (``segmented``: the policy's, required for auto).
-    ``"adaptive"`` (= ``"adaptive-ert"``): deadline-protecting; ``"adaptive-tuf"``: the same, also weighing the
-    TUFs among simultaneous first segments (opt-in, see :class:`LatencyGuided`); ``"adaptive-cutoff"``: the rule
-    before; or a fixed cap (``8`` / ``"cap8"`` / ``"8"``)."""
+    ``"adaptive"`` (= ``"adaptive-ert"``): deadline-protecting, without weighing (the default before, kept to
+    compare); ``"adaptive-tuf"``: the same, also weighing the TUFs among simultaneous first segments (see
+    :class:`LatencyGuided`); ``"adaptive-cutoff"``: the rule before that; or a fixed cap (``8`` / ``"cap8"`` /
+    ``"8"``). ``prefill_step_s``: a latency-guided one's budget
+    (:class:`LatencyGuided`; a cap has none)."""
+    adm = _make_admission(spec, segmented, **kw)
+    if isinstance(adm, LatencyGuided) and prefill_step_s is not None:
+        adm.prefill_step_s = prefill_step_s
+    return adm
+
+
+def _make_admission(spec: str | int, segmented: bool | None, **kw: Any) -> Admission:
     if isinstance(spec, int) and not isinstance(spec, bool):
         return FixedCap(spec, **kw)
     s = str(spec).strip().lower()
     if s == "auto":
         if segmented is None:
             raise ValueError("admission 'auto' depends on the policy: say whether it is segmented")
-        return LatencyGuided(**kw) if segmented else FixedCap(VLLM_MAX_NUM_SEQS, **kw)
+        return LatencyGuided(weigh=True, **kw) if segmented else FixedCap(VLLM_MAX_NUM_SEQS, **kw)
     if s in ("adaptive", "adaptive-ert", "latency", "latency-guided"):
         return LatencyGuided(**kw)
     if s in ("adaptive-tuf", "tuf"):

@@ -40,11 +40,17 @@ class CoreConfig:
     # Latency-guided admission's prefill budget per step (LatencyGuided.prefill_step_s), for an admission the core
     # builds from a name ('auto', 'latency'). None: off (the default, as it costs under load; see admission.py).
     prefill_step_s: float | None = None
+    # An idle engine waits up to this long after a goal arrives for the other goals of its burst (robots that saw
+    # the same event send within milliseconds of each other), but only while no goal waiting would lose utility by
+    # it: ranked together, the urgent ones go first instead of behind the prefill of whichever came first (on a
+    # CPU a normal prompt's prefill step holds the engine ~150 ms). 0: off, here (the simulator's bursts arrive in
+    # one instant); the planner node's ``gather_ms`` parameter sets it (10 ms by default).
+    gather_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.overdue not in ("serve", "reject"):
             raise ValueError(f"CoreConfig.overdue must be 'serve' or 'reject', got {self.overdue!r}")
-        for name in ("comm_s", "resume_lead_s"):
+        for name in ("comm_s", "resume_lead_s", "gather_s"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
                 raise ValueError(f"CoreConfig.{name} must be a finite number >= 0")
         if not (self.slack_floor_s > 0 and math.isfinite(self.slack_floor_s)):

@@ -15,7 +15,7 @@ steps; each other concern has a home of its own beside it (``planner/``):
 ``overload.py``    shedding first segments and degrading plans (best cases)
 ``boundaries.py``  suspend at a boundary or stream on in place
 ``hooks.py``       a robot type's skill set: stop checker, validators, parser, exec-time model
-``warmup.py``      warming the engine before it serves
+``warmup.py``      warming the engine before it serves, and measuring it (the step-time estimate's start)
 ``telemetry.py``   read-only views (the queue ranked, decision times)
 =================  ==========================================================================================
 
@@ -45,7 +45,7 @@ from timelyllm_ros.domain.clock import Clock
 from timelyllm_ros.domain.types import Generation, Segment, TaskResult, TaskSpec, TaskStatus
 from timelyllm_ros.engines.base import Engine, EngineRequest, FinishReason, SegmentEvent, StepReport
 from timelyllm_ros.engines.latency import LatencyEstimator
-from timelyllm_ros.planner.admission import Admission, AdmissionView, LatencyGuided, make_admission
+from timelyllm_ros.planner.admission import Admission, AdmissionView, make_admission
 from timelyllm_ros.planner.boundaries import SegmentOrStream
 from timelyllm_ros.planner.config import CoreConfig
 from timelyllm_ros.planner.hooks import SkillHooks
@@ -55,12 +55,11 @@ from timelyllm_ros.planner.ownership import RobotOwnership
 from timelyllm_ros.planner.policies import Policy
 from timelyllm_ros.planner.prefill import PrefillModel
 from timelyllm_ros.planner.results import ResultStore
-from timelyllm_ros.planner.runqueue import RunQueue
+from timelyllm_ros.planner.runqueue import Intake, RunQueue
 from timelyllm_ros.planner.watchdog import SilenceWatchdog
 from timelyllm_ros.skills.minispec import SkillParseError
 
 log = logging.getLogger(__name__)
-
 
 SegmentCallback = Callable[[TaskResult, Segment], None]
 ResultCallback = Callable[[TaskResult], None]
@@ -81,13 +80,6 @@ def _engine_request(g: Generation, ids: list[int], segmented: bool, checker: Any
                          extra={"robot_type": g.robot_type, **spec.extra})
 
 
-def _named_admission(spec: str | int, policy: Policy, cfg: CoreConfig) -> Admission:
-    adm = make_admission(spec, segmented=policy.segmented)
-    if isinstance(adm, LatencyGuided):
-        adm.prefill_step_s = cfg.prefill_step_s
-    return adm
-
-
 class PlannerCore:
     """Scheduler + engine + clock. See the module docstring for the threading model."""
 
@@ -102,9 +94,10 @@ class PlannerCore:
         # A spec ('auto', 'adaptive', a cap) is kept: 'auto' follows the policy when it is switched.
         self._admission_spec = admission if isinstance(admission, str | int) else None
         if self._admission_spec is not None:
-            self.admission = _named_admission(self._admission_spec, policy, cfg)
-        else:
-            self.admission = admission or LatencyGuided(prefill_step_s=cfg.prefill_step_s)
+            self.admission = make_admission(self._admission_spec, segmented=policy.segmented,
+                                            prefill_step_s=cfg.prefill_step_s)
+        else:  # an Admission given, else the default: latency-guided
+            self.admission = admission or make_admission("auto", segmented=True, prefill_step_s=cfg.prefill_step_s)
         self.on_segment, self.on_result = on_segment, on_result
         self.estimator = estimator or LatencyEstimator.for_engine(engine)
         self.hooks = hooks or SkillHooks(learn=cfg.learn_exec_times)
@@ -113,6 +106,7 @@ class PlannerCore:
         self._seq = itertools.count()
         self._tasks: dict[str, Generation] = {}  # every non-terminal task
         self.queue = RunQueue(cfg.comm_s, cfg.slack_floor_s)
+        self.intake = Intake()  # goals still being taken in by the caller (a burst to wait for, RunQueue.gather_until)
         self.results = ResultStore(cfg.keep_results_s, cfg.keep_results_max)
         self.watchdog = SilenceWatchdog()
         self.ownership = RobotOwnership(busy=lambda t: t in self._tasks or self.watchdog.owes(t),
@@ -127,6 +121,7 @@ class PlannerCore:
         self._outbox: list[tuple[str, Any, Any]] = []  # callbacks to fire outside the lock
         # seconds, one per decision with candidates: the most recent DECISION_LOG_LEN (a planner runs for days)
         self.decision_times: deque[float] = deque(maxlen=self.DECISION_LOG_LEN)
+        self.calibration: Any = None  # what warm-up measured on the engine (planner/warmup.py), where it did
         self.step_count = 0
 
     # -- thread-safe API ------------------------------------------------------
@@ -296,7 +291,7 @@ class PlannerCore:
         serve)."""
         if self.engine.info.supports_prefix_cache and prompt_ids:
             with self.lock:
-                self.prefill.note_warm_prompt(robot_type, prompt_ids)
+                self.prefill.note_warm_prompt(robot_type, prompt_ids, self.engine)
 
     def restore(self, spec: TaskSpec, segments: list[Segment], *, final: bool = False) -> str:
         """Re-open a task journaled by a planner that died: its segments were already sent (their
@@ -379,7 +374,8 @@ class PlannerCore:
                 if g.req is not None:
                     g.req.suspend_at_boundary = policy.segmented
             if self._admission_spec is not None:
-                self.admission = _named_admission(self._admission_spec, policy, self.cfg)
+                self.admission = make_admission(self._admission_spec, segmented=policy.segmented,
+                                                prefill_step_s=self.cfg.prefill_step_s)
         self.wake.set()
 
     def running_ids(self) -> list[str]:
@@ -406,8 +402,12 @@ class PlannerCore:
     def next_wakeup(self) -> float | None:
         """When run_once has something to do: now if busy, else the next resume time, else None."""
         with self.lock:
-            if self.engine.has_work() or self.queue.cands or self._aborts:
-                return self.clock.now()
+            now = self.clock.now()
+            if self.engine.has_work() or self._aborts:
+                return now
+            if self.queue.cands:  # (an idle engine may wait for the rest of a burst)
+                return self.queue.gather_until(now, self.cfg.gather_s, self.estimator.step_time(1),
+                                               self.intake.latest()) or now
             return self.queue.next_due()
 
     def start_step(self) -> StepReport | None:
@@ -465,8 +465,7 @@ class PlannerCore:
         g = Generation(spec, tid, arrival, seq)
         g.segments = list(segments or [])
         self.lengths.estimate(g)
-        g.warm_hit = self.prefill.warm_hit(spec, self.engine)
-        g.prefill_est_s = self.prefill.estimate(spec, self.estimator, hit=g.warm_hit)
+        self.prefill.price(g, self.engine, self.estimator)
         return g
 
     def _sent_segment(self, task_id: str, seg_index: int, robot_id: str | None
@@ -552,6 +551,7 @@ class PlannerCore:
         decided)."""
         q, pol = self.queue, self.policy
         q.promote(now)
+        self.prefill.reprice(q.cands.values(), self.engine, self.estimator)
         if pol.sheds:
             def shed_running(g: Generation, reason: str) -> None:  # this is the engine thread: abort it now
                 self.engine.abort(g.task_id)
@@ -562,17 +562,13 @@ class PlannerCore:
                                list(q.running.values()), lambda: q.rank(pol, now, self.estimator),
                                lambda: any(g.k == 0 for g in q.cands.values()), shed_running,
                                lambda g, reason: self._finish(g, TaskStatus.OVERDUE, reason))
-        if not q.cands:
+        if not q.cands or (not q.running and not self.engine.has_work() and q.gather_until(
+                now, self.cfg.gather_s, self.estimator.step_time(1), self.intake.latest()) is not None):
             return None
         t0 = time.perf_counter()
         if self.cfg.overdue == "reject":
-            tpt = self.estimator.step_time(len(q.running) + 1)
-            for g in [g for g in q.cands.values() if g.k == 0]:
-                G = g.tok_est * tpt + g.prefill_est_s
-                if g.tuf.tuf0(now - g.arrival + G + self.cfg.comm_s) < 0:
-                    self._finish(g, TaskStatus.OVERDUE,
-                                 f"overdue: the first segment cannot arrive before the utility cutoff "
-                                 f"({g.tuf.cutoff:.3f} s after arrival); waited {now - g.arrival:.3f} s")
+            self.overload.reject(now, list(q.cands.values()), self.estimator.step_time(len(q.running) + 1),
+                                 lambda g, reason: self._finish(g, TaskStatus.OVERDUE, reason))
         room = self.admission.max_batch() - len(q.running)
         picked: list[Generation] = []
         if room > 0 and q.cands:
@@ -583,6 +579,7 @@ class PlannerCore:
                 # many as could join (cheaper than a full sort), and again if all were taken.
                 refused = False
                 while room > 0 and q.cands and not refused:
+                    self.prefill.reprice(q.cands.values(), self.engine, self.estimator)
                     for g in q.best(pol, now, self.estimator, min(room, 64)):
                         if not self.admission.admit(view, g):
                             refused = True
@@ -591,6 +588,8 @@ class PlannerCore:
                         view.running.append(g)
                         q.start(g)
                         room -= 1
+                        if self.prefill.admitted(g, self.engine, len(self.engine.warm_up_targets()) == 1):
+                            break  # the cache will hold its prompt: the rest are priced and ranked again
                 if not (pol.eager and q.cands and any(g.k > 0 for g in picked)):
                     break
                 # Eager degrading: a later segment admitted ahead of a first segment that can still earn, and that
@@ -628,8 +627,10 @@ class PlannerCore:
         if g.req is None:
             spec = g.spec
             try:
-                ids = spec.prompt_token_ids if spec.prompt_token_ids is not None else self.engine.tokenize(spec.prompt)
-                g.prefill_est_s = self.prefill.estimate(spec, self.estimator, len(ids), g.warm_hit)
+                ids = spec.prompt_token_ids
+                if ids is None:  # tokenized only now: priced by its length (PrefillModel.admitted could not note it)
+                    ids = self.engine.tokenize(spec.prompt)
+                    self.prefill.price(g, self.engine, self.estimator, len(ids))
                 g.checker = self.hooks.stop_checker(g.robot_type)
             except Exception as e:  # noqa: BLE001 - e.g. a skill set that does not load: this task's failure
                 self.queue.running.pop(g.task_id, None)
@@ -713,11 +714,9 @@ class PlannerCore:
         if not g.segments:  # first segment: learn how much of a new prompt the prefix cache covers
             rt = g.robot_type
             self.prefill.observe(rt, ev.cached_prompt_tokens)
-            if g.req is not None and len(self.engine.warm_up_targets()) == 1:  # a pool's members cache apart
-                self.prefill.note_served(rt, g.req.prompt_token_ids, self.engine)
             for q in self.queue.cands.values():
                 if q.k == 0 and q.robot_type == rt and q.warm_hit is None:
-                    q.prefill_est_s = self.prefill.estimate(q.spec, self.estimator)
+                    self.prefill.price(q, self.engine, self.estimator)
         est, longest = times
         seg = Segment(index=len(g.segments), text=ev.text, token_ids=list(ev.token_ids), calls=calls,
                       gen_start=g.gen_start, ready=now, est_exec_s=est, max_exec_s=longest)

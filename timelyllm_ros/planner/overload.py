@@ -129,6 +129,14 @@ class Overload:
             elif one_queue:
                 ahead += own  # admitted before the ones ranked below it: its prefill is theirs to wait for
 
+    def reject(self, now: float, cands: Sequence[Generation], per_token_s: float, end_queued: Ender) -> None:
+        """CoreConfig.overdue 'reject': end the queued first segments whose expected generation (its prefill and
+        its tokens at ``per_token_s``) cannot come before their utility cutoff."""
+        for g in cands:
+            if g.k == 0 and g.tuf.tuf0(now - g.arrival + g.tok_est * per_token_s + g.prefill_est_s + self.comm_s) < 0:
+                end_queued(g, f"overdue: the first segment cannot arrive before the utility cutoff "
+                              f"({g.tuf.cutoff:.3f} s after arrival); waited {now - g.arrival:.3f} s")
+
     def prefill_view(self, now: float, drop: set[str], est: LatencyEstimator
                      ) -> tuple[dict[str, tuple[float, float]], float]:
         """The prefill queue in best-case seconds: task id -> (queued before it, its own), and the total; those in

@@ -1,24 +1,72 @@
 """What a new prompt's prefill costs: how much of it the engine's prefix cache holds.
 
-Two sources: the prompts the cache holds, warm-up's and those served since (a task shares its prefix with one of
-them), and the hits the robot type's first segments have reported (an EWMA, and the largest as a best case for
-shedding).
+Two sources: the prompts the cache holds, warm-up's and those admitted since (a task shares its prefix with one
+of them), and the hits the robot type's first segments have reported (an EWMA, and the largest as a best case
+for shedding).
+
+The prompts held are indexed by the chained hashes of their whole KV blocks (vLLM's automatic prefix caching
+keys its blocks the same way), so a prompt's hit is a walk along its own blocks, whatever the number of prompts
+held. A prompt counts as held from the moment it is admitted to the engine, not when its first segment comes:
+vLLM caches a block when the step that computes it is scheduled, and a second request with the same prefix in
+that step or a later one finds it there. Five drones reporting the same emergency in the same instant: the
+first prompt's turn is prefilled once (~74 tokens on the bundled model), the others only their last, partial
+block (~10 tokens; bench/results/urgent_burst/).
 """
 
 from __future__ import annotations
 
-import itertools
 from collections import deque
+from collections.abc import Iterable, Sequence
 
-from timelyllm_ros.domain.tokens import common_prefix_len
 from timelyllm_ros.domain.types import Generation, TaskSpec
 from timelyllm_ros.engines.base import Engine
 from timelyllm_ros.engines.latency import LatencyEstimator
 
 WARM_PROMPTS_KEPT = 64  # per robot type: the planner warms one prompt per set of few-shot families (21 for a drone)
-# per robot type: the last prompts served. A served prompt costs the cache only its own turn's few blocks beyond the
-# warmed prefix, so vLLM's CPU cache (~1,450 blocks of 32 tokens) keeps far more of them than this.
+# per robot type: the last prompts admitted. An admitted prompt costs the cache only its own turn's few blocks
+# beyond the warmed prefix, so vLLM's CPU cache (~1,450 blocks of 32 tokens) keeps far more of them than this.
 SERVED_PROMPTS_KEPT = 64
+
+
+def block_hashes(ids: Sequence[int], block: int) -> list[int]:
+    """Chained hashes of the whole ``block``-token blocks of ``ids``: equal prefixes of whole blocks, equal hashes."""
+    out: list[int] = []
+    h = 0
+    for i in range(0, len(ids) // block * block, block):
+        h = hash((h, *ids[i:i + block]))
+        out.append(h)
+    return out
+
+
+class PrefixIndex:
+    """The whole blocks of the prompts one prefix cache holds, counted per block (prompts share prefixes)."""
+
+    def __init__(self) -> None:
+        self._count: dict[int, int] = {}
+
+    def add(self, hashes: Sequence[int]) -> None:
+        for h in hashes:
+            self._count[h] = self._count.get(h, 0) + 1
+
+    def remove(self, hashes: Sequence[int]) -> None:
+        for h in hashes:
+            c = self._count.get(h, 0) - 1
+            if c > 0:
+                self._count[h] = c
+            else:
+                self._count.pop(h, None)
+
+    def leading(self, hashes: Sequence[int]) -> int:
+        """How many of ``hashes``, from the first, are held."""
+        n = 0
+        for h in hashes:
+            if h not in self._count:
+                break
+            n += 1
+        return n
+
+    def clear(self) -> None:
+        self._count.clear()
 
 
 class PrefillModel:
@@ -29,46 +77,111 @@ class PrefillModel:
         self.default_tokens, self.kv_block_tokens = default_tokens, kv_block_tokens
         self._hit: dict[str, float] = {}  # robot type -> prefix-cache hit tokens of new prompts (EWMA)
         self._hit_max: dict[str, int] = {}  # robot type -> the largest hit seen (a best case, for shedding)
-        # robot type -> the prompts warm-up left in the prefix cache (one per few-shot family set: a task
-        # shares its prefix with one of them only), the last WARM_PROMPTS_KEPT
+        # robot type -> the prompts warm-up left in the prefix cache (one per few-shot family set: a task shares its
+        # prefix with one of them only), the last WARM_PROMPTS_KEPT; and the prompts admitted since, the last
+        # SERVED_PROMPTS_KEPT, apart, so that a run of new tasks never pushes a family's warmed prefix out. A task
+        # sent again (the same emergency report, the same request) finds all of its prompt but the last block in
+        # the cache.
         self._warm: dict[str, deque[list[int]]] = {}
-        # robot type -> prompts served since, the last SERVED_PROMPTS_KEPT: a task sent again (the same emergency
-        # report, the same request) finds all of its prompt but the last block in the cache. Apart from the warm
-        # prompts, so that a run of new tasks never pushes a family's warmed prefix out.
         self._served: dict[str, deque[list[int]]] = {}
+        self._index: dict[str, PrefixIndex] = {}  # robot type -> the blocks of both, hashed at self._block
+        self._block = 0  # the block size the index was taken with (0: none yet)
+        self.version = 0  # bumped whenever what the cache is known to hold changes (reprice)
+        self._priced = -1  # the version the waiting prompts were last priced at
 
-    def block_tokens(self, engine: Engine) -> int:
-        """Tokens per KV block: the prefix cache holds whole blocks only (the engine's, else 16)."""
-        return self.kv_block_tokens or engine.info.kv_block_tokens or 16
+    def block_tokens(self, engine: Engine | None = None) -> int:
+        """Tokens per KV block: the prefix cache holds whole blocks only (CoreConfig's, else the engine's, else
+        16)."""
+        return self.kv_block_tokens or (engine.info.kv_block_tokens if engine is not None else None) or 16
 
-    def note_warm_prompt(self, robot_type: str, prompt_ids: list[int]) -> None:
-        self._warm.setdefault(robot_type, deque(maxlen=WARM_PROMPTS_KEPT)).append(list(prompt_ids))
+    def _index_for(self, robot_type: str, block: int) -> PrefixIndex:
+        """The robot type's index at ``block`` tokens a block (rebuilt from the prompts kept if the size changed)."""
+        if block != self._block:
+            self._block = block
+            self._index.clear()
+            for rt in set(self._warm) | set(self._served):
+                idx = self._index[rt] = PrefixIndex()
+                for ids in (*self._warm.get(rt, ()), *self._served.get(rt, ())):
+                    idx.add(block_hashes(ids, block))
+        return self._index.setdefault(robot_type, PrefixIndex())
+
+    def _note(self, kept: dict[str, deque[list[int]]], maxlen: int, robot_type: str, prompt_ids: Sequence[int],
+              block: int) -> None:
+        idx = self._index_for(robot_type, block)
+        q = kept.setdefault(robot_type, deque())
+        q.append(list(prompt_ids))
+        idx.add(block_hashes(prompt_ids, block))
+        while len(q) > maxlen:
+            idx.remove(block_hashes(q.popleft(), block))
+        self.version += 1
+
+    def note_warm_prompt(self, robot_type: str, prompt_ids: list[int], engine: Engine | None = None) -> None:
+        self._note(self._warm, WARM_PROMPTS_KEPT, robot_type, prompt_ids, self.block_tokens(engine))
 
     def note_served(self, robot_type: str, prompt_ids: list[int], engine: Engine) -> None:
-        """A prompt was prefilled (its first segment came): its whole blocks are in ``engine``'s prefix cache now."""
+        """A prompt was admitted to ``engine``: its whole blocks are in the prefix cache from its prefill step on."""
         if engine.info.supports_prefix_cache:
-            self._served.setdefault(robot_type, deque(maxlen=SERVED_PROMPTS_KEPT)).append(list(prompt_ids))
+            self._note(self._served, SERVED_PROMPTS_KEPT, robot_type, prompt_ids, self.block_tokens(engine))
 
     def forget_warm(self) -> None:
         """The engine's prefix cache is gone (a replaced engine)."""
         self._warm.clear()
         self._served.clear()
+        self._index.clear()
+        self.version += 1
 
-    def warm_hit(self, spec: TaskSpec, engine: Engine) -> int | None:
-        """The prompt tokens the prefix cache holds for ``spec`` from a warmed or served prompt (:meth:`note_served`):
-        the longest prefix it shares with one, in whole KV blocks (vLLM caches full blocks only), less the last
-        prompt token (always computed). None when no prompt of its robot type was warmed. Per prompt, not per
-        robot type: the drone's families leave cached prefixes from 1.4k to 1.8k tokens, and a robot type's mean
-        hit made a short prompt's uncached tail look 3x too small, so admission let several such prefills into
-        one step."""
+    def warm_hit(self, spec: TaskSpec, engine: Engine, hashes: Sequence[int] | None = None) -> int | None:
+        """The prompt tokens the prefix cache holds for ``spec`` from a warmed or admitted prompt: the longest
+        prefix of whole KV blocks it shares with one (vLLM caches full blocks only), less the last prompt token
+        (always computed). None when no prompt of its robot type was warmed. ``hashes``: the prompt's
+        :func:`block_hashes`, where the caller keeps them. Per prompt, not per robot type: the drone's families
+        leave cached prefixes from 1.4k to 1.8k tokens, and a robot type's mean hit made a short prompt's
+        uncached tail look 3x too small, so admission let several such prefills into one step."""
         ids = spec.prompt_token_ids
-        warm = self._warm.get(spec.robot_type)
-        if not ids or not warm:
+        if not ids or not self._warm.get(spec.robot_type):
             return None
         block = self.block_tokens(engine)
-        held = itertools.chain(warm, self._served.get(spec.robot_type, ()))
-        n = max(common_prefix_len(w, ids) for w in held) // block * block
-        return min(n, len(ids) - 1)
+        idx = self._index_for(spec.robot_type, block)
+        if hashes is None:
+            hashes = block_hashes(ids, block)
+        return min(idx.leading(hashes) * block, len(ids) - 1)
+
+    def hashes_of(self, g: Generation, engine: Engine) -> list[int]:
+        """``g``'s prompt blocks, taken once and kept on it."""
+        block = self.block_tokens(engine)
+        if g.prompt_blocks is None or g.prompt_blocks[0] != block:
+            g.prompt_blocks = (block, block_hashes(g.spec.prompt_token_ids or [], block))
+        return g.prompt_blocks[1]
+
+    def price(self, g: Generation, engine: Engine, est: LatencyEstimator, n: int | None = None) -> None:
+        """``g``'s new prompt (``n`` tokens where the spec has no ids yet) against what the prefix cache holds now:
+        its hit, the tokens left to compute and their prefill in a step of its own."""
+        spec = g.spec
+        if spec.prompt_token_ids:
+            g.warm_hit = self.warm_hit(spec, engine, self.hashes_of(g, engine))
+        g.prefill_est_s = est.prefill_time(self.uncached(spec, n, g.warm_hit))
+
+    def reprice(self, waiting: Iterable[Generation], engine: Engine, est: LatencyEstimator) -> None:
+        """What the cache holds changed since the last call (a prompt admitted, one warmed): the new prompts
+        ``waiting`` are priced again, so that one whose prefix another has just brought in ranks and is admitted
+        as the cheap prompt it now is (the same emergency reported by several robots)."""
+        if self._priced == self.version:
+            return
+        self._priced = self.version
+        for g in waiting:
+            if g.k == 0 and g.req is None:
+                self.price(g, engine, est)
+
+    def admitted(self, g: Generation, engine: Engine, one_cache: bool = True) -> bool:
+        """A new prompt with its token ids joins ``engine``: from its prefill step on the prefix cache holds its
+        blocks, for the prompts admitted after it, in the same step too (vLLM caches a block when the step that
+        computes it is scheduled). Not where ``one_cache`` is False (a pool: its members cache apart). Returns
+        whether it was noted."""
+        ids = g.spec.prompt_token_ids
+        if g.k != 0 or g.req is not None or not ids or not one_cache or not engine.info.supports_prefix_cache:
+            return False
+        self.note_served(g.robot_type, ids, engine)
+        return True
 
     def seed(self, robot_type: str, hit: int | None) -> None:
         """A robot type's first task: its warm hit stands for the learned one until a hit is measured."""
@@ -93,17 +206,20 @@ class PrefillModel:
     def prompt_tokens(self, spec: TaskSpec) -> int:
         return len(spec.prompt_token_ids) if spec.prompt_token_ids else self.default_tokens
 
-    def estimate(self, spec: TaskSpec, est: LatencyEstimator, n: int | None = None,
-                 hit: float | None = None) -> float:
-        """Prefill time of a new prompt of ``n`` tokens: its length minus ``hit``, the prefix its warmed prompt
-        leaves in the cache (:meth:`warm_hit`), or without one the hits this robot type's prompts have been
-        getting."""
+    def uncached(self, spec: TaskSpec, n: int | None = None, hit: float | None = None) -> int:
+        """Tokens of a new prompt of ``n`` tokens the engine must compute: its length minus ``hit``, the prefix
+        the cache holds for it (:meth:`warm_hit`), or without one the hits this robot type's prompts have been
+        getting; at least 1."""
         if n is None:
             n = self.prompt_tokens(spec)
         if hit is None:
             hit = self._hit.get(spec.robot_type)
-        uncached = n if hit is None else max(1.0, n - hit)
-        return est.prefill_time(int(uncached))
+        return int(n if hit is None else max(1.0, n - hit))
+
+    def estimate(self, spec: TaskSpec, est: LatencyEstimator, n: int | None = None,
+                 hit: float | None = None) -> float:
+        """Prefill time of a new prompt (:meth:`uncached` tokens) in a step of its own."""
+        return est.prefill_time(self.uncached(spec, n, hit))
 
     def best_hit_of(self, g: Generation) -> int:
         """The most of this prompt the cache can hold: the largest hit its robot type has had, or the prefix it

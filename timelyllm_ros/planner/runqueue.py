@@ -10,10 +10,13 @@ generation, to produce a segment nobody needs yet.
 from __future__ import annotations
 
 import heapq
+import threading
 
 from timelyllm_ros.domain.types import Generation, TaskStatus
 from timelyllm_ros.engines.latency import LatencyEstimator
 from timelyllm_ros.planner.policies import Policy, RankContext
+
+GATHER_SPAN = 5  # an idle engine waits for a burst's goals at most this many gather_s after the first
 
 
 class RunQueue:
@@ -71,6 +74,29 @@ class RunQueue:
         """Parked entries (stale ones included until they come up)."""
         return len(self._parked)
 
+    def gather_until(self, now: float, gather_s: float, step1_s: float, arriving: float | None = None
+                     ) -> float | None:
+        """On an idle engine (the caller's to say), while a burst of goals is arriving, when to decide (None: now).
+        An idle engine takes whichever goal came first, and a step cannot be cut: waiting until no goal has come
+        for ``gather_s`` (at most GATHER_SPAN times that after the first) lets the burst be ranked together, where
+        no goal waiting would lose utility by the wait (its best case, its prefill alone and its first segment at
+        the batch-1 step time ``step1_s``, still inside its ERT) and none is a resumed plan (its robot is waiting
+        for it). Why a quiet gap, not a fixed wait: a burst's goals reach the planner one after another, each
+        rendered in turn (~3-10 ms apart on a 2-core CPU). ``arriving``: when the latest goal still being taken in
+        (:class:`Intake`) arrived, None if none is. CoreConfig.gather_s."""
+        if gather_s <= 0 or not self.cands:
+            return None
+        came = [g.enqueued_at for g in self.cands.values()]
+        if arriving is not None:
+            came.append(arriving)
+        until = min(min(came) + GATHER_SPAN * gather_s, max(came) + gather_s)
+        if until <= now:
+            return None
+        for g in self.cands.values():
+            if g.k != 0 or until + g.prefill_est_s + g.tok_est * step1_s + self.comm_s > g.deadline():
+                return None
+        return until
+
     def context(self, est: LatencyEstimator) -> RankContext:
         """What ranking needs: G is estimated at the batch size a candidate would join."""
         return RankContext(self.comm_s, est.step_time(len(self.running) + 1), self.slack_floor_s)
@@ -94,3 +120,29 @@ class RunQueue:
             i = max(range(len(pri)), key=pri.__getitem__)
             return [cands[i]]
         return [cands[i] for i in heapq.nlargest(n, range(len(pri)), key=pri.__getitem__)]
+
+
+class Intake:
+    """Goals that have reached the planner and are still being taken in (validated, their prompt rendered): an
+    idle engine waiting for the rest of a burst (:meth:`RunQueue.gather_until`) counts them as come. Thread-safe:
+    the goal callbacks call :meth:`begin` and :meth:`end` in pairs. A pair left open only ages: its time soon lies
+    more than a gap in the past and no longer holds anything back."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open = 0
+        self._last = 0.0
+
+    def begin(self, t: float) -> None:
+        with self._lock:
+            self._open += 1
+            self._last = max(self._last, t)
+
+    def end(self) -> None:
+        with self._lock:
+            self._open = max(0, self._open - 1)
+
+    def latest(self) -> float | None:
+        """When the latest goal still being taken in arrived; None when none is."""
+        with self._lock:
+            return self._last if self._open else None

@@ -48,7 +48,7 @@ from timelyllm_ros.planner.service_io import (
     TaskLookup,
 )
 from timelyllm_ros.planner.settings import check_params
-from timelyllm_ros.planner.warmup import warm_up
+from timelyllm_ros.planner.warmup import calibrate_core, probe_task, warm_up
 
 
 @dataclass
@@ -150,7 +150,7 @@ class PlannerService:
         cfg = core_config or CoreConfig(comm_s=p["comm_s"], overdue=p["overdue"], slack_floor_s=p["slack_floor_s"],
                                         resume_lead_s=p["resume_lead_s"], keep_results_s=p["keep_results_s"],
                                         keep_results_max=p["keep_results_max"], robot_timeout_s=robot_timeout,
-                                        prefill_step_s=prefill_step)
+                                        prefill_step_s=prefill_step, gather_s=p["gather_ms"] / 1000)
         self.core = PlannerCore(engine, make_policy(policy), RealClock(), admission=p["admission"],
                                 config=cfg, on_segment=self._on_segment, on_result=self._on_result)
         self.delivery = delivery
@@ -172,10 +172,38 @@ class PlannerService:
         starts, so this thread is the engine thread meanwhile."""
         prompts, burst = self._prompts.warm_up_prompts(self.robot_types)
         if not prompts:
-            return  # the simulated engine has no prompt to warm
+            return  # the simulated engine has no prompt to warm (and its estimate is its own model)
         t0 = time.monotonic()
         warm_up(self.core, prompts, burst, extra=self._prompts.warm_up_extra)
         self._log.info(f"warmed the prompts of {self.robot_types} in {time.monotonic() - t0:.2f} s")
+        if self._p["calibrate"]:
+            def has(rt: str, urgent: bool) -> bool:
+                return probe_task(self._prompts.builder(rt).library.examples, 0, 1, urgent) is not None
+
+            try:  # robot types whose examples give a task to measure with (a chatbot's have no scene)
+                cal = calibrate_core(self.core, self._probe, [rt for rt in self.robot_types if has(rt, False)],
+                                     {rt for rt in self.robot_types if has(rt, True)})
+            except Exception as e:  # noqa: BLE001 - the engine still serves, on the step model it was seeded with
+                self._log.warning(f"calibration failed, keeping the seeded step-time estimate: {e!r}")
+                return
+            if cal is not None:
+                self._log.info("measured this engine in {:.2f} s: {}".format(cal.wall_s, ", ".join(
+                    f"{k} {v:.1f}" for k, v in cal.describe().items() if k != "calibration_s")))
+
+    def _probe(self, robot_type: str, n: int, objects: int, urgent: bool) -> tuple[list[int], dict[str, Any]]:
+        """A calibration task of ``robot_type`` rendered as a goal's would be (warmup.ProbeMaker)."""
+        text = probe_task(self._prompts.builder(robot_type).library.examples, n, objects, urgent)
+        if text is None:
+            raise ValueError(f"calibration: the {robot_type} examples have no {'urgent' if urgent else 'normal'} task")
+        return self._prompts.render(robot_type, text)
+
+    def lone_first_s(self) -> float:
+        """Warm-up's lone first segment on this engine, urgent where measured (s); 0: not measured."""
+        cal = self.core.calibration
+        if cal is None or not cal.first_segment_s:
+            return 0.0
+        urgent = [v for k, v in cal.first_segment_s.items() if k.endswith("/urgent")]
+        return (urgent or list(cal.first_segment_s.values()))[0]
 
     def start(self) -> None:
         """Start the engine thread."""
@@ -243,11 +271,18 @@ class PlannerService:
         with self._lock:
             if len(self._arrivals) > 10_000:  # entries whose goal was never accepted (bounded memory)
                 self._arrivals.clear()
-            self._arrivals[key] = self.core.clock.now()
+            self._arrivals[key] = now = self.core.clock.now()
+        self.core.intake.begin(now)  # ended by accept (the goal was taken in, or refused)
 
     def arrival(self, key: int) -> float | None:
         with self._lock:
             return self._arrivals.pop(key, None)
+
+    def taken_in(self) -> None:
+        """A goal that :meth:`arrived` was accepted or refused: an idle engine no longer waits for it."""
+        core = self.core
+        if core is not None:
+            core.intake.end()
 
     def validate(self, task_id: str, robot_id: str, robot_type: str, task: str, tuf: TufRequest, *,
                  arrival: float | None = None, sent: float | None = None) -> TaskSpec:
@@ -401,10 +436,11 @@ class PlannerService:
         """A segment's skill calls, parsed with the robot type's skill set."""
         return self.core.hooks.parse(robot_type, text)
 
-    def engine_snapshot(self) -> tuple[Any, Any] | None:
-        """(EngineStats, EngineInfo) now, or None when the engine cannot tell."""
+    def engine_snapshot(self) -> tuple[Any, Any, dict, float] | None:
+        """(EngineStats, EngineInfo, the scheduler's step-time estimate, warm-up's lone first segment in s or 0)
+        now, or None when the engine cannot tell."""
         try:
-            return self.engine.stats(), self.engine.info
+            return self.engine.stats(), self.engine.info, self.core.estimator.describe(), self.lone_first_s()
         except Exception:  # noqa: BLE001
             return None
 

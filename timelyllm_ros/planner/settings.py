@@ -41,6 +41,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_task_chars", 2000, "task text limit in characters", 1, 10**7),
     Setting("max_task_tokens", 1024, "task text limit in tokens of the engine's tokenizer", 1, 10**7),
     Setting("warm_up", True, "prefill each robot type's shared prompt at configure"),
+    Setting("calibrate", True, "after the warm-up, measure this engine (decode per batch size, prefill behind the "
+            "cached examples, a lone first segment) and start the scheduler's step-time estimate from that "
+            "(/engine_state, /diagnostics) instead of the engine config's step model"),
+    Setting("gather_ms", 10.0, "an idle engine waits this long after a goal for the other goals of its burst, while "
+            "none of them would lose utility by it, so that they are ranked together (0 = off)", 0.0, 1000.0),
     Setting("max_active_tasks", 5000, "open tasks; goals beyond are refused BUSY, never dropped", 1, 10**7),
     Setting("max_oneshot_calls", 8, "concurrent /plan service calls (each holds a thread); more are refused: use "
             "the PlanTask action", 1, 1000),

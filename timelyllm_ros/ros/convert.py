@@ -181,10 +181,19 @@ def engine_member_msg(m: MemberStats) -> EngineMember:
         failovers=m.failovers, rejoins=m.rejoins)
 
 
-def engine_state_msg(stats: EngineStats, info: EngineInfo, stamp: Time) -> EngineState:
+def engine_state_msg(stats: EngineStats, info: EngineInfo, stamp: Time, estimate: dict | None = None,
+                     lone_first_segment_s: float = 0.0) -> EngineState:
+    """``estimate``: the scheduler's LatencyEstimator.describe(); ``lone_first_segment_s``: the warm-up's
+    calibration (planner/warmup.py), 0 where none was measured."""
     described = {"dtype": info.dtype, "dtype_reason": info.dtype_reason, "speculative": info.speculative}
-    if "dtype" not in EngineState.get_fields_and_field_types():  # interfaces built before these fields
-        described = {}  # (msg/EngineState.msg): rebuilt by scripts/setup.sh
+    if estimate is not None:
+        described |= {"estimate_source": str(estimate.get("seed", "")),
+                      "est_decode_s_per_token": float(estimate.get("decode_ms_b1", 0.0)) / 1e3,
+                      "est_prefill_step_s": float(estimate.get("prefill_step_ms", 0.0)) / 1e3,
+                      "est_prefill_s_per_token": float(estimate.get("prefill_ms_per_token", 0.0)) / 1e3,
+                      "lone_first_segment_s": float(lone_first_segment_s)}
+    fields = EngineState.get_fields_and_field_types()
+    described = {k: v for k, v in described.items() if k in fields}  # interfaces built before these fields
     return EngineState(
         stamp=stamp, backend=info.name, model=info.model, **described, running=stats.running,
         waiting=stats.waiting, max_batch=stats.max_batch, tokens_per_second=float(stats.tokens_per_s),

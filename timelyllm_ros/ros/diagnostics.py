@@ -408,6 +408,9 @@ class PlannerDiagnostics:
         if h.core is not None:  # what admission believes a step costs, and where that belief started
             for k, v in h.core.estimator.describe().items():
                 st.add(f"latency_{k}", v)
+            cal = h.core.calibration  # what the warm-up measured on this engine (planner/warmup.py)
+            for k, v in (cal.describe().items() if cal is not None else ()):
+                st.add(f"measured_{k}", float(v))
         stopping = h.stopping
         if error is not None:
             st.add("state", "down").add("error", error)

@@ -273,13 +273,16 @@ class PlannerNode(LifecycleNode):
             acc = self._accept(g.task_id, g.robot_id, g.robot_type, g.task, g.tuf,
                                arrival=self.service.arrival(id(g)), stamp=g.stamp, goal=goal_handle)
         except GoalError as e:  # refused (INVALID or BUSY), with the reason
+            self.service.taken_in()
             self._complete(goal_handle, convert.refused_result(g.task_id, e.status, str(e)), e.status)
             return
         except Exception as e:  # noqa: BLE001 - the robot must hear why, whatever broke
+            self.service.taken_in()
             self.get_logger().error(f"goal from {g.robot_id!r} failed before planning: {e!r}")
             self._complete(goal_handle, convert.refused_result(g.task_id, TaskStatus.FAILED, f"planner error: {e}"),
                            TaskStatus.FAILED)
             return
+        self.service.taken_in()
         if acc.result is not None:  # a retry of a finished task: its result again
             self._complete(goal_handle, self._result_msg(acc.result), acc.result.status)
 
@@ -377,7 +380,9 @@ class PlannerNode(LifecycleNode):
     def _publish_engine_state(self) -> None:
         snapshot = self.service.engine_snapshot()
         if snapshot is not None:
-            self._engine_pub.publish(convert.engine_state_msg(*snapshot, self.get_clock().now().to_msg()))
+            stats, info, estimate, lone = snapshot
+            self._engine_pub.publish(convert.engine_state_msg(stats, info, self.get_clock().now().to_msg(),
+                                                              estimate, lone))
 
     # -- shutdown ------------------------------------------------------------------------------------
     def destroy_node(self) -> None:

@@ -26,8 +26,10 @@ from timelyllm_ros.measure.records import SegRecord, TaskRecord
 from timelyllm_ros.sim.simulator import Replay, SimConfig, Simulator
 from timelyllm_ros.sim.workloads import Workload, load_workload
 
+# The engine's geometry (KV blocks, capacity, batch) as in the bench fit the report refits from: the report
+# refits step costs only, so "the model is right" needs the same blocks (they decide what the prefix cache saves).
 STEP_MODEL = SimEngineConfig(decode_s=0.03, batch_slowdown=0.05, prefill_s_per_token=0.0011, prefill_step_s=0.012,
-                             max_batch=8)
+                             max_batch=8, block_size=32, kv_capacity_tokens=46592)
 
 
 def _jobs(n: int = 14):

@@ -717,6 +717,10 @@ class PoolLatencyEstimator(LatencyEstimator):
         m = self._next()
         return self._pool.pricing(m).prefill_time(tokens) if m is not None else super().prefill_time(tokens)
 
+    def prefill_join_time(self, tokens: int) -> float:
+        m = self._next()
+        return self._pool.pricing(m).prefill_join_time(tokens) if m is not None else super().prefill_join_time(tokens)
+
     def describe(self) -> dict[str, Any]:
         """The estimate of the member a new generation would go to now; samples summed over the members."""
         m = self._next()

@@ -95,7 +95,7 @@ class Overload:
         rest = [self.tokens_best(g, g.seg_tokens()) for g in running]
         live = {g.task_id for g in running if g.k == 0 and g.seg_tokens() == 0}
         self._queue = [e for e in self._queue if e[0] in live]
-        per_step = max(0, self._step_max - len(running)) * est.prefill_time(1) if one_queue else 0.0
+        per_step = max(0, self._step_max - len(running)) * est.prefill_join_time(1) if one_queue else 0.0
         firsts = [(g, r, sum(1 for x in rest if x >= r)) for g, r in zip(running, rest, strict=True) if g.k == 0]
 
         # Every admitted prompt counts, the hopeless ones too: in the engine they are the work these steps carry.
@@ -143,7 +143,7 @@ class Overload:
         ``drop`` count for themselves only. An engine whose steps report no prefill tokens gets, instead of the
         reports, what the time since the oldest prompt was admitted allows at most to be done."""
         q = [[tid, left] for tid, left, _ in self._queue]
-        rate = est.prefill_time(1)
+        rate = est.prefill_join_time(1)  # per token: the prompts queued share their steps
         if q and self._step_max == 0 and rate > 0:
             drain(q, int((now - self._queue[0][2]) / rate))
         view, cum = {}, 0.0

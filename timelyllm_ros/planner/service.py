@@ -103,6 +103,8 @@ class PlannerService:
         self._open: dict[str, _OpenTask] = {}
         self._lock = threading.RLock()
         self._arrivals: dict[int, float] = {}  # a goal's key -> its arrival (core clock), until it is accepted
+        # its own lock: a goal's arrival is stamped at once, never behind another goal's validation and rendering
+        self._arrivals_lock = threading.Lock()
         self._skillset_ids: dict[str, str] = {}
         self.engine_error: str | None = None  # set while the engine is down (goals are refused)
         self._next_prune = 0.0
@@ -268,14 +270,14 @@ class PlannerService:
     # -- requests ----------------------------------------------------------------------------------
     def arrived(self, key: int) -> None:
         """A goal came in: its arrival time (core clock) is kept under ``key`` until :meth:`arrival` takes it."""
-        with self._lock:
+        with self._arrivals_lock:
             if len(self._arrivals) > 10_000:  # entries whose goal was never accepted (bounded memory)
                 self._arrivals.clear()
             self._arrivals[key] = now = self.core.clock.now()
         self.core.intake.begin(now)  # ended by accept (the goal was taken in, or refused)
 
     def arrival(self, key: int) -> float | None:
-        with self._lock:
+        with self._arrivals_lock:
             return self._arrivals.pop(key, None)
 
     def taken_in(self) -> None:

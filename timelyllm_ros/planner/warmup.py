@@ -71,6 +71,7 @@ class Calibration:
     prefill_s_per_token: float  # each uncached prompt token behind the robot type's cached examples
     first_segment_s: dict[str, float]  # "<robot type>/<urgent|normal>" -> a lone task's first segment
     tokens_per_step: dict[int, float] = field(default_factory=dict)  # batch size -> tokens each generation kept
+    decode_step_s: dict[int, float] = field(default_factory=dict)  # batch size -> a decode step, whatever it kept
     prefill_samples: list[tuple[int, float]] = field(default_factory=list)  # (uncached tokens, their cost)
     wall_s: float = 0.0
 
@@ -109,20 +110,23 @@ def calibrate(engine: Engine, make: ProbeMaker, stop_checker: Callable[[str], An
     limit = max_batch or max(1, int(engine.stats().max_batch))
     decode: dict[int, float] = {}
     kept: dict[int, float] = {}
+    step: dict[int, float] = {}
     for b in [b for b in DECODE_BATCHES if b <= limit]:
         for _ in range(b):
             engine.add(_request(engine, make, stop_checker, rt0, next(n), 1, False, 64, False))
-        per_token, per_step = [], []
+        per_token, per_step, whole = [], [], []
         while engine.has_work() and len(per_token) < DECODE_STEPS:
             rep = engine.step()
             if rep.prefill_tokens or rep.batch_size != b or rep.new_tokens < 1 or any(e.final for e in rep.events):
                 continue  # a prefill step, or one a generation ended in
             per_token.append(rep.duration_s * b / max(b, rep.new_tokens))
             per_step.append(rep.new_tokens / b)
+            whole.append(rep.duration_s)
         _drain(engine)
         if per_token:
             decode[b] = statistics.median(per_token)
             kept[b] = statistics.mean(per_step)
+            step[b] = statistics.median(whole)
     if not decode:
         raise RuntimeError("calibrate: no decode step could be timed (every probe ended at once)")
     step1 = decode.get(1, min(decode.values()))
@@ -153,7 +157,7 @@ def calibrate(engine: Engine, make: ProbeMaker, stop_checker: Callable[[str], An
             _drain(engine)
         if times:
             first[f"{rt}/{'urgent' if urgent else 'normal'}"] = statistics.median(times)
-    return Calibration(decode, fixed, rate, first, kept, samples, time.perf_counter() - t_start)
+    return Calibration(decode, fixed, rate, first, kept, step, samples, time.perf_counter() - t_start)
 
 
 def calibrate_core(core: PlannerCore, make: ProbeMaker, robot_types: list[str], urgent_types: set[str]

@@ -24,7 +24,11 @@ def test_demo_compares_the_default_policy_with_fcfs_and_draws_what_each_robot_di
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     md = (out / "results.md").read_text()
     # the default policy (pud-shed) and fcfs, each under the admission it gets in the simulator too
-    assert f"## {DEFAULT_POLICY} (admission adaptive;" in md and "## fcfs (admission cap256;" in md, md
+    assert f"## {DEFAULT_POLICY} (admission adaptive-tuf;" in md and "## fcfs (admission cap256;" in md, md
+    # the robots ran in a process of their own, and every result is set beside this run's bound
+    assert "robots: a process of their own" in md, md
+    assert md.count("| share of bound |") == 2 and "The bound: each task's first" in md, md
+    assert (out / "bound.csv").read_text().count("pud-shed") == 3
     assert md.count("seeded from the simulated engine's own step model") == 2, md
     recs = json.loads((out / "records.json").read_text())
     assert set(recs) == {DEFAULT_POLICY, "fcfs"}

@@ -29,6 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from timelyllm_ros.engines import openmp
+from timelyllm_ros.measure import bound as bounds
 from timelyllm_ros.measure import metrics
 from timelyllm_ros.measure.records import SegRecord, TaskRecord
 from timelyllm_ros.planner import telemetry
@@ -49,6 +50,8 @@ class RunResult:
     decision_ms: dict[str, float]
     admission: str = ""
     latency_estimate: dict = field(default_factory=dict)  # the scheduler's step-time estimate at the end
+    steps: list[tuple[int, int, int, float, float]] = field(default_factory=list)  # batch, prefill, kept, s, start
+    calibration: Any = None  # what the planner's warm-up measured on the engine (planner/warmup.py Calibration)
 
 
 def add_job_selection(ap: Any, events: int, per_event: int) -> None:
@@ -116,89 +119,203 @@ FLEET_HOOK: Callable[[list[str], dict[str, str], argparse.Namespace, Any], Abstr
 
 
 def run_policy(engine: Any, constrained: bool, policy: str, jobs: list[Job], args: argparse.Namespace,
-               record: bool = True) -> RunResult:
+               record: bool = True, mode: str = "workload", robot_ids: dict[int, str] | None = None) -> RunResult:
+    """Serve ``jobs`` under ``policy`` through the ROS 2 stack on ``engine``. The planner's nodes run here; the
+    robots (the simulated fleet and the client that sends their goals) in a process of their own at a lower
+    priority (ros/robots_process.py), as robots on other machines would, unless ``args.robots_in_process`` or a
+    FLEET_HOOK puts them here. ``mode="alone"``: each job alone (the bound's lone pass)."""
     import rclpy
     from rclpy.parameter import Parameter
 
     from timelyllm_ros.ros.exec_time_node import ExecTimeNode
     from timelyllm_ros.ros.planner_node import build_planner
-    from timelyllm_ros.ros.sim_fleet_node import SimFleetNode
-    from timelyllm_ros.ros.workload_client import WorkloadClient, robot_id_of, robot_type_of
 
     ctx = rclpy.Context()
     rclpy.init(context=ctx)
-    robots = sorted({robot_id_of(j) for j in jobs})
     planner, sched = build_planner([Parameter("policy", value=policy), Parameter("admission", value=args.admission)],
                                    engine=engine, constrained=constrained, context=ctx)
+    calibration = planner.core.calibration
+    exec_time = ExecTimeNode(models=planner.core.hooks.exec_model, context=ctx)
+    # every engine step of the run: batch, prefill tokens, kept tokens, seconds, its start (time.monotonic)
+    steps: list[tuple[int, int, int, float, float]] = []
+    engine_step = engine.step
+
+    def logged_step() -> Any:
+        t0 = time.monotonic()
+        rep = engine_step()
+        steps.append((rep.batch_size, rep.prefill_tokens, rep.new_tokens, rep.duration_s, t0))
+        return rep
+
+    progress = Progress(TextColumn(f"[bold]{policy if mode == 'workload' else 'alone':>12}"), BarColumn(),
+                        MofNCompleteColumn(), TextColumn("tasks"), TimeElapsedColumn(), console=console,
+                        transient=False)
+    bar = progress.add_task(policy, total=len(jobs))
+    nodes = [planner, sched, exec_time]
+    bag = args.out_dir / f"bag_{policy}" if args.record and record else None
+    engine.step = logged_step  # type: ignore[method-assign]
+    try:
+        with _spinning(nodes, ctx):
+            console.rule(f"[bold]policy {policy}: {len(jobs)} tasks "
+                         f"({sum(1 for j in jobs if j.tuf[0] > 1)} urgent)"
+                         + (f", TUF time axis x{args.tuf_scale:g}" if args.tuf_scale != 1 else "")
+                         + (", each alone (the bound)" if mode == "alone" else ""))
+            if FLEET_HOOK is not None or args.robots_in_process:
+                records, wall = _robots_here(ctx, jobs, args, progress, bar, bag, mode, robot_ids)
+            else:
+                records, wall = _robots_apart(jobs, args, progress, bar, bag, mode, robot_ids)
+            decisions = metrics.decision_stats(telemetry.decision_log(planner.core))
+            admission, estimate = planner.core.admission.name, planner.core.estimator.describe()
+            planner.shutdown()
+    finally:
+        engine.step = engine_step  # type: ignore[method-assign]
+        for n in nodes:
+            n.destroy_node()
+        rclpy.shutdown(context=ctx)
+    engine.reset_prefix_cache()  # the next policy starts from the same (cold) cache
+    return RunResult(policy, records, metrics.summarize(records), wall, decisions, admission, estimate, steps,
+                     calibration)
+
+
+def _show_segment(progress: Progress, t: float, robot: str, level: str, task_type: str, index: int,
+                  text: str) -> None:
+    urgent = "[red]URGENT[/red]" if level == "urgent" else "normal"
+    progress.console.print(f"[dim]{t:7.3f}s[/dim]  {robot:<9} {urgent:<6} {task_type:<20} #{index} [cyan]{text}[/cyan]")
+
+
+def _robots_apart(jobs: list[Job], args: argparse.Namespace, progress: Progress, bar: Any, bag: Path | None,
+                  mode: str, robot_ids: dict[int, str] | None) -> tuple[list[TaskRecord], float]:
+    """The robots in their own process (ros/robots_process.py); their events printed as they come."""
+    from timelyllm_ros.ros.robots_process import RobotsProcess, RobotsSpec
+
+    spec = RobotsSpec(jobs, speed=args.speed, mode=mode, fleet_time_scale=args.fleet_time_scale, seed=args.seed,
+                      timeout_s=args.timeout, bag=str(bag or ""), robot_ids=dict(robot_ids or {}))
+    done = 0
+    t_start = time.monotonic()
+    with RobotsProcess(spec) as robots, progress:
+        for kind, ev in robots.events():
+            if kind == "started":
+                t_start = float(ev["t"])
+            elif kind == "segment":
+                _show_segment(progress, ev["t"], ev["robot"], ev["level"], ev["task_type"], ev["index"], ev["text"])
+            elif kind == "done":
+                done += 1
+                progress.update(bar, completed=done)
+                if ev["status"] != "done" and mode == "workload":
+                    progress.console.print(f"[yellow]{ev['robot']} {ev['task_type']}: {ev['status']} "
+                                           f"({ev['reason']})")
+            elif kind == "warning":
+                progress.console.print(f"[yellow]{ev['text']}")
+            elif kind == "recorded":
+                progress.console.print(f"recorded {ev['messages']} messages to {ev['bag']}")
+        records = robots.records()
+    return records, time.monotonic() - t_start
+
+
+def _robots_here(ctx: Any, jobs: list[Job], args: argparse.Namespace, progress: Progress, bar: Any,
+                 bag: Path | None, mode: str, robot_ids: dict[int, str] | None) -> tuple[list[TaskRecord], float]:
+    """The robots in the planner's process (a FLEET_HOOK's emulated Tellos, or --robots-in-process)."""
+    from rclpy.parameter import Parameter
+
+    from timelyllm_ros.ros.sim_fleet_node import SimFleetNode
+    from timelyllm_ros.ros.workload_client import WorkloadClient, robot_id_of, robot_type_of
+
+    ids = dict(robot_ids or {})
+    robots = sorted({ids.get(j.job_id) or robot_id_of(j) for j in jobs})
     stack = ExitStack()
     if FLEET_HOOK is not None:  # other robots than the simulated fleet (devtools/tello_demo.py: emulated Tellos)
-        stack.enter_context(FLEET_HOOK(robots, {robot_id_of(j): j.task_input for j in jobs}, args, ctx))
+        stack.enter_context(FLEET_HOOK(robots, {ids.get(j.job_id) or robot_id_of(j): j.task_input for j in jobs},
+                                       args, ctx))
         fleet_nodes = []
     else:
-        # One simulated fleet per robot type: a fleet runs one skill set (an arm workload needs arm robots).
         by_type: dict[str, set[str]] = {}
         for j in jobs:
-            by_type.setdefault(robot_type_of(j), set()).add(robot_id_of(j))
+            by_type.setdefault(robot_type_of(j), set()).add(ids.get(j.job_id) or robot_id_of(j))
         fleet_nodes = [SimFleetNode("sim_fleet" if len(by_type) == 1 else f"sim_fleet_{rt}", context=ctx,
                                     parameter_overrides=[
-                                        Parameter("robots", value=sorted(ids)), Parameter("robot_type", value=rt),
+                                        Parameter("robots", value=sorted(r)), Parameter("robot_type", value=rt),
                                         Parameter("time_scale", value=args.fleet_time_scale),
                                         Parameter("seed", value=args.seed)])
-                       for rt, ids in sorted(by_type.items())]
-    exec_time = ExecTimeNode(models=planner.core.hooks.exec_model, context=ctx)
-    done_count = [0]
-
-    progress = Progress(TextColumn(f"[bold]{policy:>12}"), BarColumn(), MofNCompleteColumn(), TextColumn("tasks"),
-                        TimeElapsedColumn(), console=console, transient=False)
-    bar = progress.add_task(policy, total=len(jobs))
+                       for rt, r in sorted(by_type.items())]
+    done = [0]
     t_start = [time.monotonic()]
 
-    def show_segment(rec: TaskRecord, seg: SegRecord) -> None:
-        urgent = "[red]URGENT[/red]" if rec.level == "urgent" else "normal"
-        progress.console.print(
-            f"[dim]{time.monotonic() - t_start[0]:7.3f}s[/dim]  {robot_label(rec):<9} {urgent:<6} "
-            f"{rec.task_type:<20} #{seg.index} [cyan]{seg.text}[/cyan]")
+    def show(rec: TaskRecord, seg: SegRecord) -> None:
+        _show_segment(progress, time.monotonic() - t_start[0], robot_label(rec), rec.level, rec.task_type,
+                      seg.index, seg.text)
 
     def task_done(rec: TaskRecord) -> None:
-        done_count[0] += 1
-        progress.update(bar, completed=done_count[0])
-        if not rec.done:
+        done[0] += 1
+        progress.update(bar, completed=done[0])
+        if not rec.done and mode == "workload":
             progress.console.print(f"[yellow]{robot_label(rec)} {rec.task_type}: {rec.status} ({rec.reason})")
 
-    client = WorkloadClient(jobs, speed=args.speed, on_segment=show_segment, on_done=task_done, context=ctx)
+    client = WorkloadClient(jobs, speed=args.speed, on_segment=show, on_done=task_done, context=ctx, robot_ids=ids)
+    nodes = [*fleet_nodes, client]
     recorder = None
-    nodes = [planner, sched, *fleet_nodes, exec_time, client]
     try:
         with _spinning(nodes, ctx):
             if not client.wait_for_planner(60):
                 raise RuntimeError("the planner's action server never came up")
-            console.rule(f"[bold]policy {policy}: {len(jobs)} tasks "
-                         f"({sum(1 for j in jobs if j.tuf[0] > 1)} urgent) on {len(robots)} "
-                         f"{'drones' if {robot_type_of(j) for j in jobs} == {'drone'} else 'robots'}"
-                         + (f", TUF time axis x{args.tuf_scale:g}" if args.tuf_scale != 1 else ""))
-            if args.record and record:  # one bag per run: requests, segments, robot reports, results, telemetry
+            if bag is not None:  # one bag per run: requests, segments, robot reports, results, telemetry
                 from timelyllm_ros.ros.recorder_node import start_recorder
 
-                recorder = start_recorder(ctx, args.out_dir / f"bag_{policy}")
+                recorder = start_recorder(ctx, bag)
             t_start[0] = time.monotonic()
             with progress:
-                records = client.run(timeout=args.timeout)
+                records = client.run_alone(args.timeout) if mode == "alone" else client.run(timeout=args.timeout)
                 if not client.wait_for_reports(timeout=60):
                     console.print("[yellow]some robots did not report every segment in time")
             wall = time.monotonic() - t_start[0]
             if recorder is not None:
                 n_msgs = sum(recorder.counts.values())
                 console.print(f"recorded {n_msgs} messages to {recorder.stop()}")
-            decisions = metrics.decision_stats(telemetry.decision_log(planner.core))
-            admission, estimate = planner.core.admission.name, planner.core.estimator.describe()
-            planner.shutdown()
     finally:
         for n in nodes:
             n.destroy_node()
         stack.close()  # a fleet on this context goes before the context
-        rclpy.shutdown(context=ctx)
-    engine.reset_prefix_cache()  # the next policy starts from the same (cold) cache
-    return RunResult(policy, records, metrics.summarize(records), wall, decisions, admission, estimate)
+    return records, wall
+
+
+LONE_ROUNDS = 2  # each distinct task is served alone this many times for the bound (the median is kept)
+
+
+def measure_bound(engine: Any, constrained: bool, policy: str, jobs: list[Job], args: argparse.Namespace
+                  ) -> dict[int, float]:
+    """Job id -> its utility under the bound of this run (measure/bound.py): every distinct task served alone
+    through the same stack, LONE_ROUNDS times, each on a robot of its own (no task waits for a robot)."""
+    from timelyllm_ros.ros.workload_client import robot_type_of
+
+    texts = list(dict.fromkeys(j.task_input for j in jobs))
+    first = {j.task_input: j for j in reversed(jobs)}
+    lone_jobs, robot_ids, text_of = [], {}, {}
+    base = max(j.job_id for j in jobs) + 1
+    for _ in range(LONE_ROUNDS):
+        for t in texts:
+            k = base + len(lone_jobs)
+            j = replace(first[t], job_id=k, trigger_time=0.0)
+            lone_jobs.append(j)
+            robot_ids[k] = f"{robot_type_of(j)}_lone{k}"
+            text_of[k] = t
+    res = run_policy(engine, constrained, policy, lone_jobs, args, record=False, mode="alone", robot_ids=robot_ids)
+    lone = bounds.lone_times((text_of[r.job_id], r) for r in res.records)
+    console.print("first segment alone (s): " + ", ".join(
+        f"{first[t].task_input.split('Task: ')[-1][:24]!r} {v:.3f}" for t, v in lone.items()))
+    return bounds.serial_bound(jobs, lone, speed=args.speed)
+
+
+def print_shares(results: list[RunResult], bound: dict[int, float]) -> None:
+    """Each policy's utility beside the bound of this run, and its engine steps beside the bare engine's."""
+    t = Table(title="Against what this machine allows in this run (the bound: each task's first segment served "
+                    "alone, a burst's goals one after another; measure/bound.py)")
+    for col in ("policy", "level", "n", "U (sum)", "bound (sum)", "share of bound", "decode step / bare"):
+        t.add_column(col, justify="left" if col in ("policy", "level") else "right")
+    for r in results:
+        ratio, n = bounds.step_ratio(r.steps, r.calibration.decode_step_s if r.calibration else {})
+        for row in bounds.shares(r.records, bound):
+            t.add_row(r.policy, row.level, str(row.n), f"{row.utility:.2f}", f"{row.bound:.2f}", f"{row.share:.3f}",
+                      f"{ratio:.2f} ({n} steps)" if row.level == "all" else "")
+        t.add_section()
+    console.print(t)
 
 
 def default_tuf_scale(engine: Any) -> float:
@@ -236,16 +353,20 @@ def print_table(results: list[RunResult]) -> None:
     console.print(t)
 
 
-def write_results(results: list[RunResult], out: Path, args: argparse.Namespace) -> Path:
+def write_results(results: list[RunResult], out: Path, args: argparse.Namespace,
+                  bound: dict[int, float] | None = None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows, bound_rows = [], []
     md = [f"# Fleet demo ({time.strftime('%Y-%m-%d %H:%M:%S')})", "",
           f"Command: `{' '.join(['python -m timelyllm_ros.demo', *args.argv])}`", "",
           "Times are the robots' view: arrival = when the robot sent the goal, response = until the robot "
           "started the first segment. `timelyllm bags metrics <bag>` measures from the planner's receive "
           "stamp instead, so its response times are shorter by the goal's transit time.", "",
           f"TUF time axis scaled by {args.tuf_scale:g} (ERT and cut-off; 1 = the paper's TUFs).", "",
-          f"OpenMP runtime of the engine's CPU kernels: {openmp.runtime()} (timelyllm_ros/engines/openmp.py).", ""]
+          f"OpenMP runtime of the engine's CPU kernels: {openmp.runtime()} (timelyllm_ros/engines/openmp.py).", "",
+          "Simulated robots: " + ("in the planner's process." if args.robots_in_process or FLEET_HOOK is not None
+                                  else "robots: a process of their own at a lower priority "
+                                       "(timelyllm_ros/ros/robots_process.py), as robots on other machines."), ""]
     for r in results:
         rows += metrics.summary_dicts(r.summary, policy=r.policy, admission=r.admission)
         est = r.latency_estimate
@@ -257,8 +378,26 @@ def write_results(results: list[RunResult], out: Path, args: argparse.Namespace)
                f"{est.get('prefill_ms_per_token', float('nan')):.3f} ms/token "
                f"({est.get('decode_samples')} decode and {est.get('prefill_samples')} prefill steps kept).", "",
                metrics.to_markdown(r.summary)]
+        cal = r.calibration
+        if cal is not None:
+            ratio, n = bounds.step_ratio(r.steps, cal.decode_step_s)
+            md += ["", "Measured on the engine at the planner's warm-up (planner/warmup.py): " + ", ".join(
+                f"{k} {v:.1f}" for k, v in cal.describe().items()) + f". A decode step inside this run cost "
+                f"{ratio:.2f}x the warm-up's at the same batch size (median over {n} decode steps)."]
+        if bound:
+            md += ["", "| level | n | U (sum) | bound (sum) | share of bound |", "|---|---|---|---|---|"]
+            md += [f"| {x.level} | {x.n} | {x.utility:.2f} | {x.bound:.2f} | {x.share:.3f} |"
+                   for x in bounds.shares(r.records, bound)]
+            bound_rows += [{"policy": r.policy, "level": x.level, "n": x.n, "utility_sum": x.utility,
+                            "bound_sum": x.bound, "share": x.share} for x in bounds.shares(r.records, bound)]
+    if bound:
+        md += ["", "The bound: each task's first segment served alone through the same stack in this run "
+               f"({LONE_ROUNDS} times, the median), a burst's goals one after another, earliest deadline first "
+               "(timelyllm_ros/measure/bound.py). A policy can beat it where goals share a prompt."]
     (out / "results.md").write_text("\n".join(md))
     metrics.write_csv(out / "results.csv", rows)
+    if bound_rows:
+        metrics.write_csv(out / "bound.csv", bound_rows)
     (out / "records.json").write_text(json.dumps(
         {r.policy: [_record_dict(x) for x in r.records] for r in results}, indent=1, default=str))
     groups = [s.group for s in results[0].summary]
@@ -317,6 +456,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="when comparing policies, skip the unmeasured first pass of the workload")
     ap.add_argument("--no-record", dest="record", action="store_false",
                     help="do not record a rosbag2 (MCAP) bag of each run into the results folder")
+    ap.add_argument("--no-bound", dest="bound", action="store_false",
+                    help="skip the lone pass (each task served alone) the results are set beside")
+    ap.add_argument("--robots-in-process", action="store_true",
+                    help="run the simulated robots in the planner's process (by default they run in a process of "
+                         "their own at a lower priority, as robots on other machines would)")
     args = ap.parse_args(argv)
     args.argv = argv
 
@@ -353,17 +497,22 @@ def main(argv: list[str] | None = None) -> int:
     if not jobs:
         ap.error("the workload selection is empty")
     results = []
+    bound: dict[int, float] = {}
     try:
         if len(policies) > 1 and args.warmup_pass:
             # Whichever policy runs first would otherwise also pay for the engine's first bursts.
             console.rule("[dim]warm-up pass (not measured)")
             run_policy(engine, constrained, policies[0], jobs, args, record=False)
+        if args.bound:
+            bound = measure_bound(engine, constrained, policies[0], jobs, args)
         for p in policies:
             results.append(run_policy(engine, constrained, p, jobs, args))
     finally:
         engine.close()
     print_table(results)
-    png = write_results(results, out, args)
+    if bound:
+        print_shares(results, bound)
+    png = write_results(results, out, args, bound)
     if len(results) > 1:
         for grp in ("all urgent", "all normal"):
             vals = [({x.group: x for x in r.summary}.get(grp), r.policy) for r in results]

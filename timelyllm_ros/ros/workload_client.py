@@ -47,11 +47,13 @@ class WorkloadClient(Node):
     def __init__(self, jobs: list[Job], *, speed: float = 1.0, action: str = PLAN_TASK_ACTION,
                  on_segment: Callable[[TaskRecord, SegRecord], None] | None = None,
                  on_done: Callable[[TaskRecord], None] | None = None, node_name: str = "workload_client",
-                 **node_kw: Any) -> None:
+                 robot_ids: dict[int, str] | None = None, **node_kw: Any) -> None:
+        """``robot_ids``: job id -> the robot that sends it, where not :func:`robot_id_of` (its trace agent)."""
         super().__init__(node_name, **node_kw)
         if speed <= 0:
             raise ValueError(f"speed must be > 0, got {speed}")
         self.jobs, self.speed = jobs, speed
+        self._robot_ids = dict(robot_ids or {})
         self.on_segment, self.on_done = on_segment, on_done
         self._group = ReentrantCallbackGroup()
         self._action = SafeActionClient(self, PlanTask, action, callback_group=self._group)
@@ -73,6 +75,8 @@ class WorkloadClient(Node):
         self._finished = threading.Event()
         self._open = len(jobs)
         self._revised: dict[str, tuple[TaskStatus, str]] = {}  # task -> a finished plan's later end (/plan_results)
+        self._handles: dict[str, Any] = {}  # task -> its goal handle (run_alone cancels after the first segment)
+        self._firsts: dict[str, threading.Event] = {}  # task -> set when its first segment came (run_alone)
         self.create_subscription(SegmentDone, SEGMENT_DONE, self._segment_done, RELIABLE,
                                  callback_group=self._group)
         # A finished plan the robot did not run to the end (preempted, failed late) is revised only here.
@@ -95,13 +99,38 @@ class WorkloadClient(Node):
             raise TimeoutError(f"{self._open} of {len(self.jobs)} tasks had no result after {timeout} s")
         return [self.records[j.job_id] for j in self.jobs]
 
+    def run_alone(self, timeout: float = 60.0) -> list[TaskRecord]:
+        """Send the jobs one at a time, each on an engine with nothing else to do: wait for its first segment,
+        cancel the rest of its plan and wait for its result before the next (the bound a run is measured against:
+        each task's first segment served alone). Their robots report the first segments' starts later
+        (:meth:`wait_for_reports`)."""
+        for j in self.jobs:
+            tid = task_id_of(j.job_id)
+            done = threading.Event()
+            self._firsts[tid] = done
+            self._send(j)
+            rec = self.records[j.job_id]
+            end = time.monotonic() + timeout
+            if done.wait(timeout):
+                # The feedback can overtake the goal's acceptance: cancel once its handle is known.
+                while (handle := self._handles.get(tid)) is None and rec.status == "pending" \
+                        and time.monotonic() < end:
+                    time.sleep(0.002)
+                if handle is not None:
+                    handle.cancel_goal_async()
+            while rec.status == "pending" and time.monotonic() < end:
+                time.sleep(0.005)
+            self._firsts.pop(tid, None)
+        return [self.records[j.job_id] for j in self.jobs]
+
     def _send(self, job: Job) -> None:
         rec = self.records[job.job_id]
         task_id = task_id_of(job.job_id)
         with self._lock:
             self._by_task[task_id] = rec
         rec.arrival = time.monotonic()
-        goal = PlanTask.Goal(task_id=task_id, robot_id=robot_id_of(job), robot_type=rec.robot_type,
+        goal = PlanTask.Goal(task_id=task_id, robot_id=self._robot_ids.get(job.job_id) or robot_id_of(job),
+                             robot_type=rec.robot_type,
                              task=job.task_input, tuf=tuf_to_msg(job.time_utility))
         fut = self._action.send_goal_async(goal, feedback_callback=lambda m, r=rec: self._feedback(r, m.feedback))
         fut.add_done_callback(lambda f, r=rec: self._accepted(r, f))
@@ -117,6 +146,8 @@ class WorkloadClient(Node):
             early = self._early.pop((s.task_id, s.segment_index), None)
         if early is not None:
             self._segment_done(early)
+        if s.segment_index == 0 and (first := self._firsts.get(s.task_id)) is not None:
+            first.set()
         if self.on_segment:
             self.on_segment(rec, seg)
 
@@ -150,6 +181,7 @@ class WorkloadClient(Node):
         if handle is None or not handle.accepted:
             self._close(rec, TaskStatus.INVALID, "goal not accepted")
             return
+        self._handles[task_id_of(rec.job_id)] = handle
         handle.get_result_async().add_done_callback(lambda f, r=rec: self._result(r, f.result().result))
 
     def _result(self, rec: TaskRecord, res: PlanTask.Result) -> None:
@@ -167,6 +199,7 @@ class WorkloadClient(Node):
             if status is TaskStatus.DONE and revised is not None:  # the revision came first
                 status, reason = revised
             rec.status, rec.reason, rec.finished = status.value, reason, time.monotonic()
+            self._handles.pop(task_id_of(rec.job_id), None)
             rec.segments = [s for s in rec.segments if s is not None]
             self._open -= 1
             done = self._open == 0

@@ -169,7 +169,8 @@ def run_nodes(build: Callable[[], Sequence[Node]], args: list[str] | None = None
     """
     rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
     stop = threading.Event()
-    if threading.current_thread() is threading.main_thread():
+    main = threading.current_thread() is threading.main_thread()
+    if main:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
     nodes: Sequence[Node] = ()
@@ -192,6 +193,12 @@ def run_nodes(build: Callable[[], Sequence[Node]], args: list[str] | None = None
         for n in reversed(nodes):
             n.destroy_node()
         rclpy.try_shutdown()
+        if main:
+            # Ctrl-C reaches every process of the terminal's group and `ros2 launch` then sends its own SIGINT:
+            # one arriving while the interpreter exits (which restores the default handlers, not an ignore)
+            # would kill the finished process by signal ("process has died ... exit code -2").
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_IGN)
     return 0
 
 

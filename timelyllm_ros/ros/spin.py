@@ -165,7 +165,8 @@ def run_nodes(build: Callable[[], Sequence[Node]], args: list[str] | None = None
 
     ``before_destroy`` runs first on the way out, while the context is still valid, so that it can still
     answer open goals and publish final results. That is why rclpy's own signal handlers are off here: they
-    shut the context down *before* our code runs, and every last publish would then fail.
+    shut the context down *before* our code runs, and every last publish would then fail. A node executable's
+    ``main``: once it returns, the process ignores SIGINT and SIGTERM (it is exiting; see the end).
     """
     rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
     stop = threading.Event()

@@ -319,10 +319,11 @@ def _overlay_env(ws: Path, overlay: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def ros2_setup(colcon_ws, tmp_path_factory) -> tuple[dict[str, str], dict[str, str]]:
+def ros2_setup(request, tmp_path_factory) -> tuple[dict[str, str], dict[str, str]]:
     if not (ROS2_TOOLS / "wheels").is_dir():
         pytest.skip(f"{ROS2_TOOLS} is absent: no real launch / ros2cli wheels to run the README's ROS 2 workflow "
                     "with (they are not on the package index)")
+    colcon_ws = request.getfixturevalue("colcon_ws")  # built only where the tools are
     _composition_interfaces(colcon_ws)
     overlay = tmp_path_factory.mktemp("ros2-overlay")
     pip = subprocess.run([str(VENV / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-index",

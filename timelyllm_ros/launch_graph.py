@@ -2,7 +2,9 @@
 
 Both the ROS 2 launch files (launch/*.launch.py) and the ``timelyllm``
 command build their processes from :func:`node_specs`, so the two ways of
-starting the stack cannot drift apart.
+starting the stack cannot drift apart. :func:`fleet_launch` adds what a launch
+takes from its command line (namespace, engine, policy, parameter overrides),
+without importing launch, so it is tested as plain Python.
 """
 
 from __future__ import annotations

@@ -241,12 +241,13 @@ def test_readme_lists_exactly_the_commands_the_tests_run():
 class Ros2:
     """The README's shell: a workspace's install/setup.bash sourced, then the ros2-tools overlay on top."""
 
-    def __init__(self, env: dict[str, str], cwd: Path, versions: dict[str, str]) -> None:
-        self.env, self.cwd, self.versions = env, cwd, versions
+    def __init__(self, env: dict[str, str], cwd: Path) -> None:
+        self.env, self.cwd = env, cwd
         self.launches: list[Proc] = []
 
     def _env(self) -> dict[str, str]:
-        return {**self.env, "ROS_DOMAIN_ID": os.environ["ROS_DOMAIN_ID"]}  # the module's domain (conftest)
+        # the module's domain (conftest); rcl's log files in the test's folder, not ~/.ros
+        return {**self.env, "ROS_DOMAIN_ID": os.environ["ROS_DOMAIN_ID"], "ROS_LOG_DIR": str(self.cwd / "ros_log")}
 
     def run(self, command: str, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
         proc = subprocess.Popen(shlex.split(command), cwd=self.cwd, env=self._env(), stdout=subprocess.PIPE,
@@ -336,8 +337,7 @@ def ros2_setup(request, tmp_path_factory) -> tuple[dict[str, str], dict[str, str
 
 @pytest.fixture
 def ros2(ros2_setup, tmp_path):
-    env, versions = ros2_setup
-    sh = Ros2(env, tmp_path, versions)
+    sh = Ros2(ros2_setup[0], tmp_path)
     try:
         yield sh
     finally:

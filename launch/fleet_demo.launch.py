@@ -1,6 +1,7 @@
-"""ros2 launch timelyllm_ros fleet_demo.launch.py [config:=fleet_demo.yaml]
+"""ros2 launch timelyllm_ros fleet_demo.launch.py [config:=fleet_demo.yaml] [engine_config:=...] [policy:=...]
+    [namespace:=...] [<node>.<parameter>:=<value> ...]
 
-Planner (+ scheduler), execution-time model and a simulated fleet.
+Planner (+ scheduler), execution-time model and a simulated fleet; `--show-args` lists the arguments.
 
 The node list comes from timelyllm_ros.launch_graph.node_specs (tested), the
 same function the `timelyllm` command uses.

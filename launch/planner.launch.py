@@ -1,6 +1,7 @@
-"""ros2 launch timelyllm_ros planner.launch.py [config:=fleet_demo.yaml]
+"""ros2 launch timelyllm_ros planner.launch.py [config:=fleet_demo.yaml] [engine_config:=...] [policy:=...]
+    [namespace:=...] [<node>.<parameter>:=<value> ...]
 
-The planner stack only: planner (+ scheduler) and the execution-time model.
+The planner stack only: planner (+ scheduler) and the execution-time model; `--show-args` lists the arguments.
 
 The node list comes from timelyllm_ros.launch_graph.node_specs (tested), the
 same function the `timelyllm` command uses.

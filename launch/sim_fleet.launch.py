@@ -1,4 +1,7 @@
-"""ros2 launch timelyllm_ros sim_fleet.launch.py [config:=fleet_demo.yaml]: the simulated robots only.
+"""ros2 launch timelyllm_ros sim_fleet.launch.py [config:=fleet_demo.yaml] [namespace:=...]
+    [sim_fleet.<parameter>:=<value> ...]
+
+The simulated robots only; `--show-args` lists the arguments.
 
 The node list comes from timelyllm_ros.launch_graph.node_specs (tested), the
 same function the `timelyllm` command uses.

@@ -16,6 +16,7 @@ import itertools  # noqa: E402
 import weakref  # noqa: E402
 
 import pytest  # noqa: E402
+from colcon_ws import build_workspace  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 # No timing in unit tests, hypothesis' included: its default 200 ms deadline per example failed
@@ -70,3 +71,10 @@ def _ros_participants_released():
         ctx.destroy()  # rclpy destroys it once its last node is gone
     if ended:
         gc.collect()  # nodes kept only by reference cycles (executors, callbacks)
+
+
+@pytest.fixture(scope="session")
+def colcon_ws(tmp_path_factory):
+    """The package built in a fresh colcon workspace (test/colcon_ws.py), once for the session: test_colcon_build
+    checks its install space, test_launch runs ``ros2 launch`` on it."""
+    return build_workspace(tmp_path_factory.mktemp("colcon"))

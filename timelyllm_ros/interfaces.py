@@ -3,8 +3,12 @@
 Pure Python (no rclpy), so that the core, the bag tools and the robots' pure halves read the same names
 as the nodes. ``ros/topics.py`` adds the QoS profiles; ``bags/typestore.py`` adds the message types.
 
-Fleet-wide names are absolute: a planner or recorder started in a namespace still meets the robots.
-A robot's own names live under ``/<robot_id>/``.
+The names are spelled as in the root namespace. A fleet's own nodes (planner, scheduler, exec_time, the
+simulated fleet) and its clients (``plan_client``, PlanClient, replay) use them through :func:`in_fleet`, so a fleet
+launched with ``namespace:=fleet_a`` lives under ``/fleet_a/`` (``/fleet_a/plan_task``,
+``/fleet_a/drone_0/plan_segments``) and two fleets share one ROS domain without meeting. A robot's own names live
+under ``/<robot_id>/``; the hardware executors, whose node namespace is the robot's, and the recorder (a bag's topic
+names) use the absolute names: they serve the fleet in the root namespace.
 """
 
 from __future__ import annotations
@@ -62,6 +66,13 @@ def emergency_stop_service(robot_id: str) -> str:
 def reset_emergency_service(robot_id: str) -> str:
     """std_srvs/Trigger: accept segments again after an emergency stop."""
     return f"/{robot_id}/reset_emergency"
+
+
+# -- a fleet in a namespace -------------------------------------------------------------------------------------
+def in_fleet(name: str) -> str:
+    """``name`` relative, as a fleet's node passes it to rclpy: rclpy resolves it in the node's namespace
+    (``plan_task`` is ``/plan_task`` in the root namespace, ``/fleet_a/plan_task`` under ``-r __ns:=/fleet_a``)."""
+    return name.lstrip("/")
 
 
 # -- wire conventions --------------------------------------------------------------------------------------------

@@ -140,7 +140,7 @@ class ActionServerWatch:
     ``down_since`` (monotonic; None while ready) are as of the last :meth:`update`."""
 
     def __init__(self, node: Node, client: ActionClient, action_name: str) -> None:
-        name = action_name if action_name.startswith("/") else f"{node.get_namespace().rstrip('/')}/{action_name}"
+        name = node.resolve_topic_name(action_name)  # as rcl_action names it: namespace and remaps applied
         self._node, self._client = node, client
         self._status_topic = f"{name}/_action/status"
         self._seen_gids: set[bytes] = set()  # every status publisher seen

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from timelyllm_ros.bags import cli as bags_cli
 from timelyllm_ros.bags.convert import DEFAULT_ROBOT_ID_FORMAT
-from timelyllm_ros.interfaces import PLAN_TASK_ACTION
+from timelyllm_ros.interfaces import PLAN_TASK_ACTION, in_fleet
 
 
 def _record(args: argparse.Namespace) -> int:
@@ -97,7 +97,7 @@ def add_ros_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("replay", help="replay a bag or LRTrace workload as PlanTask goals")
     p.add_argument("source", help="bag folder / .mcap, or LRTrace folder / jobs.json")
     p.add_argument("--speed", type=float, default=1.0, help="time factor (2 = twice as fast)")
-    p.add_argument("--action", default=PLAN_TASK_ACTION)
+    p.add_argument("--action", default=in_fleet(PLAN_TASK_ACTION))
     p.add_argument("--robot-id-format", default=DEFAULT_ROBOT_ID_FORMAT,
                    help="robot id of an LRTrace agent; fields {robot_type}, {agent_id}")
     p.add_argument("--keep-task-ids", action="store_true", help="send the recorded task ids (default: new ids)")

@@ -1,6 +1,7 @@
 """A PlanTask client a robot can trust, and the ``plan_client`` command built on it.
 
     ros2 run timelyllm_ros plan_client --robot-id drone_0 --task "Task: find the cat" --urgency urgent
+    ros2 run timelyllm_ros plan_client ... --ros-args -r __ns:=/fleet_a   # the fleet launched with namespace:=fleet_a
 
 :class:`PlanClient` wraps the ``/plan_task`` action with the planner's delivery contract:
 
@@ -108,9 +109,11 @@ SOURCE_SERVICE = "get_plan_result"
 class PlanClient:
     """PlanTask goals with retries, exactly-once in-order segments and a result fallback (module doc)."""
 
-    def __init__(self, node: Node, action_name: str = topics.PLAN_TASK_ACTION, *,
-                 results_topic: str = topics.PLAN_RESULTS, result_service: str = topics.GET_PLAN_RESULT_SERVICE,
-                 segments_topic: str = topics.ALL_SEGMENTS, action_client: ActionClient | None = None,
+    # Relative default names: the planner of the node's own namespace (interfaces.in_fleet).
+    def __init__(self, node: Node, action_name: str = topics.in_fleet(topics.PLAN_TASK_ACTION), *,
+                 results_topic: str = topics.in_fleet(topics.PLAN_RESULTS),
+                 result_service: str = topics.in_fleet(topics.GET_PLAN_RESULT_SERVICE),
+                 segments_topic: str = topics.in_fleet(topics.ALL_SEGMENTS), action_client: ActionClient | None = None,
                  callback_group=None, server_timeout: float = 10.0, goal_response_timeout: float = 5.0,
                  max_attempts: int = 4, retry_backoff: float = 0.5, max_backoff: float = 8.0,
                  default_timeout: float = 120.0, poll_period: float = 1.0, poll_timeout: float = 3.0,
@@ -720,14 +723,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--beta", type=float, default=0.0)
     ap.add_argument("--ert", type=float, default=0.0)
     ap.add_argument("--task-id", default="", help="reuse an id (a retry of the same request); default: a uuid")
-    ap.add_argument("--action", default=topics.PLAN_TASK_ACTION, help="PlanTask action name")
+    ap.add_argument("--action", default=topics.in_fleet(topics.PLAN_TASK_ACTION),
+                    help="PlanTask action name (relative: in the node's namespace, --ros-args -r __ns:=/fleet_a)")
     ap.add_argument("--timeout", type=float, default=120.0)
     args = ap.parse_args(remove_ros_args(argv)[1:])
 
     rclpy.init(args=argv)
     node = rclpy.create_node("plan_client")
-    action = args.action if args.action.startswith("/") else f"/{args.action}"
-    pc = PlanClient(node, action, server_timeout=min(args.timeout, 30.0), default_timeout=args.timeout)
+    pc = PlanClient(node, args.action, server_timeout=min(args.timeout, 30.0), default_timeout=args.timeout)
     t0 = time.monotonic()
 
     def show(s: PlanSegment) -> None:

@@ -326,9 +326,9 @@ class PlannerDiagnostics:
         volatile = QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE,
                               history=QoSHistoryPolicy.KEEP_LAST, durability=QoSDurabilityPolicy.VOLATILE)
         self._subs = [
-            n.create_subscription(TaskRequest, topics.PLAN_REQUESTS, self._on_request, volatile,
+            n.create_subscription(TaskRequest, topics.in_fleet(topics.PLAN_REQUESTS), self._on_request, volatile,
                                   callback_group=self.diag.group),
-            n.create_subscription(PlanResult, topics.PLAN_RESULTS, self._on_result, volatile,
+            n.create_subscription(PlanResult, topics.in_fleet(topics.PLAN_RESULTS), self._on_result, volatile,
                                   callback_group=self.diag.group),
         ]
         self._rejections = _Events()

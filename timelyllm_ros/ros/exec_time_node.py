@@ -25,7 +25,7 @@ from timelyllm_ros.msg import PlanSegment, SegmentDone
 from timelyllm_ros.ros.convert import time_s
 from timelyllm_ros.ros.params import declare, on_change
 from timelyllm_ros.ros.spin import run_nodes
-from timelyllm_ros.ros.topics import ALL_SEGMENTS, ESTIMATE_EXEC_TIME_SERVICE, RELIABLE, SEGMENT_DONE
+from timelyllm_ros.ros.topics import ALL_SEGMENTS, ESTIMATE_EXEC_TIME_SERVICE, RELIABLE, SEGMENT_DONE, in_fleet
 from timelyllm_ros.skills.exec_model import ExecTimeModel
 from timelyllm_ros.skills.schema import load_skill_set
 from timelyllm_ros.srv import EstimateExecTime
@@ -45,11 +45,12 @@ class ExecTimeNode(Node):
         # Segments seen, and what became of the SegmentDone reports (diagnostics, tests).
         self.stats = {"segments": 0, "segments_without_skills": 0,
                       "learned": 0, "unmatched": 0, "skipped": 0, "failed": 0}
-        self.create_service(EstimateExecTime, ESTIMATE_EXEC_TIME_SERVICE, self._estimate)
+        service = self.create_service(EstimateExecTime, in_fleet(ESTIMATE_EXEC_TIME_SERVICE), self._estimate)
         if models is None:  # a shared model already learns inside the planner core
-            self.create_subscription(PlanSegment, ALL_SEGMENTS, self._segment, RELIABLE)
-            self.create_subscription(SegmentDone, SEGMENT_DONE, self._done, RELIABLE)
+            self.create_subscription(PlanSegment, in_fleet(ALL_SEGMENTS), self._segment, RELIABLE)
+            self.create_subscription(SegmentDone, in_fleet(SEGMENT_DONE), self._done, RELIABLE)
         on_change(self, {"learn": self._set_learn})
+        self.get_logger().info(f"execution-time estimates on {service.service_name} (learn: {bool(self.learn)})")
 
     def _set_learn(self, value: bool) -> None:
         with self._lock:

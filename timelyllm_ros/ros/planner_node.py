@@ -48,6 +48,7 @@ from timelyllm_ros.ros.actions import BatchedActionServer, complete_goal
 from timelyllm_ros.ros.diagnostics import attach_planner_diagnostics
 from timelyllm_ros.ros.scheduler_node import SchedulerNode
 from timelyllm_ros.ros.spin import destroy_entities, ros_args_without_node_rename, run_nodes
+from timelyllm_ros.ros.topics import in_fleet
 from timelyllm_ros.srv import GetPlanResult, Plan
 from timelyllm_ros.transport.delivery import RejectedMessages, SegmentDelivery
 
@@ -96,10 +97,10 @@ class PlannerNode(LifecycleNode):
             self._configured: list[Any] = []  # subscriptions and timers of the configured state
             self.lifecycle_error: str | None = None  # why the last transition failed
             # The report publishers live as long as the node: a drained task's result still goes out.
-            self._engine_pub = self.create_publisher(EngineState, topics.ENGINE_STATE, topics.TELEMETRY)
-            self._all_segments = self.create_publisher(PlanSegment, topics.ALL_SEGMENTS, topics.REPORTS)
-            self._requests = self.create_publisher(TaskRequest, topics.PLAN_REQUESTS, topics.REPORTS)
-            self._results = self.create_publisher(PlanResult, topics.PLAN_RESULTS, topics.RESULTS_QOS)
+            self._engine_pub = self.create_publisher(EngineState, in_fleet(topics.ENGINE_STATE), topics.TELEMETRY)
+            self._all_segments = self.create_publisher(PlanSegment, in_fleet(topics.ALL_SEGMENTS), topics.REPORTS)
+            self._requests = self.create_publisher(TaskRequest, in_fleet(topics.PLAN_REQUESTS), topics.REPORTS)
+            self._results = self.create_publisher(PlanResult, in_fleet(topics.PLAN_RESULTS), topics.RESULTS_QOS)
             self.diagnostics = attach_planner_diagnostics(self)  # /diagnostics in every lifecycle state
             if p["autostart"]:
                 for step, trigger in (("configure", self.trigger_configure), ("activate", self.trigger_activate)):
@@ -158,10 +159,10 @@ class PlannerNode(LifecycleNode):
         self.service.configure(policy, self.delivery)
         # Reports and acks in groups of their own: a burst of one never queues behind the other.
         self._configured = [
-            self.create_subscription(SegmentDone, topics.SEGMENT_DONE, self._segment_done, topics.REPORTS_IN,
-                                     callback_group=MutuallyExclusiveCallbackGroup()),
-            self.create_subscription(SegmentAck, topics.SEGMENT_ACKS, self._segment_ack, topics.REPORTS_IN,
-                                     callback_group=MutuallyExclusiveCallbackGroup()),
+            self.create_subscription(SegmentDone, in_fleet(topics.SEGMENT_DONE), self._segment_done,
+                                     topics.REPORTS_IN, callback_group=MutuallyExclusiveCallbackGroup()),
+            self.create_subscription(SegmentAck, in_fleet(topics.SEGMENT_ACKS), self._segment_ack,
+                                     topics.REPORTS_IN, callback_group=MutuallyExclusiveCallbackGroup()),
             self.create_timer(p["state_period_s"], self._publish_engine_state),
             self.create_timer(p["resend_period_s"] / 2, self.service.housekeeping,
                               callback_group=MutuallyExclusiveCallbackGroup())]
@@ -187,17 +188,18 @@ class PlannerNode(LifecycleNode):
         goals = ReentrantCallbackGroup()
         deep = QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE, history=QoSHistoryPolicy.KEEP_LAST)
         # A burst of goals must not overflow the goal service's request queue (rclpy's default depth is 10).
-        self._action = BatchedActionServer(self, PlanTask, topics.PLAN_TASK_ACTION, execute_callback=_execute_noop,
-                                    goal_callback=self._goal_cb, handle_accepted_callback=self._accepted,
-                                    cancel_callback=self._cancel_cb, callback_group=goals,
+        self._action = BatchedActionServer(self, PlanTask, in_fleet(topics.PLAN_TASK_ACTION),
+                                    execute_callback=_execute_noop, goal_callback=self._goal_cb,
+                                    handle_accepted_callback=self._accepted, cancel_callback=self._cancel_cb,
+                                    callback_group=goals,
                                     goal_service_qos_profile=deep, result_service_qos_profile=deep,
                                     cancel_service_qos_profile=deep,
                                     feedback_pub_qos_profile=QoSProfile(depth=1000),
                                     result_timeout=int(p["action_result_timeout_s"]))
         self._servers = [
             self._action,
-            self.create_service(Plan, topics.PLAN_SERVICE, self._plan_srv, callback_group=goals),
-            self.create_service(GetPlanResult, topics.GET_PLAN_RESULT_SERVICE, self._get_result_srv,
+            self.create_service(Plan, in_fleet(topics.PLAN_SERVICE), self._plan_srv, callback_group=goals),
+            self.create_service(GetPlanResult, in_fleet(topics.GET_PLAN_RESULT_SERVICE), self._get_result_srv,
                                 callback_group=goals)]
 
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -357,7 +359,7 @@ class PlannerNode(LifecycleNode):
     # -- robots: their segment topics and reports ---------------------------------------------------
     def _segment_writer(self, robot_id: str) -> Any:
         # No QoS event callbacks: with hundreds of robots their waitables slow the whole executor.
-        return self.create_publisher(PlanSegment, topics.segment_topic(robot_id), topics.RELIABLE,
+        return self.create_publisher(PlanSegment, in_fleet(topics.segment_topic(robot_id)), topics.RELIABLE,
                                      event_callbacks=PublisherEventCallbacks(use_default_callbacks=False))
 
     def _publish_to_robot(self, robot_id: str, msg: PlanSegment) -> None:

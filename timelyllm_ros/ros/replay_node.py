@@ -33,7 +33,7 @@ from timelyllm_ros.ros.actions import SafeActionClient
 from timelyllm_ros.ros.convert import duration_s, status_name, time_msg
 from timelyllm_ros.ros.params import declare, not_blank
 from timelyllm_ros.ros.spin import PooledExecutor, Spinner
-from timelyllm_ros.ros.topics import PLAN_TASK_ACTION
+from timelyllm_ros.ros.topics import PLAN_TASK_ACTION, in_fleet
 
 
 @dataclass
@@ -90,7 +90,8 @@ class Replayer:
     """Sends the goals of ``requests`` on time through an ActionClient of ``node`` (which some executor spins)."""
 
     def __init__(self, node: Node, requests: Sequence[ReplayRequest], *, speed: float = 1.0,
-                 action: str = PLAN_TASK_ACTION, keep_task_ids: bool = False, task_id_suffix: str = "") -> None:
+                 action: str = in_fleet(PLAN_TASK_ACTION), keep_task_ids: bool = False,
+                 task_id_suffix: str = "") -> None:
         if not (speed > 0 and math.isfinite(speed)):
             raise ValueError(f"speed: must be a finite number > 0, got {speed}")
         self.node = node
@@ -173,8 +174,8 @@ class ReplayNode(Node):
         self.source = declare(self, "source", "", "bag folder / .mcap, or LRTrace folder / jobs file (required)",
                               read_only=True, check=_required, constraints="required")
         self.speed = float(declare(self, "speed", 1.0, "time factor; 2 = twice as fast", read_only=True, above=0.0))
-        self.action = declare(self, "action", PLAN_TASK_ACTION, "PlanTask action of the planner", read_only=True,
-                              check=not_blank)
+        self.action = declare(self, "action", in_fleet(PLAN_TASK_ACTION), "PlanTask action of the planner "
+                              "(relative: in the node's namespace)", read_only=True, check=not_blank)
         fmt = declare(self, "robot_id_format", DEFAULT_ROBOT_ID_FORMAT, "robot id of an LRTrace agent, e.g. "
                       "{robot_type}_{agent_id}", read_only=True, check=not_blank)
         self.keep_task_ids = bool(declare(self, "keep_task_ids", False, "send the recorded task ids (a planner "

@@ -32,7 +32,7 @@ class SchedulerNode(Node):
             self.destroy_node()  # not left on the graph (PlannerNode.__init__)
             raise
         on_change(self, {"policy": self._set_policy})
-        self._pub = self.create_publisher(SchedulerState, topics.SCHEDULER_STATE, topics.TELEMETRY)
+        self._pub = self.create_publisher(SchedulerState, topics.in_fleet(topics.SCHEDULER_STATE), topics.TELEMETRY)
         self._timer: Timer | None = None
 
     def attach(self, core: PlannerCore) -> None:

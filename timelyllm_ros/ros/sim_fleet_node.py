@@ -44,6 +44,7 @@ from timelyllm_ros.ros.topics import (
     REPORTS_KEPT,
     SEGMENT_ACKS,
     SEGMENT_DONE,
+    in_fleet,
     is_end_marker,
     publish_or_log,
     segment_topic,
@@ -112,13 +113,13 @@ class SimFleetNode(Node):
         kept = max(256, REPORTS_KEPT_FLEET // len(robots))  # the whole fleet's reports bounded, not each robot's
         self.robots = {r: SimRobot(r, robot_type, RobotSession(self.reorder_timeout_s, reports_kept=kept),
                                    silent=r in silent) for r in robots}
-        self._done_pub = self.create_publisher(SegmentDone, SEGMENT_DONE, REPORTS_KEPT)
-        self._ack_pub = self.create_publisher(SegmentAck, SEGMENT_ACKS, REPORTS)
+        self._done_pub = self.create_publisher(SegmentDone, in_fleet(SEGMENT_DONE), REPORTS_KEPT)
+        self._ack_pub = self.create_publisher(SegmentAck, in_fleet(SEGMENT_ACKS), REPORTS)
         self._lock = threading.Condition()
         for r in robots:
             # No QoS event callbacks: with a hundred robots their waitables slow the whole executor.
-            self.create_subscription(PlanSegment, segment_topic(r), lambda m, r=r: self._received(r, m), RELIABLE,
-                                     event_callbacks=SubscriptionEventCallbacks(use_default_callbacks=False))
+            self.create_subscription(PlanSegment, in_fleet(segment_topic(r)), lambda m, r=r: self._received(r, m),
+                                     RELIABLE, event_callbacks=SubscriptionEventCallbacks(use_default_callbacks=False))
         self.create_timer(min(0.1, self.reorder_timeout_s / 4), self._expire)  # held segments past the timeout
         if self.heartbeat_period_s > 0:
             self.create_timer(self.heartbeat_period_s, self._heartbeat)

@@ -165,11 +165,13 @@ def run_nodes(build: Callable[[], Sequence[Node]], args: list[str] | None = None
 
     ``before_destroy`` runs first on the way out, while the context is still valid, so that it can still
     answer open goals and publish final results. That is why rclpy's own signal handlers are off here: they
-    shut the context down *before* our code runs, and every last publish would then fail.
+    shut the context down *before* our code runs, and every last publish would then fail. A node executable's
+    ``main``: once it returns, the process ignores SIGINT and SIGTERM (it is exiting; see the end).
     """
     rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
     stop = threading.Event()
-    if threading.current_thread() is threading.main_thread():
+    main = threading.current_thread() is threading.main_thread()
+    if main:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
     nodes: Sequence[Node] = ()
@@ -192,6 +194,12 @@ def run_nodes(build: Callable[[], Sequence[Node]], args: list[str] | None = None
         for n in reversed(nodes):
             n.destroy_node()
         rclpy.try_shutdown()
+        if main:
+            # Ctrl-C reaches every process of the terminal's group and `ros2 launch` then sends its own SIGINT:
+            # one arriving while the interpreter exits (which restores the default handlers, not an ignore)
+            # would kill the finished process by signal ("process has died ... exit code -2").
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_IGN)
     return 0
 
 

@@ -35,6 +35,7 @@ from timelyllm_ros.interfaces import (  # noqa: F401 - re-exported
     SEGMENT_DONE,
     TOPIC_MAX_LEN,
     emergency_stop_service,
+    in_fleet,
     is_end_marker,
     reset_emergency_service,
     robot_id_problem,

@@ -21,7 +21,7 @@ from timelyllm_ros.measure.records import SegRecord, TaskRecord
 from timelyllm_ros.msg import PlanResult, SegmentDone
 from timelyllm_ros.ros.actions import SafeActionClient
 from timelyllm_ros.ros.convert import ClockBridge, started, status_from_code, tuf_to_msg
-from timelyllm_ros.ros.topics import PLAN_RESULTS, PLAN_TASK_ACTION, RELIABLE, RESULTS_QOS, SEGMENT_DONE
+from timelyllm_ros.ros.topics import PLAN_RESULTS, PLAN_TASK_ACTION, RELIABLE, RESULTS_QOS, SEGMENT_DONE, in_fleet
 from timelyllm_ros.sim.workloads import Job
 
 
@@ -44,7 +44,7 @@ def task_id_of(job_id: int) -> str:
 class WorkloadClient(Node):
     """Sends jobs at ``arrival / speed`` seconds after :meth:`start`; collects TaskRecords."""
 
-    def __init__(self, jobs: list[Job], *, speed: float = 1.0, action: str = PLAN_TASK_ACTION,
+    def __init__(self, jobs: list[Job], *, speed: float = 1.0, action: str = in_fleet(PLAN_TASK_ACTION),
                  on_segment: Callable[[TaskRecord, SegRecord], None] | None = None,
                  on_done: Callable[[TaskRecord], None] | None = None, node_name: str = "workload_client",
                  robot_ids: dict[int, str] | None = None, **node_kw: Any) -> None:
@@ -77,10 +77,10 @@ class WorkloadClient(Node):
         self._revised: dict[str, tuple[TaskStatus, str]] = {}  # task -> a finished plan's later end (/plan_results)
         self._handles: dict[str, Any] = {}  # task -> its goal handle (run_alone cancels after the first segment)
         self._firsts: dict[str, threading.Event] = {}  # task -> set when its first segment came (run_alone)
-        self.create_subscription(SegmentDone, SEGMENT_DONE, self._segment_done, RELIABLE,
+        self.create_subscription(SegmentDone, in_fleet(SEGMENT_DONE), self._segment_done, RELIABLE,
                                  callback_group=self._group)
         # A finished plan the robot did not run to the end (preempted, failed late) is revised only here.
-        self.create_subscription(PlanResult, PLAN_RESULTS, self._plan_result, RESULTS_QOS,
+        self.create_subscription(PlanResult, in_fleet(PLAN_RESULTS), self._plan_result, RESULTS_QOS,
                                  callback_group=self._group)
 
     def wait_for_planner(self, timeout: float = 120.0) -> bool:

@@ -200,7 +200,7 @@ def _robots_apart(jobs: list[Job], args: argparse.Namespace, progress: Progress,
             elif kind == "done":
                 done += 1
                 progress.update(bar, completed=done)
-                if ev["status"] != "done" and mode == "workload":
+                if ev["status"] != "done" and (mode == "workload" or ev["status"] != "cancelled"):
                     progress.console.print(f"[yellow]{ev['robot']} {ev['task_type']}: {ev['status']} "
                                            f"({ev['reason']})")
             elif kind == "warning":

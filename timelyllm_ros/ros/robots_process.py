@@ -166,6 +166,8 @@ def _run(spec: RobotsSpec, out: Path) -> int:
         t0[0] = time.monotonic()
         _emit("started", t=t0[0])
         records = client.run_alone(spec.timeout_s) if spec.mode == "alone" else client.run(timeout=spec.timeout_s)
+        if client.resent:
+            _emit("warning", text=f"{client.resent} goal(s) sent again: no goal response in time")
         if not client.wait_for_reports(timeout=60):
             _emit("warning", text="some robots did not report every segment in time")
         if recorder is not None:

@@ -21,8 +21,17 @@ from timelyllm_ros.measure.records import SegRecord, TaskRecord
 from timelyllm_ros.msg import PlanResult, SegmentDone
 from timelyllm_ros.ros.actions import SafeActionClient
 from timelyllm_ros.ros.convert import ClockBridge, started, status_from_code, tuf_to_msg
-from timelyllm_ros.ros.topics import PLAN_RESULTS, PLAN_TASK_ACTION, RELIABLE, RESULTS_QOS, SEGMENT_DONE, in_fleet
+from timelyllm_ros.ros.topics import (
+    GET_PLAN_RESULT_SERVICE,
+    PLAN_RESULTS,
+    PLAN_TASK_ACTION,
+    RELIABLE,
+    RESULTS_QOS,
+    SEGMENT_DONE,
+    in_fleet,
+)
 from timelyllm_ros.sim.workloads import Job
+from timelyllm_ros.srv import GetPlanResult
 
 
 def robot_type_of(job: Job) -> str:
@@ -39,6 +48,12 @@ def robot_id_of(job: Job) -> str:
 
 def task_id_of(job_id: int) -> str:
     return f"job{job_id}"
+
+
+# A goal whose response has not come within this is sent again (the same task_id: the planner joins it to the open
+# task). The action server's endpoints can be discovered before it has discovered ours: a goal sent then is lost.
+GOAL_RESPONSE_TIMEOUT_S = 2.0
+MAX_GOAL_ATTEMPTS = 4
 
 
 class WorkloadClient(Node):
@@ -77,6 +92,11 @@ class WorkloadClient(Node):
         self._revised: dict[str, tuple[TaskStatus, str]] = {}  # task -> a finished plan's later end (/plan_results)
         self._handles: dict[str, Any] = {}  # task -> its goal handle (run_alone cancels after the first segment)
         self._firsts: dict[str, threading.Event] = {}  # task -> set when its first segment came (run_alone)
+        self._unanswered: dict[str, tuple[Any, float, int]] = {}  # task -> (goal, last sent, attempts): no response
+        self.resent = 0  # goals sent again for want of a response
+        self.create_timer(GOAL_RESPONSE_TIMEOUT_S / 4, self._resend_unanswered, callback_group=self._group)
+        # created last: its endpoints are announced after the action's (wait_for_planner)
+        self._probe = self.create_client(GetPlanResult, in_fleet(GET_PLAN_RESULT_SERVICE), callback_group=self._group)
         self.create_subscription(SegmentDone, in_fleet(SEGMENT_DONE), self._segment_done, RELIABLE,
                                  callback_group=self._group)
         # A finished plan the robot did not run to the end (preempted, failed late) is revised only here.
@@ -84,7 +104,23 @@ class WorkloadClient(Node):
                                  callback_group=self._group)
 
     def wait_for_planner(self, timeout: float = 120.0) -> bool:
-        return self._action.wait_for_server(timeout_sec=timeout)
+        """Until the planner's action server is seen here and the planner has seen this node: an answer from its
+        /get_plan_result proves the latter (discovery announces a node's endpoints in the order they were made,
+        the action client's first). Goals sent before it were lost (each then waits GOAL_RESPONSE_TIMEOUT_S).
+        Needs the node spinning."""
+        end = time.monotonic() + timeout
+        if not self._action.wait_for_server(timeout_sec=timeout):
+            return False
+        while (left := end - time.monotonic()) > 0:
+            if not self._probe.wait_for_service(timeout_sec=left):
+                return False
+            answered = threading.Event()
+            fut = self._probe.call_async(GetPlanResult.Request(task_id=""))
+            fut.add_done_callback(lambda _f, ev=answered: ev.set())
+            if answered.wait(min(0.5, max(0.0, end - time.monotonic()))):
+                return True
+            self._probe.remove_pending_request(fut)
+        return False
 
     def run(self, timeout: float = 600.0) -> list[TaskRecord]:
         """Send every job at its time (blocking this thread); wait for all results."""
@@ -100,10 +136,10 @@ class WorkloadClient(Node):
         return [self.records[j.job_id] for j in self.jobs]
 
     def run_alone(self, timeout: float = 60.0) -> list[TaskRecord]:
-        """Send the jobs one at a time, each on an engine with nothing else to do: wait for its first segment,
-        cancel the rest of its plan and wait for its result before the next (the bound a run is measured against:
-        each task's first segment served alone). Their robots report the first segments' starts later
-        (:meth:`wait_for_reports`)."""
+        """Send the jobs one at a time, each on an engine with nothing else to do: wait for its first segment (or
+        its result, where it ends without one), cancel the rest of its plan and wait for its result before the
+        next (the bound a run is measured against: each task's first segment served alone). Their robots report
+        the first segments' starts later (:meth:`wait_for_reports`)."""
         for j in self.jobs:
             tid = task_id_of(j.job_id)
             done = threading.Event()
@@ -111,7 +147,7 @@ class WorkloadClient(Node):
             self._send(j)
             rec = self.records[j.job_id]
             end = time.monotonic() + timeout
-            if done.wait(timeout):
+            if done.wait(timeout) and rec.status == "pending":
                 # The feedback can overtake the goal's acceptance: cancel once its handle is known.
                 while (handle := self._handles.get(tid)) is None and rec.status == "pending" \
                         and time.monotonic() < end:
@@ -132,8 +168,27 @@ class WorkloadClient(Node):
         goal = PlanTask.Goal(task_id=task_id, robot_id=self._robot_ids.get(job.job_id) or robot_id_of(job),
                              robot_type=rec.robot_type,
                              task=job.task_input, tuf=tuf_to_msg(job.time_utility))
+        self._send_goal(rec, goal, 1)
+
+    def _send_goal(self, rec: TaskRecord, goal: Any, attempt: int) -> None:
+        with self._lock:
+            self._unanswered[goal.task_id] = (goal, time.monotonic(), attempt)
         fut = self._action.send_goal_async(goal, feedback_callback=lambda m, r=rec: self._feedback(r, m.feedback))
         fut.add_done_callback(lambda f, r=rec: self._accepted(r, f))
+
+    def _resend_unanswered(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            late = [(t, g, n) for t, (g, sent, n) in self._unanswered.items() if now - sent > GOAL_RESPONSE_TIMEOUT_S]
+        for task_id, goal, n in late:
+            rec = self._by_task[task_id]
+            if n >= MAX_GOAL_ATTEMPTS:
+                with self._lock:
+                    self._unanswered.pop(task_id, None)
+                self._close(rec, TaskStatus.FAILED, f"no goal response after {n} attempts")
+            else:
+                self.resent += 1
+                self._send_goal(rec, goal, n + 1)
 
     def _feedback(self, rec: TaskRecord, fb: PlanTask.Feedback) -> None:
         s = fb.segment
@@ -142,6 +197,8 @@ class WorkloadClient(Node):
         with self._lock:
             while len(rec.segments) <= s.segment_index:
                 rec.segments.append(None)  # type: ignore[arg-type]  # filled below; feedback may reorder
+            if rec.segments[s.segment_index] is not None:
+                return  # also sent to a goal sent again (joined): the first copy is when the robot had it
             rec.segments[s.segment_index] = seg
             early = self._early.pop((s.task_id, s.segment_index), None)
         if early is not None:
@@ -178,6 +235,9 @@ class WorkloadClient(Node):
 
     def _accepted(self, rec: TaskRecord, fut) -> None:
         handle = fut.result()
+        with self._lock:
+            if self._unanswered.pop(task_id_of(rec.job_id), None) is None:
+                return  # an earlier attempt's response came already (or the goal was given up on)
         if handle is None or not handle.accepted:
             self._close(rec, TaskStatus.INVALID, "goal not accepted")
             return
@@ -200,9 +260,12 @@ class WorkloadClient(Node):
                 status, reason = revised
             rec.status, rec.reason, rec.finished = status.value, reason, time.monotonic()
             self._handles.pop(task_id_of(rec.job_id), None)
+            first = self._firsts.get(task_id_of(rec.job_id))
             rec.segments = [s for s in rec.segments if s is not None]
             self._open -= 1
             done = self._open == 0
+        if first is not None:  # run_alone waits no longer for a first segment that will not come
+            first.set()
         if self.on_done:
             self.on_done(rec)
         if done:

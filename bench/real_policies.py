@@ -47,6 +47,7 @@ from typing import Any
 from bench.common import ci_cell, line_fit, mean_ci
 from timelyllm_ros.engines.sim_engine import SimEngineConfig
 from timelyllm_ros.launch_graph import resolve_config
+from timelyllm_ros.measure import bound as bounds
 from timelyllm_ros.measure import metrics
 from timelyllm_ros.measure.records import SegRecord, TaskRecord
 from timelyllm_ros.sim.simulator import Replay, SimConfig, Simulator
@@ -129,6 +130,16 @@ def save_run(out: Path, policy: str, rep: int, admission: str, wall_s: float, st
     with gzip.open(out / "runs" / f"rep{rep}-{policy}.json.gz", "wt") as f:  # prompts as token ids: ~10x smaller
         json.dump(run, f)
     return run
+
+
+def save_bound(out: Path, bound: dict[int, float]) -> None:
+    """Job id -> its utility under this invocation's bound (measure/bound.py), beside the runs."""
+    (out / "bound.json").write_text(json.dumps({str(k): v for k, v in bound.items()}, indent=1))
+
+
+def load_bound(folder: Path) -> dict[int, float] | None:
+    path = folder / "bound.json"
+    return {int(k): float(v) for k, v in json.loads(path.read_text()).items()} if path.exists() else None
 
 
 def save_jobs(out: Path, jobs: Sequence[Job], tuf_scale: float, engine: str, load: float = 1.0) -> None:
@@ -268,7 +279,7 @@ def _real_runs(args: argparse.Namespace, out: Path, policies: list[str], modes: 
 
     engine.step = logged_step  # type: ignore[method-assign]
     ns = argparse.Namespace(admission="auto", fleet_time_scale=1.0, speed=1.0, timeout=args.timeout, record=False,
-                            tuf_scale=tuf_scale, out_dir=out, seed=0)
+                            tuf_scale=tuf_scale, out_dir=out, seed=0, robots_in_process=False)
     if any(m != "room" for m in modes) and not engine.set_hold_in_place(True):
         engine.close()
         raise SystemExit(f"--resume {','.join(modes)}: the engine of {args.engine} has no resume modes (vLLM only)")
@@ -287,6 +298,9 @@ def _real_runs(args: argparse.Namespace, out: Path, policies: list[str], modes: 
     try:
         demo.console.rule("[dim]warm-up pass (not measured)")
         demo.run_policy(engine, constrained, policies[0], jobs, ns, record=False)
+        bound = demo.measure_bound(engine, constrained, policies[0], jobs, ns)  # this run's bound: each task alone
+        for mode in modes:
+            save_bound(mode_dir(out, mode, modes), bound)
         for rep in range(args.first_rep, args.first_rep + args.reps):
             ns.seed = rep
             k = rep % len(policies)
@@ -361,10 +375,12 @@ def serving_steps(run: dict[str, Any]) -> list[Sequence[float]]:
     return [s for s in run["steps"] if len(s) < 5 or s[3] >= first]
 
 
-def build_report(runs: list[dict[str, Any]], jobs: list[Job], bench_fit: SimEngineConfig) -> dict[str, Any]:
+def build_report(runs: list[dict[str, Any]], jobs: list[Job], bench_fit: SimEngineConfig,
+                 bound: dict[int, float] | None = None) -> dict[str, Any]:
     """Each run beside the simulator. The replay's step model is fitted to the steps the planner took in
     the *other* repetitions (all runs when there is one), so no run is predicted from its own steps;
-    the bench fit (engine bench on a bare engine) is replayed too, for comparison."""
+    the bench fit (engine bench on a bare engine) is replayed too, for comparison. With ``bound`` (the same
+    invocation's lone pass), each run's utility as a share of it."""
     policies = list(dict.fromkeys(r["policy"] for r in runs))
     reps = sorted({r["rep"] for r in runs})
     fits = {}
@@ -386,7 +402,8 @@ def build_report(runs: list[dict[str, Any]], jobs: list[Job], bench_fit: SimEngi
                         "engine": serving_figures(run), "resume": (run.get("engine") or {}).get("resume", ""),
                         "replay": _figures(replayed), "templates": _figures(templated),
                         "error": per_task_errors(real, replayed),
-                        "error_bench_fit": per_task_errors(real, bench_replayed)})
+                        "error_bench_fit": per_task_errors(real, bench_replayed),
+                        "share": {b.level: b.share for b in bounds.shares(real, bound)} if bound else {}})
     table = []
     for p in policies:
         rs = [x for x in per_run if x["policy"] == p]
@@ -397,6 +414,8 @@ def build_report(runs: list[dict[str, Any]], jobs: list[Job], bench_fit: SimEngi
         pooled = _abs_errors(rs, "error")
         for k in ENGINE_FIGURES:
             row[f"engine_{k}"], row[f"engine_{k}_ci"] = mean_ci([x["engine"][k] for x in rs])
+        for level in ("urgent", "all"):
+            row[f"share_{level}"], row[f"share_{level}_ci"] = mean_ci([x["share"].get(level, math.nan) for x in rs])
         row["median_abs_err"] = statistics.median(pooled) if pooled else math.nan
         row["tasks_compared"] = len(pooled)
         row["served_one_side_only"] = sum(x["error"]["served_real_only"] + x["error"]["served_sim_only"] for x in rs)
@@ -411,7 +430,7 @@ def build_report(runs: list[dict[str, Any]], jobs: list[Job], bench_fit: SimEngi
                             "service_fit_per_rep": {str(k): dataclasses.asdict(v) for k, v in fits.items()}},
             "median_abs_err_all": statistics.median(everything) if everything else math.nan,
             "median_abs_err_bench_fit": statistics.median(bench_errs) if bench_errs else math.nan,
-            "tasks_compared_all": len(everything)}
+            "tasks_compared_all": len(everything), "bound": bool(bound)}
 
 
 def pair_orders(per_run: Sequence[dict[str, Any]], policies: list[str]) -> list[dict[str, Any]]:
@@ -469,8 +488,9 @@ def markdown(rep: dict[str, Any], command: str, tuf_scale: float, load: float, s
           f"median absolute response error of {100 * rep['median_abs_err_bench_fit']:.1f} %.", "",
           "| policy | admission | real urgent U/β | real normal U/β | real all U/β | real resp mean s | real not done "
           "| replay urgent U/β | replay all U/β | replay resp mean s | median abs resp error | templates all U/β "
-          "| prefill steps | prefill tokens | resumes in place / resubmitted | engine busy s |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          "| prefill steps | prefill tokens | resumes in place / resubmitted | engine busy s "
+          "| real urgent share of bound | real all share of bound |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rep["table"]:
         md.append(f"| {r['policy']} | {r['admission']} | {ci_cell(r['real_urgent_u'], r['real_urgent_u_ci'])} | "
                   f"{ci_cell(r['real_normal_u'], r['real_normal_u_ci'])} | "
@@ -486,7 +506,9 @@ def markdown(rep: dict[str, Any], command: str, tuf_scale: float, load: float, s
                   f"{ci_cell(r['engine_prefill_tokens'], r['engine_prefill_tokens_ci'], '{:.0f}')} | "
                   f"{metrics.fmt(r['engine_resumed_in_place'], '.0f')} / "
                   f"{metrics.fmt(r['engine_resubmitted'], '.0f')} | "
-                  f"{ci_cell(r['engine_busy_s'], r['engine_busy_s_ci'], '{:.1f}')} |")
+                  f"{ci_cell(r['engine_busy_s'], r['engine_busy_s_ci'], '{:.1f}')} | "
+                  f"{ci_cell(r['share_urgent'], r['share_urgent_ci'])} | "
+                  f"{ci_cell(r['share_all'], r['share_all_ci'])} |")
     rk = rep["ranking"]
     md += ["", "Ranking by all-tasks U/β (best first):", "",
            *(f"- {src}: {_ranked(rep['table'], rk[src], src)}" for src in SOURCES), "",
@@ -613,7 +635,7 @@ def cmd_real_policies(args: argparse.Namespace) -> int:
         saved = json.loads((folder / "jobs.json").read_text())
         dest.mkdir(parents=True, exist_ok=True)
         jobs = [Job.from_json(d) for d in saved["jobs"]]
-        rep = build_report(runs, jobs, SimEngineConfig.from_yaml(resolve_config(args.sim_engine)))
+        rep = build_report(runs, jobs, SimEngineConfig.from_yaml(resolve_config(args.sim_engine)), load_bound(folder))
         md = markdown(rep, command, saved["tuf_scale"], saved.get("load", 1.0), args.sim_engine)
         (dest / "results.md").write_text(md)
         (dest / "results.json").write_text(json.dumps(_no_nan(rep), indent=1))

@@ -204,3 +204,21 @@ def test_resume_modes_side_by_side_report_the_engine_work_per_run(tmp_path) -> N
     assert (tmp_path / "comparison.png").stat().st_size > 10_000
     with pytest.raises(SystemExit, match="--resume"):
         cli.main(["real-policies", "--resume", "room,never", "--from-runs", str(tmp_path)])
+
+
+def test_the_report_gives_each_run_as_a_share_of_the_bound_saved_beside_it(tmp_path) -> None:
+    from bench.real_policies import save_bound
+    from timelyllm_ros.measure.bound import serial_bound, shares
+
+    truth = _saved_runs(tmp_path, STEP_MODEL, reps=2)
+    jobs = _jobs()
+    bound = serial_bound(jobs, {j.task_input: 0.15 for j in jobs})  # every task's first segment alone: 0.15 s
+    save_bound(tmp_path, bound)
+    assert cli.main(["real-policies", "--from-runs", str(tmp_path), "--out", str(tmp_path)]) == 0
+    rep = json.loads((tmp_path / "results.json").read_text())
+    assert rep["bound"] is True
+    for row in rep["table"]:
+        want = [next(s.share for s in shares(truth[(k, row["policy"])].records, bound) if s.level == "all")
+                for k in range(2)]
+        assert row["share_all"] == pytest.approx(sum(want) / 2)
+    assert "share of bound" in (tmp_path / "results.md").read_text()

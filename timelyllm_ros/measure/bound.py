@@ -16,9 +16,12 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from timelyllm_ros.measure.records import TaskRecord
-from timelyllm_ros.sim.workloads import Job
+
+if TYPE_CHECKING:  # measure sits below sim: a workload's jobs are only read here
+    from timelyllm_ros.sim.workloads import Job
 
 BURST_GAP_S = 0.5  # arrivals closer than this (after the speed-up) form one burst
 

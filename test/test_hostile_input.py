@@ -294,6 +294,29 @@ def test_control_characters_in_strings_are_refused(text: str) -> None:
     assert it.messages == [] and drone.cmds == []
 
 
+@pytest.mark.parametrize("sep", ["\u2028", "\u2029"])
+def test_line_and_paragraph_separators_in_strings_are_refused(sep: str) -> None:
+    """Issue 39: only Unicode category C was refused; U+2028 and U+2029 (Zl, Zp) break the console line too."""
+    text = f"l('a{sep}b')"
+    err = DRONE.validate_plan(text)
+    assert err is not None and f"separator U+{ord(sep):04X} in a string" in err, err
+    drone, it = _interpreter()
+    with pytest.raises(RefusedError, match="separator"):
+        it.execute_segment(text, final=True)
+    assert it.messages == [] and drone.cmds == []
+
+
+@pytest.mark.parametrize("text", ["mf(distance=50,distance=500)", "mf(distance = 500, distance = 50)"])
+def test_a_keyword_argument_given_twice_is_refused(text: str) -> None:
+    """Issue 39: the last one silently won (mf(distance=50,distance=500) flew 500 cm)."""
+    err = DRONE.validate_plan(text)
+    assert err is not None and "keyword argument 'distance' of mf given twice" in err, err
+    drone, it = _interpreter()
+    with pytest.raises(RefusedError, match="given twice"):
+        it.execute_segment(text, final=True)
+    assert drone.cmds == []
+
+
 def test_printable_strings_are_fine() -> None:
     assert DRONE.validate_plan("l('Ça va? Grüße, 猫 found: 100 %');l('a b');l('')") is None
 

@@ -285,8 +285,8 @@ class PlannerService:
 
     @staticmethod
     def _check_fields(robot_id: str, task_id: str, task: str) -> None:
-        check_text("robot_id", robot_id, max_chars=256)
-        check_text("task_id", task_id, max_chars=256)
+        check_text("robot_id", robot_id, max_chars=256, single_line=True)
+        check_text("task_id", task_id, max_chars=256, single_line=True)
         check_text("task", task)
 
     def accept(self, req: PlanRequest, *, goal: Any = None, waiter: queue.Queue | None = None) -> Accepted:

@@ -20,6 +20,7 @@ from timelyllm_ros.domain.types import TaskStatus
 from timelyllm_ros.measure.records import SegRecord, TaskRecord
 from timelyllm_ros.msg import PlanResult, SegmentDone
 from timelyllm_ros.ros.actions import SafeActionClient
+from timelyllm_ros.ros.client import check_goal
 from timelyllm_ros.ros.convert import ClockBridge, started, status_from_code, tuf_to_msg
 from timelyllm_ros.ros.topics import PLAN_RESULTS, PLAN_TASK_ACTION, RELIABLE, RESULTS_QOS, SEGMENT_DONE
 from timelyllm_ros.sim.workloads import Job
@@ -103,6 +104,11 @@ class WorkloadClient(Node):
         rec.arrival = time.monotonic()
         goal = PlanTask.Goal(task_id=task_id, robot_id=robot_id_of(job), robot_type=rec.robot_type,
                              task=job.task_input, tuf=tuf_to_msg(job.time_utility))
+        try:
+            check_goal(goal)  # a task with NUL would be planned cut short: refused, never sent
+        except ValueError as e:
+            self._close(rec, TaskStatus.INVALID, f"refused by the client: {e}")
+            return
         fut = self._action.send_goal_async(goal, feedback_callback=lambda m, r=rec: self._feedback(r, m.feedback))
         fut.add_done_callback(lambda f, r=rec: self._accepted(r, f))
 

@@ -584,6 +584,57 @@ def test_sim_fleet_dedups_reorders_and_acks_and_a_silent_robot_acks_without_repo
     assert [e[:2] for e in mute.executed] == [["s-m", 0]]  # the duplicate ran once
 
 
+@contextlib.contextmanager
+def _sim_fleet(robots: list[str], **params):
+    """A SimFleetNode spun in its own context with a Planner stand-in (the node ``planner``) in the same one."""
+    from rclpy.parameter import Parameter
+
+    from timelyllm_ros.ros.sim_fleet_node import SimFleetNode
+
+    ctx = rclpy.Context()
+    rclpy.init(context=ctx)
+    fleet = SimFleetNode(context=ctx, parameter_overrides=[Parameter("robots", value=robots)] + [
+        Parameter(k, value=v) for k, v in params.items()])
+    ex = PooledExecutor(num_threads=2, context=ctx)
+    ex.add_node(fleet)
+    spin = Spinner(ex)
+    spin.start()
+    planner = None
+    try:
+        planner = Planner(robots, context=ctx)
+        yield fleet, planner
+    finally:
+        if planner is not None:
+            planner.close()
+        ex.shutdown(timeout_sec=5)
+        fleet.destroy_node()
+        rclpy.shutdown(context=ctx)
+        spin.join(timeout=5)
+
+
+def test_the_simulated_fleet_runs_no_segment_from_another_node_than_the_planner():
+    """Issue 39: a rogue PlanSegment mf(500) on /drone_1/plan_segments got 17 heartbeats and a SegmentDone
+    success=True from the simulated fleet, which every demo and benchmark uses. It now admits segments through the
+    executors' own gate: the rogue's are neither run nor acknowledged, and counted."""
+    with _sim_fleet(["sim_r"], time_scale=0.01) as (fleet, planner):
+        rogue = rclpy.create_node("mallory", context=planner.ctx)
+        pub = rogue.create_publisher(PlanSegment, segment_topic("sim_r"), RELIABLE)
+        planner.ex.add_node(rogue)
+        assert wait_until(lambda: pub.get_subscription_count() > 0, timeout=20)
+        for i in range(5):
+            pub.publish(PlanSegment(task_id=f"evil-{i}", robot_id="sim_r", segment_index=0, text="mf(500);",
+                                    is_final=True))
+        # the planner's own segment still runs; it goes out after the rogue's were taken (one subscription, one
+        # callback at a time) and the fleet reports in order, so a report of anything the rogue sent would be in
+        assert wait_until(lambda: fleet.robots["sim_r"].acks or fleet.gate.refused >= 5, timeout=20)
+        planner.send("sim_r", "t-real", 0, "mf(20);", final=True)
+        assert [(d.segment_index, d.success) for d in planner.wait_done(1, task="t-real")] == [(0, True)]
+        evil = [m for m in planner.done + planner.acks + planner.heartbeats if m.task_id.startswith("evil")]
+        assert not evil, evil
+        assert [e[:3] for e in fleet.robots["sim_r"].executed] == [["t-real", 0, "mf(20);"]]
+        assert fleet.gate.refused == 5
+
+
 def test_a_running_segment_sends_heartbeats_until_it_ends():
     """The planner tells a slow skill from a dead robot by these (README "Delivery guarantees")."""
     with _robot("bot_h") as (node, planner):

@@ -2,7 +2,10 @@
 duration sampled from the execution-time model, and reports SegmentDone.
 
 Every segment is validated against the robot's skill set first (LLM output is
-untrusted); one that does not parse is reported as failed, never executed.
+untrusted); one that does not parse is reported as failed, never executed. Only
+the planner's segments run (``planner_node``, default ``/planner``): the fleet
+admits them through the executors' own :class:`~timelyllm_ros.ros.segment_gate.SegmentGate`,
+so a rogue node's segment is neither run nor acknowledged here either.
 
 Delivery contract, the real executors' own (``executor_base.py``): every received
 copy of a segment is acknowledged on ``/segment_acks`` (silent robots too: acks
@@ -36,9 +39,11 @@ from rclpy.node import Node
 from timelyllm_ros.msg import PlanSegment, SegmentAck, SegmentDone
 from timelyllm_ros.ros.convert import segment_ack_msg, segment_done_msg
 from timelyllm_ros.ros.params import all_of, declare, distinct, non_empty, on_change
+from timelyllm_ros.ros.segment_gate import ADMIT, SegmentGate
 from timelyllm_ros.ros.spin import run_nodes
 from timelyllm_ros.ros.topics import (
     DEFAULT_HEARTBEAT_PERIOD_S,
+    PLANNER_NODE,
     RELIABLE,
     REPORTS,
     REPORTS_KEPT,
@@ -82,8 +87,8 @@ def _subset(ids: list[str], robots: list[str]) -> str | None:
 
 
 class SimFleetNode(Node):
-    """Parameters: ``robots``, ``robot_type``, ``seed`` and ``reorder_timeout_s`` are read at start-up
-    (read-only); ``time_scale`` and ``silent_robots`` can change at run time."""
+    """Parameters: ``robots``, ``robot_type``, ``seed``, ``reorder_timeout_s`` and ``planner_node`` are read at
+    start-up (read-only); ``time_scale`` and ``silent_robots`` can change at run time."""
 
     def __init__(self, node_name: str = "sim_fleet", **kw) -> None:
         super().__init__(node_name, **kw)
@@ -106,6 +111,9 @@ class SimFleetNode(Node):
         self.heartbeat_period_s = float(declare(
             self, "heartbeat_period_s", DEFAULT_HEARTBEAT_PERIOD_S, "while a robot runs a segment, its ack is "
             "re-sent with running=true this often, as the real executors do (0 = off)", read_only=True, min=0.0))
+        planner_node = str(declare(self, "planner_node", PLANNER_NODE, "fully qualified name of the planner node "
+                                   "whose segments the robots run ('' = any node on the domain)", read_only=True))
+        self.gate = SegmentGate(self, planner_node, self.get_logger().error, self.get_logger().debug)
         self.skillset = load_skill_set(robot_type)
         self.model = ExecTimeModel(self.skillset, learn=False)
         self.rng = random.Random(seed)
@@ -117,8 +125,8 @@ class SimFleetNode(Node):
         self._lock = threading.Condition()
         for r in robots:
             # No QoS event callbacks: with a hundred robots their waitables slow the whole executor.
-            self.create_subscription(PlanSegment, segment_topic(r), lambda m, r=r: self._received(r, m), RELIABLE,
-                                     event_callbacks=SubscriptionEventCallbacks(use_default_callbacks=False))
+            self.create_subscription(PlanSegment, segment_topic(r), lambda m, info, r=r: self._received(r, m, info),
+                                     RELIABLE, event_callbacks=SubscriptionEventCallbacks(use_default_callbacks=False))
         self.create_timer(min(0.1, self.reorder_timeout_s / 4), self._expire)  # held segments past the timeout
         if self.heartbeat_period_s > 0:
             self.create_timer(self.heartbeat_period_s, self._heartbeat)
@@ -138,8 +146,10 @@ class SimFleetNode(Node):
             for rob in self.robots.values():
                 rob.silent = rob.robot_id in value
 
-    def _received(self, robot_id: str, msg: PlanSegment) -> None:
+    def _received(self, robot_id: str, msg: PlanSegment, info: dict) -> None:
         now = time.time()
+        if self.gate.check(robot_id, msg, info) != ADMIT:
+            return  # neither run nor acknowledged, as on a real robot (segment_gate.py)
         rob = self.robots[robot_id]
         try:
             with self._lock:

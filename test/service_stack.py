@@ -136,6 +136,9 @@ class ServiceStack:
             return e.task_id, e
         return acc.task_id, acc.result
 
+    def journal_status(self, task_id: str) -> str | None:
+        return self.service.journal.status(task_id)
+
     def close(self) -> None:
         self.service.shutdown()
         self.service.release()

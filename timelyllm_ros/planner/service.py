@@ -109,6 +109,7 @@ class PlannerService:
         self._next_release = 0.0
         self._journal_closed = False
         self._recovered = False
+        self._readopting: set[str] = set()  # finished tasks being re-adopted at recovery (_readopt)
         self._active = False  # goals are accepted only while active
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -429,6 +430,9 @@ class PlannerService:
         happening."""
         with self._lock:
             op = self._open.pop(res.task_id, None)
+            if res.task_id in self._readopting:  # re-adopted after a restart: its result stands, journaled
+                self._readopting.discard(res.task_id)
+                return
         marker_at = None
         if op is not None and op.sent and not op.final_sent:
             # The robot's topic carries the end of the plan itself: a marker after the last segment sent.
@@ -635,6 +639,7 @@ class PlannerService:
             spec.meta["request_key"] = key
             self.core.restore(spec, segs, final=marker)
             resumed += 1
+        readopted = self._readopt(now_wall)
         resend = {(tid, js.index): (tid, robot_id, js) for tid, robot_id, js in self.journal.unacked()}
         for jt in self.journal.unfinished():  # also what was acknowledged but never reported: the robot
             for js in jt.segments:            # answers a copy of a finished segment with its report again
@@ -650,8 +655,34 @@ class PlannerService:
                 rt = jt.robot_type if jt is not None else ""
             calls = [] if js.marker else self.parse(rt, js.text)
             self._sender.resend_journaled(tid, robot_id, js, calls, "" if js.marker else self.skillset_id(rt))
-        if resumed or ended:
-            self._log.warning(f"journal: resumed {resumed} unfinished tasks, ended {ended}")
+        if resumed or ended or readopted:
+            self._log.warning(f"journal: resumed {resumed} unfinished tasks, ended {ended}, re-adopted {readopted} "
+                              "finished ones whose robots may still run them")
+
+    def _readopt(self, now_wall: float) -> int:
+        """Tasks that ended DONE before the restart while a segment sent was not reported yet: their robot may
+        still run them. Known to the core again (as finished), their robot's heartbeats and reports count and a
+        failure revises the result (they were refused as 'unknown task' before); their result is not published
+        again. Returns how many."""
+        n = 0
+        for jt in self.journal.with_status(TaskStatus.DONE.value):
+            if all(js.marker or js.reported or js.dispatch_wall is None for js in jt.segments):
+                continue
+            s = jt.spec
+            tuf = TufRequest(level=s["tuf"]["level"], alpha=s["tuf"]["alpha"], beta=s["tuf"]["beta"],
+                             ert=s["tuf"]["ert"])
+            try:
+                spec = self.validate(jt.task_id, jt.robot_id, jt.robot_type, s["task"], tuf,
+                                     arrival=self._bridge.to_core_s(jt.arrival_wall))
+            except GoalError as e:  # e.g. its robot type is no longer served: its journaled result stands
+                self._log.warning(f"journal: task {jt.task_id} not re-adopted: {e}")
+                continue
+            spec.meta["request_key"] = PlanRequest(jt.task_id, jt.robot_id, jt.robot_type, s["task"], tuf).key
+            self._robots.get(jt.robot_id)
+            self._readopting.add(jt.task_id)
+            self.core.restore(spec, self._restored_segments(jt), final=True)
+            n += 1
+        return n
 
     def _restored_segments(self, jt: JournaledTask) -> list[Segment]:
         """A journaled task's segments (its end marker left out) as the core's, in this clock, with their

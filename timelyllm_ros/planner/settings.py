@@ -65,6 +65,9 @@ SETTINGS: tuple[Setting, ...] = (
             0.001, 3600.0),
     Setting("autostart", True, "configure and activate at start-up; false: wait for the lifecycle transitions "
             "(launch files, a lifecycle manager)"),
+    Setting("control_plane", "open", "'open': any node on the domain may set the scheduler's policy and drive this "
+            "planner's lifecycle (/planner/change_state); 'locked': only this process may (and the parameters at "
+            "start); needs autostart (README 'Threat model')"),
     Setting("drain_timeout_s", 30.0, "deactivate lets open tasks finish this long, then ends them CANCELLED, s",
             0.0, _BIG),
 )
@@ -84,6 +87,11 @@ def check_params(p: Mapping[str, Any]) -> None:
     if float(p["resend_max_period_s"]) < float(p["resend_period_s"]):
         raise ValueError(f"parameter resend_max_period_s: must be >= resend_period_s ({p['resend_period_s']}), "
                          f"got {p['resend_max_period_s']}")
+    if p["control_plane"] not in ("open", "locked"):
+        raise ValueError(f"parameter control_plane: must be 'open' or 'locked', got {p['control_plane']!r}")
+    if p["control_plane"] == "locked" and not p["autostart"]:
+        raise ValueError("parameter control_plane: 'locked' needs autostart: true (no other node may drive the "
+                         "planner's lifecycle, so it must configure and activate itself)")
     if p["overdue"] not in ("serve", "reject"):
         raise ValueError(f"parameter overdue: must be 'serve' or 'reject', got {p['overdue']!r}")
 

@@ -101,6 +101,8 @@ class PlannerNode(LifecycleNode):
             self._requests = self.create_publisher(TaskRequest, topics.PLAN_REQUESTS, topics.REPORTS)
             self._results = self.create_publisher(PlanResult, topics.PLAN_RESULTS, topics.RESULTS_QOS)
             self.diagnostics = attach_planner_diagnostics(self)  # /diagnostics in every lifecycle state
+            if p["control_plane"] == "locked":
+                self._lock_control_plane()
             if p["autostart"]:
                 for step, trigger in (("configure", self.trigger_configure), ("activate", self.trigger_activate)):
                     if trigger() != TransitionCallbackReturn.SUCCESS:
@@ -108,6 +110,23 @@ class PlannerNode(LifecycleNode):
         except BaseException:
             self.destroy_node()
             raise
+
+    def _lock_control_plane(self) -> None:
+        """control_plane 'locked': transitions asked for over /planner/change_state, and policy changes from outside
+        this process, are refused; the process's own (autostart, shutdown, SchedulerNode.set_policy) go on."""
+        why = ("control_plane is locked: only the planner's own process changes its policy and lifecycle "
+               "(README 'Threat model')")
+
+        def refuse_transition(req: Any, resp: Any) -> Any:
+            self.rejected.note("lifecycle transition", "(a node on the domain)",
+                               f"transition {req.transition.label or req.transition.id!r} asked over change_state: "
+                               "control_plane is locked")
+            resp.success = False
+            return resp
+
+        self._service_change_state.callback = refuse_transition
+        if self._scheduler is not None:
+            self._scheduler.lock(why)
 
     # The service's state, under the names the node has always had (tools and tests read them).
     @property

@@ -254,7 +254,7 @@ class RejectedMessages:
             self._lines += 1
             unlogged, self._unlogged = self._unlogged, 0
         more = f"; {unlogged} refusals of other senders not logged before this one" if unlogged else ""
-        self._warn(f"refused {kind} from robot {sender!r}: {why} (further ones from it are only counted{more})")
+        self._warn(f"refused {kind} from {sender!r}: {why} (further ones from it are only counted{more})")
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:

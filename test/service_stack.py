@@ -103,7 +103,8 @@ class ServiceStack:
         self.sender = Sender()
         self.rejected = RejectedMessages(self.log.warning)
         self.links: dict[str, object] = {}
-        self.robots = RobotLinks(self._make_link, self._destroy_link, lambda link: True)
+        self.present: set[str] = set()  # robots whose executor would be on the graph (a reader of their segments)
+        self.robots = RobotLinks(self._make_link, self._destroy_link, lambda link: True, self.present.__contains__)
         self.service = PlannerService(p, self.sender, self.log, self.rejected, self.robots, WallOffset())
         self.delivery = SegmentDelivery(lambda robot, msg: None, period_s=p["resend_period_s"],
                                         max_period_s=p["resend_max_period_s"], give_up_s=p["delivery_timeout_s"])

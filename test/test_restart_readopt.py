@@ -12,6 +12,11 @@ from timelyllm_ros.domain.types import TaskStatus
 CAT = "Scene: [] Task: [A] Could you find the cat?"
 
 
+def _published(stack: ServiceStack, task_id: str) -> bool:
+    """The task ended DONE and its result went out (after every segment it was sent: one callback queue)."""
+    return any(r.task_id == task_id and r.status is TaskStatus.DONE for r in list(stack.sender.results))
+
+
 def test_a_task_that_ended_done_while_its_robot_ran_it_is_readopted_after_a_restart(tmp_path):
     state = tmp_path / "state"
     params = dict(state_dir=str(state), robot_timeout_s=0.0, delivery_timeout_s=600.0)
@@ -20,7 +25,7 @@ def test_a_task_that_ended_done_while_its_robot_ran_it_is_readopted_after_a_rest
         tid, refusal = first.send(first.request("drone_0", CAT, task_id="t-run"))
         assert refusal is None
         # generation ended DONE; the robot acknowledged its first segment and runs it (no report yet)
-        assert wait_until(lambda: first.core.task_status("t-run") is TaskStatus.DONE, 30)
+        assert wait_until(lambda: _published(first, "t-run"), 30)
         sent = [i for t, _, i, _ in first.sender.segments if t == "t-run"]
         assert sent and sent == list(range(len(sent))), sent
         first.service.segment_ack("t-run", 0, "drone_0", False, None)
@@ -49,7 +54,7 @@ def test_a_task_whose_robot_reported_everything_is_not_readopted(tmp_path):
     first = ServiceStack(**params)
     try:
         first.send(first.request("drone_1", CAT, task_id="t-over"))
-        assert wait_until(lambda: first.core.task_status("t-over") is TaskStatus.DONE, 30)
+        assert wait_until(lambda: _published(first, "t-over"), 30)
         for _, _, i, _ in [x for x in first.sender.segments if x[0] == "t-over"]:
             first.service.segment_done("t-over", i, "drone_1", True, "", None, None)
     finally:

@@ -56,6 +56,16 @@ SETTINGS: tuple[Setting, ...] = (
             "0: never", 0.0, _BIG),
     Setting("robot_idle_release_s", 600.0, "a robot sent nothing this long, with no open task, has its segment "
             "publisher and per-robot state released (bounded memory with many robot ids), s; 0: never", 0.0, _BIG),
+    Setting("max_robots", 1000, "robots this planner serves at once (a segment writer each); a new robot beyond them "
+            "frees the least recently used idle one, or is refused BUSY", 1, 10**6),
+    Setting("robot_ids", [""], "the fleet's robot ids; a goal for any other is refused; [''] = any"),
+    Setting("intake_goals_per_robot_s", 10.0, "goals a robot id may send per second, sustained (a token bucket: "
+            "more are refused BUSY, naming the limit); 0 = no limit", 0.0, _BIG),
+    Setting("intake_goals_burst_per_robot", 50, "goals a robot id may send at once", 1, 10**7),
+    Setting("intake_new_robots_per_s", 5.0, "goals per second, sustained, from robot ids that are new to this "
+            "planner (all of them together: a flood of made-up ids): no link held for it, not in robot_ids, and no "
+            "reader of its segments on the graph (a robot whose executor runs is not new); 0 = no limit", 0.0, _BIG),
+    Setting("intake_new_robots_burst", 20, "goals from new robot ids at once", 1, 10**7),
     Setting("max_clock_skew_s", 120.0, "a robot message stamped further than this from the planner's clock does "
             "not count as how far behind the planner reads, s", 0.001, _BIG),
     Setting("state_dir", "", "folder of the durable task journal (SQLite WAL); '' = none"),

@@ -69,6 +69,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_clock_skew_s", 120.0, "a robot message stamped further than this from the planner's clock does "
             "not count as how far behind the planner reads, s", 0.001, _BIG),
     Setting("state_dir", "", "folder of the durable task journal (SQLite WAL); '' = none"),
+    Setting("fleet_key_file", "", "file holding the fleet key (at least 16 bytes) that signs every segment and checks "
+            "every ack and report (HMAC-SHA256 and a counter against replays; README 'Threat model'); '' = off"),
     Setting("journal_reset_damaged", False, "a damaged journal (lost commits, corrupt file) is moved aside and an "
             "empty one started, instead of refused at configure"),
     Setting("engine_restart_backoff_s", 0.5, "first wait before rebuilding a failed engine; doubles up to 30 s",

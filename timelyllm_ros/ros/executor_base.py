@@ -56,6 +56,9 @@ from timelyllm_ros.msg import PlanSegment, SegmentAck, SegmentDone
 from timelyllm_ros.robots.base import ExecutionError, Interrupted, RefusedError, StopSignal
 from timelyllm_ros.ros.convert import segment_ack_msg, segment_done_msg
 from timelyllm_ros.ros.diagnostics import ExecutorState, RobotLink, Status, attach_executor_diagnostics, executor_status
+from timelyllm_ros.ros.fleet_auth import PARAMETER as FLEET_KEY
+from timelyllm_ros.ros.fleet_auth import PARAMETER_DOC as FLEET_KEY_DOC
+from timelyllm_ros.ros.fleet_auth import FleetAuth
 from timelyllm_ros.ros.params import declare
 from timelyllm_ros.ros.segment_gate import ADMIT, SegmentGate
 from timelyllm_ros.ros.topics import (
@@ -109,8 +112,10 @@ class RobotExecutorNode(Node):
         self.planner_node = str(declare(
             self, "planner_node", PLANNER_NODE, "fully qualified name of the planner node whose segments this robot "
             "runs ('' = any node on the domain)", read_only=True))
+        self.auth = FleetAuth.from_file(str(declare(self, FLEET_KEY, "", FLEET_KEY_DOC, read_only=True)))
         # only the planner's segments run (the simulated fleet admits them the same way)
-        self.gate = SegmentGate(self, self.planner_node, self.get_logger().error, self.get_logger().debug)
+        self.gate = SegmentGate(self, self.planner_node, self.get_logger().error, self.get_logger().debug,
+                                self.auth)
         self.runner: SegmentRunner | None = None
         self._cv = threading.Condition()
         # the robot half of delivery (dedup, order, hold, one task, preemption), shared with the simulated fleet
@@ -140,7 +145,8 @@ class RobotExecutorNode(Node):
     # -- incoming segments (callback thread) ---------------------------------------
     @property
     def refused_segments(self) -> int:
-        """Segments refused by the gate so far: written by another node than planner_node (/diagnostics)."""
+        """Segments refused by the gate so far: written by another node than planner_node, or without a valid fleet
+        key tag and fresh counter (/diagnostics)."""
         return self.gate.refused
 
     def _received(self, msg: PlanSegment, info: dict) -> None:  # two parameters: rclpy passes MessageInfo
@@ -165,7 +171,8 @@ class RobotExecutorNode(Node):
         if arrival.duplicate:
             self.get_logger().debug(f"{self.robot_id}: duplicate {task}[{index}] dropped")
             if arrival.report is not None:  # the planner re-sent it: it has no report for it (e.g. it restarted)
-                publish_or_log(self._done_pub, arrival.report, self.get_logger(), f"the report of {task}[{index}]")
+                publish_or_log(self._done_pub, self.auth.sign(arrival.report), self.get_logger(),
+                               f"the report of {task}[{index}]")
             return
         if arrival.preempted:
             self._stop_running(arrival.preempted)
@@ -262,19 +269,21 @@ class RobotExecutorNode(Node):
         self.history.append((msg.task_id, msg.segment_index, ok, error))
         report = segment_done_msg(msg.task_id, self.robot_id, msg.segment_index, start, finish, ok, error)
         self.session.reports.put(msg.task_id, msg.segment_index, report)
-        publish_or_log(self._done_pub, report, self.get_logger(), f"the report of {msg.task_id}[{msg.segment_index}]")
+        publish_or_log(self._done_pub, self.auth.sign(report), self.get_logger(),
+                       f"the report of {msg.task_id}[{msg.segment_index}]")
 
     def _ack(self, msg: PlanSegment, received: float) -> None:
         self.acks.append((msg.task_id, msg.segment_index))
         ack = segment_ack_msg(msg.task_id, self.robot_id, msg.segment_index, received)
-        publish_or_log(self._ack_pub, ack, self.get_logger(), f"the ack of {msg.task_id}[{msg.segment_index}]")
+        publish_or_log(self._ack_pub, self.auth.sign(ack), self.get_logger(),
+                       f"the ack of {msg.task_id}[{msg.segment_index}]")
 
     def _heartbeat(self) -> None:
         with self._cv:
             run = self._running
         if run is not None:
             ack = segment_ack_msg(run.task_id, self.robot_id, run.segment_index, time.time(), running=True)
-            publish_or_log(self._ack_pub, ack, self.get_logger(),
+            publish_or_log(self._ack_pub, self.auth.sign(ack), self.get_logger(),
                            f"the heartbeat of {run.task_id}[{run.segment_index}]")
 
     # -- diagnostics --------------------------------------------------------------------

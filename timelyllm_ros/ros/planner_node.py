@@ -46,6 +46,7 @@ from timelyllm_ros.planner.settings import SETTINGS
 from timelyllm_ros.ros import convert, params, topics
 from timelyllm_ros.ros.actions import BatchedActionServer, complete_goal
 from timelyllm_ros.ros.diagnostics import attach_planner_diagnostics
+from timelyllm_ros.ros.fleet_auth import FleetAuth
 from timelyllm_ros.ros.goal_intake import GoalIntake
 from timelyllm_ros.ros.scheduler_node import SchedulerNode
 from timelyllm_ros.ros.spin import destroy_entities, ros_args_without_node_rename, run_nodes
@@ -93,6 +94,7 @@ class PlannerNode(LifecycleNode):
                                       lambda pub: pub.get_subscription_count() > 0,
                                       lambda robot_id: self.count_subscribers(topics.segment_topic(robot_id)) > 0)
             self.rejected = RejectedMessages(self.get_logger().warning)  # refused robot messages (/diagnostics)
+            self._auth = FleetAuth.from_file(p["fleet_key_file"])  # signs segments, checks acks and reports
             self.service = PlannerService(p, self, self.get_logger(), self.rejected, self._robots, self._bridge,
                                           engine=engine, constrained=constrained, engine_factory=engine_factory,
                                           core_config=core_config)  # checks the parameters
@@ -332,7 +334,7 @@ class PlannerNode(LifecycleNode):
     def send_segment(self, task_id: str, robot_id: str, seg: Segment, skillset_id: str, goals: list[Any]) -> None:
         msg = convert.segment_msg(task_id, robot_id, seg, self._bridge, skillset_id)
         self._deliver(robot_id, msg)
-        self._all_segments.publish(msg)  # fleet-wide copy for recorders and the exec-time node
+        self._all_segments.publish(self._auth.sign(msg))  # fleet-wide copy for recorders and the exec-time node
         fb = convert.feedback_msg(msg)
         for h in goals:
             h.publish_feedback(fb)
@@ -366,7 +368,7 @@ class PlannerNode(LifecycleNode):
                                      event_callbacks=PublisherEventCallbacks(use_default_callbacks=False))
 
     def _publish_to_robot(self, robot_id: str, msg: PlanSegment) -> None:
-        topics.publish_or_log(self._robots.get(robot_id), msg, self.get_logger(),
+        topics.publish_or_log(self._robots.get(robot_id), self._auth.sign(msg), self.get_logger(),
                               f"segment {msg.segment_index} of {msg.task_id} to {robot_id}")
 
     def _deliver(self, robot_id: str, msg: PlanSegment) -> None:
@@ -374,13 +376,25 @@ class PlannerNode(LifecycleNode):
         self.delivery.send(robot_id, msg, time.monotonic(), matched=matched)
 
     def _segment_done(self, msg: SegmentDone) -> None:
+        if self._refused_by_key(msg, "report"):
+            return
         self.service.segment_done(msg.task_id, msg.segment_index, msg.robot_id, msg.success, msg.error,
                                   convert.time_s(msg.start) if convert.started(msg.start) else None,
                                   convert.time_s(msg.finish) if convert.started(msg.finish) else None)
 
     def _segment_ack(self, msg: SegmentAck) -> None:
+        if self._refused_by_key(msg, "heartbeat" if msg.running else "ack"):
+            return
         self.service.segment_ack(msg.task_id, msg.segment_index, msg.robot_id, msg.running,
                                  convert.time_s(msg.stamp) if convert.started(msg.stamp) else None)
+
+    def _refused_by_key(self, msg: SegmentDone | SegmentAck, kind: str) -> bool:
+        """With a fleet key: a message without a valid tag, or with a counter taken before, is refused and counted
+        (/diagnostics, kind '<kind> (fleet key)'), logged once per claimed sender."""
+        why = self._auth.check(msg)
+        if why is not None:
+            self.rejected.note(f"{kind} (fleet key)", msg.robot_id, f"fleet key: {why}")
+        return why is not None
 
     def _publish_engine_state(self) -> None:
         snapshot = self.service.engine_snapshot()

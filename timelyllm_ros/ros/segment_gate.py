@@ -7,7 +7,9 @@ The writer check: a segment counts only if its writer (the publisher GID rclpy h
 ROS graph) belongs to the node named by ``planner_node`` ('' = any node). Anything else is neither run nor
 acknowledged, counted for /diagnostics and logged once per writing node. A segment whose writer the graph does not
 know yet is not acknowledged either: the planner re-sends what is really its own (delivery contract). Without DDS
-security a node can take the planner's name: README "Threat model".
+security a node can take the planner's name: README "Threat model". With a fleet key (``fleet_key_file``,
+``ros/fleet_auth.py``) a segment must also carry a valid tag and a counter not taken before: one that does not is
+refused the same way, whoever wrote it, and logged once per reason.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 from rclpy.node import Node
 
 from timelyllm_ros.interfaces import segment_topic
+from timelyllm_ros.ros.fleet_auth import FleetAuth
 
 ADMIT, REFUSE, UNKNOWN_WRITER = "admit", "refuse", "unknown_writer"
 
@@ -28,12 +31,14 @@ ADMIT, REFUSE, UNKNOWN_WRITER = "admit", "refuse", "unknown_writer"
 class SegmentGate:
     """The writer check of one node that runs segments for ``robots`` (one executor: its own robot; the simulated
     fleet: all of its robots). ``log``: where the first refusal from each writer goes (the node's logger's error);
-    ``debug``: the node's logger's debug."""
+    ``debug``: the node's logger's debug; ``auth``: the fleet key (none: no tag is checked)."""
 
     KEEP_WRITERS = 256  # writers remembered (they come and go with restarts): the latest are kept
 
-    def __init__(self, node: Node, planner_node: str, log: Callable[[str], Any], debug: Callable[[str], Any]) -> None:
+    def __init__(self, node: Node, planner_node: str, log: Callable[[str], Any], debug: Callable[[str], Any],
+                 auth: FleetAuth | None = None) -> None:
         self._node, self.planner_node = node, planner_node
+        self.auth = auth if auth is not None else FleetAuth(None)
         self._log, self._debug = log, debug
         self._senders: dict[bytes, str] = {}  # publisher GID -> its node's name, for writers the graph named
         self._lock = threading.Lock()
@@ -44,6 +49,10 @@ class SegmentGate:
     def check(self, robot_id: str, msg: Any, info: dict | None) -> str:
         """ADMIT, REFUSE (counted, logged once per writer) or UNKNOWN_WRITER (not yet in the graph: left for the
         planner's re-send). Call it from the subscription callback, before the segment is acknowledged."""
+        why = self.auth.check(msg)
+        if why is not None:
+            self._refuse(robot_id, msg, f"fleet key: {why}", f"fleet key: {why.split(' (')[0]}")
+            return REFUSE
         if not self.planner_node:
             return ADMIT
         sender = self._sender(robot_id, info)
@@ -53,7 +62,8 @@ class SegmentGate:
             self._debug(f"{robot_id}: {msg.task_id}[{msg.segment_index}] from a writer not yet in the graph: left "
                         "for the planner's re-send")
             return UNKNOWN_WRITER
-        self._refuse(robot_id, msg, f"node {sender!r}", sender)
+        self._refuse(robot_id, msg, f"written by node {sender!r}: only {self.planner_node!r} (parameter "
+                     "planner_node) plans for this robot", sender)
         return REFUSE
 
     def refused_recent(self, window_s: float) -> int:
@@ -88,9 +98,8 @@ class SegmentGate:
             if first and len(self._refused_from) < 10_000:
                 self._refused_from.add(key)
         if first:
-            self._log(f"{robot_id}: refused segment {msg.task_id}[{msg.segment_index}] from {what}: only "
-                       f"{self.planner_node!r} (parameter planner_node) plans for this robot; further ones from it "
-                       "are only counted")
+            self._log(f"{robot_id}: refused segment {msg.task_id}[{msg.segment_index}]: {what}; further "
+                      "ones like it are only counted")
 
 
 __all__ = ["ADMIT", "REFUSE", "UNKNOWN_WRITER", "SegmentGate"]

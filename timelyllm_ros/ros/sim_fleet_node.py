@@ -38,6 +38,9 @@ from rclpy.node import Node
 
 from timelyllm_ros.msg import PlanSegment, SegmentAck, SegmentDone
 from timelyllm_ros.ros.convert import segment_ack_msg, segment_done_msg
+from timelyllm_ros.ros.fleet_auth import PARAMETER as FLEET_KEY
+from timelyllm_ros.ros.fleet_auth import PARAMETER_DOC as FLEET_KEY_DOC
+from timelyllm_ros.ros.fleet_auth import FleetAuth
 from timelyllm_ros.ros.params import all_of, declare, distinct, non_empty, on_change
 from timelyllm_ros.ros.segment_gate import ADMIT, SegmentGate
 from timelyllm_ros.ros.spin import run_nodes
@@ -87,8 +90,8 @@ def _subset(ids: list[str], robots: list[str]) -> str | None:
 
 
 class SimFleetNode(Node):
-    """Parameters: ``robots``, ``robot_type``, ``seed``, ``reorder_timeout_s`` and ``planner_node`` are read at
-    start-up (read-only); ``time_scale`` and ``silent_robots`` can change at run time."""
+    """Parameters: ``robots``, ``robot_type``, ``seed``, ``reorder_timeout_s``, ``planner_node`` and
+    ``fleet_key_file`` are read at start-up (read-only); ``time_scale`` and ``silent_robots`` can change at run time."""
 
     def __init__(self, node_name: str = "sim_fleet", **kw) -> None:
         super().__init__(node_name, **kw)
@@ -113,7 +116,8 @@ class SimFleetNode(Node):
             "re-sent with running=true this often, as the real executors do (0 = off)", read_only=True, min=0.0))
         planner_node = str(declare(self, "planner_node", PLANNER_NODE, "fully qualified name of the planner node "
                                    "whose segments the robots run ('' = any node on the domain)", read_only=True))
-        self.gate = SegmentGate(self, planner_node, self.get_logger().error, self.get_logger().debug)
+        self.auth = FleetAuth.from_file(str(declare(self, FLEET_KEY, "", FLEET_KEY_DOC, read_only=True)))
+        self.gate = SegmentGate(self, planner_node, self.get_logger().error, self.get_logger().debug, self.auth)
         self.skillset = load_skill_set(robot_type)
         self.model = ExecTimeModel(self.skillset, learn=False)
         self.rng = random.Random(seed)
@@ -156,7 +160,7 @@ class SimFleetNode(Node):
                 arrival = rob.session.receive(msg.task_id, msg.segment_index, msg.text, msg.is_final, now, msg)
                 if arrival.duplicate:
                     if arrival.report is not None:  # re-sent: the planner has no report for it (e.g. it restarted)
-                        publish_or_log(self._done_pub, arrival.report, self.get_logger(),
+                        publish_or_log(self._done_pub, self.auth.sign(arrival.report), self.get_logger(),
                                        f"{robot_id}'s report of {msg.task_id}[{msg.segment_index}]")
                     return
                 if arrival.preempted:
@@ -169,7 +173,7 @@ class SimFleetNode(Node):
         finally:  # every received copy, duplicates and end markers included (silent robots too)
             rob.acks.append((msg.task_id, msg.segment_index))
             ack = segment_ack_msg(msg.task_id, robot_id, msg.segment_index, now)
-            publish_or_log(self._ack_pub, ack, self.get_logger(),
+            publish_or_log(self._ack_pub, self.auth.sign(ack), self.get_logger(),
                            f"{robot_id}'s ack of {msg.task_id}[{msg.segment_index}]")
 
     def _heartbeat(self) -> None:
@@ -180,7 +184,7 @@ class SimFleetNode(Node):
             running = [(r.robot_id, r.executed[-1][0], r.executed[-1][1]) for r in self.robots.values()
                        if r.busy_until is not None]
         for robot_id, task_id, index in running:
-            publish_or_log(self._ack_pub, segment_ack_msg(task_id, robot_id, index, now, running=True),
+            publish_or_log(self._ack_pub, self.auth.sign(segment_ack_msg(task_id, robot_id, index, now, running=True)),
                            self.get_logger(), f"{robot_id}'s heartbeat of {task_id}[{index}]")
 
     def _expire(self) -> None:
@@ -237,7 +241,8 @@ class SimFleetNode(Node):
         index = msg_or_entry.segment_index if isinstance(msg_or_entry, PlanSegment) else msg_or_entry[1]
         report = segment_done_msg(task_id, rob.robot_id, index, start, finish, ok, error)
         rob.session.reports.put(task_id, index, report)
-        publish_or_log(self._done_pub, report, self.get_logger(), f"{rob.robot_id}'s report of {task_id}[{index}]")
+        publish_or_log(self._done_pub, self.auth.sign(report), self.get_logger(),
+                       f"{rob.robot_id}'s report of {task_id}[{index}]")
 
     def _run(self) -> None:
         with self._lock:

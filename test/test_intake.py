@@ -106,6 +106,11 @@ def test_robot_ids_names_the_fleet_and_refuses_any_other_id(stack):
         "robot_id: 'mallory' is not one of this planner's robots (parameter robot_ids)")
 
 
+
+def test_a_robot_id_in_robot_ids_that_cannot_name_a_topic_is_refused_at_start_naming_the_parameter():
+    with pytest.raises(ValueError, match=r"parameter robot_ids: 'drone 0' has ' ' at position 5"):
+        ServiceStack(robot_ids=["drone_1", "drone 0"])
+
 def test_max_robots_bounds_the_segment_writers_and_frees_the_least_recently_used_idle_one(stack):
     s = stack(max_robots=3, robot_idle_release_s=0.0, intake_new_robots_per_s=0.0)
     for r in ("a_0", "a_1", "a_2"):

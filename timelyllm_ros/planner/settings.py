@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from timelyllm_ros.interfaces import robot_id_problem
+
 
 class Setting(NamedTuple):
     """One of the planner's parameters: the node declares each, read-only (``ros/params.declare``), with its range
@@ -104,6 +106,9 @@ def check_params(p: Mapping[str, Any]) -> None:
     if p["control_plane"] == "locked" and not p["autostart"]:
         raise ValueError("parameter control_plane: 'locked' needs autostart: true (no other node may drive the "
                          "planner's lifecycle, so it must configure and activate itself)")
+    for robot_id in p["robot_ids"]:  # a typo here would refuse that robot's every goal, so say it at start
+        if robot_id and (why := robot_id_problem(robot_id)) is not None:
+            raise ValueError(f"parameter robot_ids: {why}")
     if p["overdue"] not in ("serve", "reject"):
         raise ValueError(f"parameter overdue: must be 'serve' or 'reject', got {p['overdue']!r}")
 

@@ -390,10 +390,10 @@ class PlannerNode(LifecycleNode):
 
     def _refused_by_key(self, msg: SegmentDone | SegmentAck, kind: str) -> bool:
         """With a fleet key: a message without a valid tag, or with a counter taken before, is refused and counted
-        (/diagnostics, kind '<kind> (fleet key)'), logged once per claimed sender."""
+        (/diagnostics: refused_<kind>_fleet_key), logged once per claimed sender."""
         why = self._auth.check(msg)
         if why is not None:
-            self.rejected.note(f"{kind} (fleet key)", msg.robot_id, f"fleet key: {why}")
+            self.rejected.note(f"{kind}_fleet_key", msg.robot_id, f"fleet key: {why}")
         return why is not None
 
     def _publish_engine_state(self) -> None:

@@ -40,8 +40,9 @@ def load_key(path: str, parameter: str = "fleet_key_file") -> bytes:
     return key
 
 
-def _digest(key: bytes, kind: str, seq: int, fields: Sequence[object]) -> str:
-    # JSON of a list: an unambiguous encoding of strings, numbers, booleans and nested lists
+def digest(key: bytes, kind: str, seq: int, fields: Sequence[object]) -> str:
+    """The hex tag of a message of ``kind`` with counter ``seq`` and ``fields`` (strings, numbers, booleans, lists):
+    HMAC-SHA256 over their JSON, an unambiguous encoding."""
     data = json.dumps([kind, seq, *fields], ensure_ascii=False, separators=(",", ":")).encode()
     return hmac.new(key, data, hashlib.sha256).hexdigest()
 
@@ -67,14 +68,14 @@ class FleetKey:
     def sign(self, kind: str, fields: Sequence[object]) -> tuple[int, str]:
         """(counter, hex tag) for a message of ``kind`` with ``fields``."""
         seq = self.next_seq()
-        return seq, _digest(self._key, kind, seq, fields)
+        return seq, digest(self._key, kind, seq, fields)
 
     def check(self, kind: str, sender: str, fields: Sequence[object], seq: int, tag: str) -> str | None:
         """Why the message is refused ('no fleet key tag', 'wrong fleet key tag', 'replayed counter ...', 'stale
         counter ...'), or None: it is taken, and its counter with it."""
         if not tag:
             return "no fleet key tag (auth_tag empty): the sender has no fleet key"
-        if not hmac.compare_digest(tag, _digest(self._key, kind, seq, fields)):
+        if not hmac.compare_digest(tag, digest(self._key, kind, seq, fields)):
             return "wrong fleet key tag (auth_tag): not signed with this fleet's key, or altered"
         off_s = (seq - time.time_ns() // 1000) / 1e6
         if abs(off_s) * 1e6 > self._max_age_us:
@@ -97,4 +98,4 @@ class FleetKey:
         return None
 
 
-__all__ = ["MIN_KEY_BYTES", "WINDOW", "FleetKey", "load_key"]
+__all__ = ["MIN_KEY_BYTES", "WINDOW", "FleetKey", "digest", "load_key"]

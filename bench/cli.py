@@ -263,6 +263,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_fleet_load(sub)  # fleet-load: real planner + simulated fleet processes under 1000+ goals
 
+    from bench.flood import add_parser as add_flood
+
+    add_flood(sub)  # flood: 10,000 robot ids' goals beside a real urgent goal, planner RSS (issue 39)
+
+    from bench.fleet_key_cost import add_parser as add_fleet_key
+
+    add_fleet_key(sub)  # fleet-key: the fleet key's cost per segment, ack and report (issue 39)
+
     from bench.plan_quality import add_parser as add_plan_quality
 
     add_plan_quality(sub)  # plan-quality: the real engine's plans judged per task template

@@ -52,12 +52,13 @@ def _seg(ns, task_id, k, text, final, robot="drone_0"):
     return msg_class(SEGMENTS.msgtype)(task_id=task_id, robot_id=robot, segment_index=k, text=text,
                                        skills=[call] if text.strip("};") else [], is_final=final,
                                        stamp_generated=time_msg(ns), predicted_execution=dur,
-                                       next_segment_deadline=time_msg(ns + 10**9))
+                                       next_segment_deadline=time_msg(ns + 10**9), auth_seq=0, auth_tag="")
 
 
 def _done(start, finish, task_id, k, ok=True, robot="drone_0"):
     return msg_class(SEGMENT_DONE.msgtype)(task_id=task_id, robot_id=robot, segment_index=k, start=time_msg(start),
-                                           finish=time_msg(finish), success=ok, error="" if ok else "crashed")
+                                           finish=time_msg(finish), success=ok, error="" if ok else "crashed",
+                                           auth_seq=0, auth_tag="")
 
 
 def _synthetic_run(t0=1_700_000_000 * 10**9):

@@ -381,6 +381,16 @@ def test_plan_client_cli_main(stack):
     assert client_mod.main(["plan_client", "--robot-id", "drone_1", "--task", CAT, "--timeout", "30"]) == 0
 
 
+def test_plan_client_cli_refuses_a_task_with_nul_with_a_clear_message_and_sends_nothing(stack, capsys):
+    """Issue 39: rclpy cuts a string at its first NUL, so the planner would plan the text before it without a word.
+    plan_client (and `timelyllm plan`, which runs it) refuses it, naming the field and the position."""
+    rc = client_mod.main(["plan_client", "--robot-id", "drone_1", "--task", "find the cat \x00now", "--task-id",
+                          "nul-cli", "--timeout", "30"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "error: task: control character U+0000 (NULL) at position 13" in err, (rc, err)
+    assert "nul-cli" not in stack.submits and stack.planner.core.task_status("nul-cli") is None
+
+
 # -- a planner process that is killed and restarts (journal) ----------------------------------------------------
 def test_planner_killed_mid_task_restarts_and_the_client_still_gets_the_result(tmp_path):
     procs_mod = pytest.importorskip("procs")

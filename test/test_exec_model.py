@@ -30,7 +30,7 @@ def cubic(v: float) -> float:
     ("tc(90)", 0.0165 * 90 + 0.784),
     ("tu(360)", 0.0165 * 360 + 0.784),
     ("d(3)", 3.0),
-    ("g('cat')", 2.5),
+    ("a()", 0.0072 * 100 + 1.8144),  # approach runs mf(100); g('cat') is a range (test_hostile_input)
     ("iv('cat')", 0.001),
     ("ox('cat')", 0.001),
     ("od('cat')", 0.001),

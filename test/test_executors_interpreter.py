@@ -148,6 +148,9 @@ def test_skills_renamed_or_added_in_yaml_need_no_interpreter_change():
     raw = _drone_yaml()
     mf = next(s for s in raw["skills"] if s["name"] == "mf")
     mf.update(name="fwd", long_name="forward")
+    for s in raw["skills"]:  # composites name what they run in the data too (goto runs mf(100))
+        if s["exec_time"]["model"] == "composite":
+            s["exec_time"]["runs"] = s["exec_time"]["runs"].replace("mf(", "fwd(")
     raw["skills"] += [
         {"name": "turn_around", "op": "rotate", "op_args": {"clockwise": True, "degrees": 180},
          "exec_time": {"model": "constant", "value": 3.0}},

@@ -33,7 +33,8 @@ class Planner:
     two participants of one process lost each other in CI after the emulated fleets' network namespaces had
     added and removed host interfaces ("never acknowledged a probe")."""
 
-    def __init__(self, robots: list[str], extra_nodes=(), context=None) -> None:
+    def __init__(self, robots: list[str], extra_nodes=(), context=None, auth=None) -> None:
+        self.auth = auth  # a FleetAuth: every segment it sends is signed with it (probes too)
         self._own_ctx = context is None
         self.ctx = rclpy.Context() if self._own_ctx else context
         if self._own_ctx:
@@ -68,8 +69,8 @@ class Planner:
         pending = set(robots)
         while pending and time.monotonic() < end:
             for r in pending:
-                self.pubs[r].publish(PlanSegment(task_id=f"{PROBE}{r}", robot_id=r, segment_index=0, text="",
-                                                 is_final=True))
+                self.pubs[r].publish(self._signed(PlanSegment(task_id=f"{PROBE}{r}", robot_id=r, segment_index=0,
+                                                              text="", is_final=True)))
             time.sleep(0.2)
             pending -= self.probe_acks
         assert not pending, f"robots {sorted(pending)} never acknowledged a probe: their writers never matched"
@@ -82,9 +83,13 @@ class Planner:
         else:
             self.acks.append(msg)
 
-    def send(self, robot: str, task: str, index: int, text: str, final: bool = False) -> None:
-        self.pubs[robot].publish(PlanSegment(task_id=task, robot_id=robot, segment_index=index, text=text,
-                                             is_final=final))
+    def send(self, robot: str, task: str, index: int, text: str, final: bool = False) -> PlanSegment:
+        msg = self._signed(PlanSegment(task_id=task, robot_id=robot, segment_index=index, text=text, is_final=final))
+        self.pubs[robot].publish(msg)
+        return msg
+
+    def _signed(self, msg: PlanSegment) -> PlanSegment:
+        return self.auth.sign(msg) if self.auth is not None else msg
 
     def wait_done(self, n: int, timeout: float = 20.0, task: str | None = None) -> list[SegmentDone]:
         end = time.monotonic() + timeout
@@ -111,6 +116,12 @@ class Planner:
         if self._own_ctx:
             rclpy.shutdown(context=self.ctx)
         self.thread.join(timeout=5)
+
+
+def _auth(key_file: str):
+    from timelyllm_ros.ros.fleet_auth import FleetAuth
+
+    return FleetAuth.from_file(key_file) if key_file else None
 
 
 @contextlib.contextmanager
@@ -387,8 +398,9 @@ class _Runner:
 
 
 @contextlib.contextmanager
-def _robot(robot_id: str, reorder_timeout_s: float | None = None):
-    """A RobotExecutorNode with a recording runner, spun in its own context, and a Planner stand-in."""
+def _robot(robot_id: str, reorder_timeout_s: float | None = None, key_file: str = ""):
+    """A RobotExecutorNode with a recording runner, spun in its own context, and a Planner stand-in (``key_file``:
+    the fleet key of both)."""
     from rclpy.parameter import Parameter
 
     from timelyllm_ros.ros.executor_base import RobotExecutorNode
@@ -402,6 +414,7 @@ def _robot(robot_id: str, reorder_timeout_s: float | None = None):
     ctx = rclpy.Context()
     rclpy.init(context=ctx)
     over = [] if reorder_timeout_s is None else [Parameter("reorder_timeout_s", value=reorder_timeout_s)]
+    over += [Parameter("fleet_key_file", value=key_file)] if key_file else []
     node = FakeExecutor(context=ctx, parameter_overrides=over)
     ex = PooledExecutor(num_threads=2, context=ctx)
     ex.add_node(node)
@@ -409,7 +422,7 @@ def _robot(robot_id: str, reorder_timeout_s: float | None = None):
     spin.start()
     planner = None
     try:
-        planner = Planner([robot_id], context=ctx)
+        planner = Planner([robot_id], context=ctx, auth=_auth(key_file))
         yield node, planner
     finally:
         node.runner.gate.set()
@@ -584,6 +597,57 @@ def test_sim_fleet_dedups_reorders_and_acks_and_a_silent_robot_acks_without_repo
     assert [e[:2] for e in mute.executed] == [["s-m", 0]]  # the duplicate ran once
 
 
+@contextlib.contextmanager
+def _sim_fleet(robots: list[str], **params):
+    """A SimFleetNode spun in its own context with a Planner stand-in (the node ``planner``) in the same one."""
+    from rclpy.parameter import Parameter
+
+    from timelyllm_ros.ros.sim_fleet_node import SimFleetNode
+
+    ctx = rclpy.Context()
+    rclpy.init(context=ctx)
+    fleet = SimFleetNode(context=ctx, parameter_overrides=[Parameter("robots", value=robots)] + [
+        Parameter(k, value=v) for k, v in params.items()])
+    ex = PooledExecutor(num_threads=2, context=ctx)
+    ex.add_node(fleet)
+    spin = Spinner(ex)
+    spin.start()
+    planner = None
+    try:
+        planner = Planner(robots, context=ctx, auth=_auth(params.get("fleet_key_file", "")))
+        yield fleet, planner
+    finally:
+        if planner is not None:
+            planner.close()
+        ex.shutdown(timeout_sec=5)
+        fleet.destroy_node()
+        rclpy.shutdown(context=ctx)
+        spin.join(timeout=5)
+
+
+def test_the_simulated_fleet_runs_no_segment_from_another_node_than_the_planner():
+    """Issue 39: a rogue PlanSegment mf(500) on /drone_1/plan_segments got 17 heartbeats and a SegmentDone
+    success=True from the simulated fleet, which every demo and benchmark uses. It now admits segments through the
+    executors' own gate: the rogue's are neither run nor acknowledged, and counted."""
+    with _sim_fleet(["sim_r"], time_scale=0.01) as (fleet, planner):
+        rogue = rclpy.create_node("mallory", context=planner.ctx)
+        pub = rogue.create_publisher(PlanSegment, segment_topic("sim_r"), RELIABLE)
+        planner.ex.add_node(rogue)
+        assert wait_until(lambda: pub.get_subscription_count() > 0, timeout=20)
+        for i in range(5):
+            pub.publish(PlanSegment(task_id=f"evil-{i}", robot_id="sim_r", segment_index=0, text="mf(500);",
+                                    is_final=True))
+        # the planner's own segment still runs; it goes out after the rogue's were taken (one subscription, one
+        # callback at a time) and the fleet reports in order, so a report of anything the rogue sent would be in
+        assert wait_until(lambda: fleet.robots["sim_r"].acks or fleet.gate.refused >= 5, timeout=20)
+        planner.send("sim_r", "t-real", 0, "mf(20);", final=True)
+        assert [(d.segment_index, d.success) for d in planner.wait_done(1, task="t-real")] == [(0, True)]
+        evil = [m for m in planner.done + planner.acks + planner.heartbeats if m.task_id.startswith("evil")]
+        assert not evil, evil
+        assert [e[:3] for e in fleet.robots["sim_r"].executed] == [["t-real", 0, "mf(20);"]]
+        assert fleet.gate.refused == 5
+
+
 def test_a_running_segment_sends_heartbeats_until_it_ends():
     """The planner tells a slow skill from a dead robot by these (README "Delivery guarantees")."""
     with _robot("bot_h") as (node, planner):
@@ -623,3 +687,73 @@ def test_a_segment_from_another_node_than_the_planner_is_neither_run_nor_acknowl
         st = node.diagnostic_status()
         assert dict(st.values)["segments_from_other_nodes"] == str(node.refused_segments), st.values
         assert st.level == 1 and "other than the planner" in st.message, st.message
+
+
+# -- the fleet key (issue 39, item 9) -------------------------------------------------------------------------------
+def _key_file(tmp_path, name: str = "fleet.key", key: bytes = b"0123456789abcdef0123456789abcdef") -> str:
+    path = tmp_path / name
+    path.write_bytes(key + b"\n")
+    return str(path)
+
+
+def _forgeries(robot: str, wrong_key_file: str) -> list[PlanSegment]:
+    """What a node that took the planner's name (so it passes the writer check) can send without the key: a
+    segment without a tag, one signed with another key, and a copy of a segment the robot took (a replay)."""
+    from timelyllm_ros.ros.fleet_auth import FleetAuth
+
+    plain = PlanSegment(task_id="evil-0", robot_id=robot, segment_index=0, text="mf(500);", is_final=True)
+    wrong = FleetAuth.from_file(wrong_key_file).sign(
+        PlanSegment(task_id="evil-1", robot_id=robot, segment_index=0, text="mf(500);", is_final=True))
+    return [plain, wrong]
+
+
+def test_with_a_fleet_key_the_simulated_fleet_runs_only_segments_signed_with_it_and_no_replay(tmp_path):
+    """Issue 39, item 9: without SROS2 a node can take the planner's name, and the writer check believes it. With a
+    fleet key the simulated fleet runs a segment only with a valid tag and a counter it has not taken: one without a
+    tag, one signed with another key and a replayed copy are neither run nor acknowledged, and counted; its own
+    acks and reports carry the key's tag."""
+    from timelyllm_ros.ros.fleet_auth import FleetAuth
+
+    key = _key_file(tmp_path)
+    with _sim_fleet(["sim_k"], time_scale=0.01, fleet_key_file=key) as (fleet, planner):
+        real = planner.send("sim_k", "t-real", 0, "mf(20);", final=True)
+        assert [(d.segment_index, d.success) for d in planner.wait_done(1, task="t-real")] == [(0, True)]
+        for msg in [*_forgeries("sim_k", _key_file(tmp_path, "other.key", b"another key, 16+ bytes")),
+                    real]:  # the last: the planner's own segment again, counter and tag as they were (a replay)
+            planner.pubs["sim_k"].publish(msg)
+        assert wait_until(lambda: fleet.gate.refused >= 3, timeout=20), fleet.gate.refused
+        time.sleep(0.5)
+        assert fleet.gate.refused == 3
+        assert [e[:3] for e in fleet.robots["sim_k"].executed] == [["t-real", 0, "mf(20);"]]
+        assert [(a.task_id, a.segment_index) for a in planner.acks] == [("t-real", 0)]  # the replay is not acked
+        assert not [m for m in planner.done + planner.heartbeats if m.task_id.startswith("evil")]
+        check = FleetAuth.from_file(key)
+        assert [check.check(m) for m in planner.acks + planner.done[:1]] == [None, None]
+
+
+def test_with_a_fleet_key_an_executor_runs_only_segments_signed_with_it_and_no_replay(tmp_path):
+    """Issue 39, item 9, on an executor: the same forgeries are refused before anything runs or is acknowledged."""
+    key = _key_file(tmp_path)
+    with _robot("bot_k", key_file=key) as (node, planner):
+        real = planner.send("bot_k", "t-real", 0, "a", final=True)
+        assert [(d.segment_index, d.success) for d in planner.wait_done(1, task="t-real")] == [(0, True)]
+        for msg in [*_forgeries("bot_k", _key_file(tmp_path, "other.key", b"another key, 16+ bytes")),
+                    real]:
+            planner.pubs["bot_k"].publish(msg)
+        assert wait_until(lambda: node.refused_segments >= 3, timeout=20), node.refused_segments
+        time.sleep(0.5)
+        assert node.refused_segments == 3 and node.runner.ran == ["a"]
+        assert [(a.task_id, a.segment_index) for a in planner.acks] == [("t-real", 0)]
+
+
+def test_a_fleet_key_file_that_is_missing_or_short_is_refused_naming_the_parameter(tmp_path):
+    from rclpy.parameter import Parameter
+
+    from timelyllm_ros.ros.sim_fleet_node import SimFleetNode
+
+    short = tmp_path / "short.key"
+    short.write_bytes(b"abc")
+    with _context() as ctx:
+        for path, words in ((str(tmp_path / "none.key"), "cannot read"), (str(short), "3 bytes")):
+            with pytest.raises(ValueError, match=f"fleet_key_file: .*{words}"):
+                SimFleetNode(context=ctx, parameter_overrides=[Parameter("fleet_key_file", value=path)])

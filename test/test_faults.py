@@ -91,7 +91,8 @@ def start_planner(procs: Procs, *, engine: str, state_dir: Path | None = None, e
 
 def start_fleet(procs: Procs, robots: list[str], *, time_scale: float = 0.3, prefix=(), env=None,
                 name: str = "fleet", wait: bool = True):
-    args = ["-p", f"robots:=[{', '.join(robots)}]", "-p", f"time_scale:={time_scale}"]
+    # planner_node '': the fleet also runs the probes this process sends to learn that its reports come back
+    args = ["-p", f"robots:=[{', '.join(robots)}]", "-p", f"time_scale:={time_scale}", "-p", "planner_node:=''"]
     return procs.python(name, FLEET, *args, prefix=prefix, env=env, ready=FLEET_READY if wait else None,
                         timeout=90)
 

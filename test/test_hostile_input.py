@@ -4,6 +4,7 @@ accepted plan run past its skill set's bounds."""
 
 from __future__ import annotations
 
+import random
 import re
 
 import pytest
@@ -36,6 +37,9 @@ ARM = load_skill_set("arm")
 MODEL = ExecTimeModel(DRONE, learn=False)
 SCENE = "Scene: [cat x:0.5 y:0.5 dis:150] [book x:0.7 y:0.4 bearing:90]"
 TC90 = 0.0165 * 90 + 0.784
+MF100 = 0.0072 * 100 + 1.8144
+# g('x') = o('x') (0 to 4 turns of 1.0315 s, plus 1 ms) then mf(100): the skill set's own models of what it runs
+G_LO, G_HI = 0.001 + MF100, 0.001 + 4 * 1.0315 + MF100
 
 
 def _interpreter() -> tuple[RecordingDrone, MiniSpecInterpreter]:
@@ -153,7 +157,7 @@ def test_a_loop_close_segment_is_predicted_with_its_replays() -> None:
     # A conditional's condition is evaluated again on each replay; its range stays a range.
     lo, hi = MODEL.segment_range("2{?s('cat')==True{", "g('cat')};}")
     s_lo, s_hi = 1.5275, 8 * 1.5275
-    assert (lo, hi) == pytest.approx((2.5 + s_lo + 2.5, 2.5 + s_hi + 2.5))
+    assert (lo, hi) == pytest.approx((G_LO + s_lo + G_LO, G_HI + s_hi + G_HI))
     # The whole plan streamed: the segment predictions add up to the plan's unrolled time.
     plan = "2{tc(90);3{mf(50);}};"
     segments = split_segments(DRONE, list(plan))
@@ -178,6 +182,56 @@ def test_the_planner_predicts_a_loop_close_segment_with_its_replays() -> None:
     assert res.status is TaskStatus.DONE, res.reason
     assert [s.text for s in res.segments] == ["3{tc(90);", "}"]
     assert [x for s in res.segments for x in (s.est_exec_s, s.max_exec_s)] == pytest.approx([TC90] * 2 + [2 * TC90] * 2)
+
+
+# -- a composite skill costs what it runs (issue 39) -------------------------------------------------------
+def test_goto_is_modelled_as_the_worst_case_of_what_it_runs() -> None:
+    """Issue 39: g() was a constant 2.5 s while it runs an orient (up to 4 turns) and mf(100) (2.53 s alone)."""
+    e = MODEL.estimate_text("g('cat')")
+    assert (e.min_s, e.max_s) == pytest.approx((G_LO, G_HI))
+    assert MODEL.estimate_text("a()").max_s == pytest.approx(MF100)  # approach = mf(100), the same model
+
+
+def test_a_plan_of_gotos_over_the_bound_is_refused_and_one_within_it_runs() -> None:
+    """20{6{g('cat')}} was accepted at exactly 300.0 s; under the skill file's own models it may run ~799 s."""
+    err = DRONE.validate_plan("20{6{g('cat')}}")
+    assert err is not None and "max_plan_exec_s = 300 s: it may run 799.4 s" in err, err
+    err = DRONE.validate_plan("7{7{g('cat')}}")
+    assert err is not None and "it may run 326.4 s" in err, err  # 49 gotos
+    assert DRONE.validate_plan("3{15{g('cat')}}") is None  # 45 gotos: 299.8 s at worst
+
+
+def test_the_interpreter_counts_a_goto_at_the_worst_case_of_what_it_runs() -> None:
+    """The run-time counter charged the same 2.5 s, so it did not catch a plan of gotos either."""
+    drone, it = _interpreter()
+    it.execute_segment("g('cat')")
+    assert drone.cmds[-1] == "forward 100"
+    assert it.ran_s == pytest.approx(G_HI)
+    drone, it = _interpreter()
+    it.ran_s = 300 - G_HI + 0.01  # what the plan ran before, for the count: one more goto may pass the bound
+    with pytest.raises(RefusedError, match="max_plan_exec_s"):
+        it.execute_segment("g('cat')", final=True)
+    assert drone.cmds == []
+
+
+def test_the_simulated_fleet_draws_a_goto_from_what_it_runs() -> None:
+    rng = random.Random(3)
+    draws = [MODEL.sample("g('cat')", rng) for _ in range(200)]
+    assert all(G_LO - 1e-9 <= d <= G_HI + 1e-9 for d in draws) and max(draws) > 3.5, (min(draws), max(draws))
+
+
+@pytest.mark.parametrize("runs, message", [
+    ("zz()", "not calls of this skill set"),
+    ("2{mf(50)}", "only calls"),
+    ("g('x')", "in a cycle"),
+])
+def test_a_composite_skill_that_runs_nothing_it_can_count_is_a_schema_error(runs: str, message: str) -> None:
+    raw = _drone_raw()
+    for sk in raw["skills"]:
+        if sk["name"] == "g":
+            sk["exec_time"] = {"model": "composite", "runs": runs}
+    with pytest.raises(SkillSetError, match=message):
+        skill_set_from_dict(raw)
 
 
 # -- schema of the bounds ---------------------------------------------------------------------------
@@ -292,6 +346,29 @@ def test_control_characters_in_strings_are_refused(text: str) -> None:
     with pytest.raises(RefusedError, match="control character"):
         it.execute_segment(text, final=True)
     assert it.messages == [] and drone.cmds == []
+
+
+@pytest.mark.parametrize("sep", ["\u2028", "\u2029"])
+def test_line_and_paragraph_separators_in_strings_are_refused(sep: str) -> None:
+    """Issue 39: only Unicode category C was refused; U+2028 and U+2029 (Zl, Zp) break the console line too."""
+    text = f"l('a{sep}b')"
+    err = DRONE.validate_plan(text)
+    assert err is not None and f"separator U+{ord(sep):04X} in a string" in err, err
+    drone, it = _interpreter()
+    with pytest.raises(RefusedError, match="separator"):
+        it.execute_segment(text, final=True)
+    assert it.messages == [] and drone.cmds == []
+
+
+@pytest.mark.parametrize("text", ["mf(distance=50,distance=500)", "mf(distance = 500, distance = 50)"])
+def test_a_keyword_argument_given_twice_is_refused(text: str) -> None:
+    """Issue 39: the last one silently won (mf(distance=50,distance=500) flew 500 cm)."""
+    err = DRONE.validate_plan(text)
+    assert err is not None and "keyword argument 'distance' of mf given twice" in err, err
+    drone, it = _interpreter()
+    with pytest.raises(RefusedError, match="given twice"):
+        it.execute_segment(text, final=True)
+    assert drone.cmds == []
 
 
 def test_printable_strings_are_fine() -> None:

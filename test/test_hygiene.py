@@ -51,6 +51,15 @@ def test_refused_characters(text, code, name, pos):
     assert f"{code} ({name}) at position {pos} is not allowed" in msg
 
 
+@pytest.mark.parametrize("text, code, name, pos", [("a\nb", "000A", "LINE FEED", 1), ("ab\t", "0009",
+                                                                                    "CHARACTER TABULATION", 2)])
+def test_an_id_refuses_tab_and_line_feed_too(text, code, name, pos):
+    """Issue 39: a task_id with a newline was accepted (it forges a line in every log that names the task)."""
+    assert _err("task_id", text, single_line=True) == (f"task_id: control character U+{code} ({name}) at position "
+                                                       f"{pos} is not allowed")
+    check_text("task", text)  # a task's own text may hold them
+
+
 def test_first_offending_character_is_reported():
     assert "U+0007 (BELL) at position 1" in _err("scene", "a\x07\x1b")
 

@@ -3,7 +3,9 @@ the interpreter, the stop checker and the constrained-decoding grammar on genera
 
 from __future__ import annotations
 
+import math
 import re
+import time
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -86,6 +88,24 @@ def test_bad_characters_and_unterminated_strings_are_parse_errors() -> None:
         DRONE.parse("l('a\\')")
     with pytest.raises(SkillParseError, match="unexpected character '٣'"):
         DRONE.parse("mf(٣0);")  # digits are ASCII only
+
+
+def test_the_lexer_takes_time_linear_in_the_length_of_a_token() -> None:
+    """Issue 39: the lexer grew a token with `str += c` (quadratic: 400k characters took 2.5 s, 10 MB did not end in
+    280 s). The CPU time of one 8x longer string literal must grow like 8x, not 64x (a growth factor, measured as
+    CPU time of this process, so a busy machine does not change it)."""
+    def cpu(n: int) -> float:
+        text = "l('" + "a" * n + "')"
+        best = math.inf
+        for _ in range(3):
+            t0 = time.process_time()
+            tokens = tokenize(text)
+            best = min(best, time.process_time() - t0)
+        assert tokens[2].kind == "str" and len(tokens[2].value) == n
+        return best
+
+    small, large = cpu(50_000), cpu(400_000)
+    assert large < 24 * max(small, 1e-3), (small, large)
 
 
 _NUMBER = r"(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?"  # the lexer's rule, as the module docstring states it

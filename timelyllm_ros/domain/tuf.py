@@ -100,7 +100,8 @@ class TufRequest:
     ert: float = 0.0
 
     def resolve(self) -> TimeUtility:
-        """The TimeUtility asked for; ValueError naming the field on bad input (NaN, wrong sign, unknown level)."""
+        """The TimeUtility asked for; ValueError naming the field on bad input (NaN, wrong sign, unknown level, out
+        of :data:`REQUEST_RANGES`)."""
         for name in ("alpha", "beta", "ert"):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"tuf.{name} must be a finite number, got {getattr(self, name)}")
@@ -110,12 +111,28 @@ class TufRequest:
                 raise ValueError(f"tuf.level: unknown urgency level {level!r}; known: {sorted(LEVELS)} or '' for "
                                  "custom")
             base = LEVELS[level]
-            return TimeUtility(alpha=self.alpha or base.alpha, beta=self.beta or base.beta,
-                               ert=self.ert or base.ert, level=level)
-        try:
-            return TimeUtility(alpha=self.alpha, beta=self.beta, ert=self.ert, level="custom")
-        except ValueError as e:
-            raise ValueError(f"tuf: {e} (or set tuf.level to one of {sorted(LEVELS)})") from None
+            tu = TimeUtility(alpha=self.alpha or base.alpha, beta=self.beta or base.beta, ert=self.ert or base.ert,
+                             level=level)
+        else:
+            try:
+                tu = TimeUtility(alpha=self.alpha, beta=self.beta, ert=self.ert, level="custom")
+            except ValueError as e:
+                raise ValueError(f"tuf: {e} (or set tuf.level to one of {sorted(LEVELS)})") from None
+        for name, (lo, hi, unit) in REQUEST_RANGES.items():
+            v = getattr(tu, name)
+            if not lo <= v <= hi:
+                raise ValueError(f"tuf.{name} must be in [{lo:g}, {hi:g}]{unit}, got {v:g}")
+        return tu
+
+
+# What a request may ask for, (min, max, unit) inclusive. A TUF far outside them is a mistake or an attack: beta =
+# 1e308 or alpha = -1e-300 overflow the utility and priority arithmetic (a sum over tasks, a division by G * L).
+# The named levels sit well inside; so do the traces' TUFs (0.2-1 s ERTs, betas of 1-2, slopes of -2 to -6.7 /s).
+REQUEST_RANGES: dict[str, tuple[float, float, str]] = {
+    "alpha": (-1e4, -1e-6, " utility/s"),
+    "beta": (1e-3, 1e3, ""),
+    "ert": (0.0, 3600.0, " s"),
+}
 
 # Named urgency levels (design §3): normal 0 at 1.5 s, urgent 0 at 0.5 s.
 LEVELS: dict[str, TimeUtility] = {

@@ -174,8 +174,7 @@ class PlannerCore:
         report was ignored (unknown or unsent segment, or ``robot_id`` not the task's robot), or None."""
         with self.lock:
             found = self._sent_segment(task_id, seg_index, robot_id)
-            if isinstance(found, str):
-                log.warning("report ignored: %s", found)
+            if isinstance(found, str):  # the caller counts it and logs it once per claimed sender
                 return found
             owner, seg = found
             if seg is None:  # the executor refused to end the plan there: the task's result already stands

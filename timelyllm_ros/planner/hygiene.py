@@ -42,9 +42,13 @@ _C1_NAMES = (
 BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 LINE_SEPARATORS = frozenset("\u2028\u2029")
 
-# Everything check_text refuses, as one character class (lone surrogates included).
+# Everything check_text refuses, as one character class (lone surrogates included); an id (single_line) refuses
+# TAB and LF too: a task_id with a newline forges a second line in every log that names it.
 _REFUSED = re.compile(
     "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029\ud800-\udfff]"
+)
+_REFUSED_IN_IDS = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029\ud800-\udfff]"
 )
 
 
@@ -74,7 +78,7 @@ def _kind(ch: str) -> str:
     return "lone surrogate"
 
 
-def check_text(field: str, text: str, *, max_chars: int | None = None) -> None:
+def check_text(field: str, text: str, *, max_chars: int | None = None, single_line: bool = False) -> None:
     """Raise ``ValueError`` unless ``text`` is acceptable planner input.
 
     Refused (the message names the first one, with its 0-based position):
@@ -88,13 +92,14 @@ def check_text(field: str, text: str, *, max_chars: int | None = None) -> None:
     * LINE SEPARATOR and PARAGRAPH SEPARATOR (U+2028, U+2029);
     * lone surrogates (U+D800..U+DFFF): text that cannot be encoded as UTF-8.
 
-    ``max_chars``: also refuse text longer than this many characters (code points).
+    ``max_chars``: also refuse text longer than this many characters (code points). ``single_line`` (ids):
+    TAB and LF are refused too.
     """
     if not isinstance(text, str):
         raise TypeError(f"{field}: expected a string, got {type(text).__name__}")
     if max_chars is not None and len(text) > max_chars:
         raise ValueError(f"{field}: {len(text)} characters, more than max_chars={max_chars}")
-    m = _REFUSED.search(text)
+    m = (_REFUSED_IN_IDS if single_line else _REFUSED).search(text)
     if m is None:
         return
     ch, pos = m.group(), m.start()

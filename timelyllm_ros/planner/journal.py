@@ -699,6 +699,10 @@ class Journal:
 
     def unfinished(self) -> list[JournaledTask]:
         """Tasks accepted and not finished, oldest arrival first, each with its segments in index order."""
+        return self.with_status(ACTIVE)
+
+    def with_status(self, status: str) -> list[JournaledTask]:
+        """Tasks of ``status`` (ACTIVE, or a terminal one), oldest arrival first, with their segments in order."""
         with self._lock:
             conn = self._db()
             tasks = [
@@ -706,14 +710,14 @@ class Journal:
                 for tid, rid, rtype, spec, arrival in conn.execute(
                     "SELECT task_id, robot_id, robot_type, spec, arrival_wall FROM tasks WHERE status = ? "
                     "ORDER BY arrival_wall, seq",
-                    (ACTIVE,),
+                    (status,),
                 )
             ]
             by_id = {t.task_id: t for t in tasks}
             for row in conn.execute(
                 f"SELECT s.task_id, {_SEG_COLS} FROM segments s JOIN tasks t ON t.task_id = s.task_id "
                 "WHERE t.status = ? ORDER BY s.task_id, s.idx",
-                (ACTIVE,),
+                (status,),
             ):
                 by_id[row[0]].segments.append(_segment(row[1:]))
         return tasks

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from timelyllm_ros.domain.clock import RealClock, WallOffset
-from timelyllm_ros.domain.tuf import TufRequest
+from timelyllm_ros.domain.tuf import TimeUtility, TufRequest
 from timelyllm_ros.domain.types import Segment, TaskResult, TaskSpec, TaskStatus
 from timelyllm_ros.engines.factory import planner_engine
 from timelyllm_ros.engines.prompts import PromptRenderer, TaskPromptError
@@ -32,6 +32,7 @@ from timelyllm_ros.interfaces import robot_id_problem, segment_topic
 from timelyllm_ros.planner.config import CoreConfig
 from timelyllm_ros.planner.core import PlannerCore
 from timelyllm_ros.planner.hygiene import check_text, check_token_count
+from timelyllm_ros.planner.intake import Intake, IntakeLimits
 from timelyllm_ros.planner.journal import ACTIVE, Journal, JournaledTask
 from timelyllm_ros.planner.journal_records import result_record, task_result_from_record
 from timelyllm_ros.planner.policies import make_policy
@@ -93,6 +94,13 @@ class PlannerService:
         self._restart_backoff = float(params["engine_restart_backoff_s"])
         self._max_clock_skew_s = float(params["max_clock_skew_s"])
         self._robot_idle_release_s = float(params["robot_idle_release_s"])
+        self._max_robots = int(params["max_robots"])
+        self.intake = Intake(IntakeLimits(
+            goals_per_robot_s=float(params["intake_goals_per_robot_s"]),
+            goals_burst_per_robot=int(params["intake_goals_burst_per_robot"]),
+            new_robots_per_s=float(params["intake_new_robots_per_s"]),
+            new_robots_burst=int(params["intake_new_robots_burst"]),
+            robot_ids=frozenset(r for r in params["robot_ids"] if r)))
         self.engine: Any = None
         self.core: PlannerCore | None = None
         self.delivery: Delivery | None = None
@@ -111,6 +119,7 @@ class PlannerService:
         self._next_release = 0.0
         self._journal_closed = False
         self._recovered = False
+        self._readopting: set[str] = set()  # finished tasks being re-adopted at recovery (_readopt)
         self._active = False  # goals are accepted only while active
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -289,6 +298,22 @@ class PlannerService:
     def validate(self, task_id: str, robot_id: str, robot_type: str, task: str, tuf: TufRequest, *,
                  arrival: float | None = None, sent: float | None = None) -> TaskSpec:
         """The task to plan, or GoalError naming the field and the problem. ``arrival``, ``sent``: core time."""
+        time_utility = self._check_request(task_id, robot_id, robot_type, task, tuf)
+        try:
+            check_token_count("task", self._prompts.count_tokens(task), self._max_task_tokens)
+        except ValueError as e:
+            raise GoalError(str(e)) from None
+        try:
+            prompt_ids, extra = self._prompts.render(robot_type, task)
+        except TaskPromptError as e:
+            raise GoalError(str(e)) from None
+        return TaskSpec(robot_id=robot_id, prompt=task, tuf=time_utility, robot_type=robot_type,
+                        task_id=task_id or f"{robot_id}-{uuid.uuid4().hex[:8]}", prompt_token_ids=prompt_ids,
+                        extra=extra, arrival=arrival, sent=sent)
+
+    def _check_request(self, task_id: str, robot_id: str, robot_type: str, task: str, tuf: TufRequest
+                       ) -> TimeUtility:
+        """The checks of a request's own fields that cost nothing (no tokenizer): its TUF, or GoalError."""
         try:
             self._check_fields(robot_id, task_id, task)
         except ValueError as e:  # the hygiene checks name the field, the character and its position
@@ -305,30 +330,63 @@ class PlannerService:
         if len(task) > self._max_task_chars:
             raise GoalError(f"task: {len(task)} characters, more than max_task_chars={self._max_task_chars}")
         try:
-            time_utility = tuf.resolve()
+            return tuf.resolve()
         except ValueError as e:
             raise GoalError(str(e)) from None
-        try:
-            check_token_count("task", self._prompts.count_tokens(task), self._max_task_tokens)
-        except ValueError as e:
-            raise GoalError(str(e)) from None
-        try:
-            prompt_ids, extra = self._prompts.render(robot_type, task)
-        except TaskPromptError as e:
-            raise GoalError(str(e)) from None
-        return TaskSpec(robot_id=robot_id, prompt=task, tuf=time_utility, robot_type=robot_type,
-                        task_id=task_id or f"{robot_id}-{uuid.uuid4().hex[:8]}", prompt_token_ids=prompt_ids,
-                        extra=extra, arrival=arrival, sent=sent)
 
     @staticmethod
     def _check_fields(robot_id: str, task_id: str, task: str) -> None:
-        check_text("robot_id", robot_id, max_chars=256)
-        check_text("task_id", task_id, max_chars=256)
+        check_text("robot_id", robot_id, max_chars=256, single_line=True)
+        check_text("task_id", task_id, max_chars=256, single_line=True)
         check_text("task", task)
 
-    def accept(self, req: PlanRequest, *, goal: Any = None, waiter: queue.Queue | None = None) -> Accepted:
+    def screen(self, req: PlanRequest) -> None:
+        """What a goal is checked for as it arrives, before any work is done for it: the planner's state, the
+        request's own fields, then intake's limits (``planner/intake.py``) and ``max_robots``; GoalError names the
+        problem (the node answers it at once, without a goal handle). A retry of a task this planner knows passes: it
+        joins its task in :meth:`accept`, which, given ``screened``, does not charge intake again."""
+        with self._lock:
+            if req.task_id and (req.task_id in self._open or self.core.result(req.task_id) is not None):
+                return
+            self._refuse_if_unable()
+        self._check_request(req.task_id, req.robot_id, req.robot_type, req.task, req.tuf)
+        if not self.intake.in_fleet(req.robot_id):
+            raise GoalError(f"robot_id: {req.robot_id!r} is not one of this planner's robots (parameter robot_ids)")
+        linked = self._robots.has(req.robot_id)
+        known = linked or bool(self.intake.limits.robot_ids) or self._robots.known(req.robot_id)
+        why = self.intake.admit(req.robot_id, time.monotonic(), known)
+        if why is not None:
+            raise GoalError(why, TaskStatus.BUSY)
+        if linked:
+            return
+        in_use: set[str] | None = None
+
+        def busy(robot_id: str) -> bool:
+            """It has a task, one waiting, or segments unreported or unacknowledged (read once, if asked)."""
+            nonlocal in_use
+            if in_use is None:
+                in_use = self.core.robots_in_use()
+            return robot_id in in_use or bool(self.delivery.pending_for(robot_id))
+        if not self._robots.make_room(self._max_robots, busy):
+            raise GoalError(f"robot_id: this planner serves at most max_robots={self._max_robots} robots at once, "
+                            "all busy; retry later", TaskStatus.BUSY)
+
+    def _refuse_if_unable(self) -> None:
+        """GoalError (BUSY) while the planner cannot take a new task (caller holds the lock)."""
+        if not self._active:
+            raise GoalError(f"planner not active (lifecycle state: {self._sender.lifecycle_state}); retry later",
+                            TaskStatus.BUSY)
+        if self.engine_error is not None:
+            raise GoalError(f"engine unavailable ({self.engine_error}); restarting, retry later", TaskStatus.BUSY)
+        if len(self._open) >= self._max_active:
+            raise GoalError(f"planner at capacity: {len(self._open)} active tasks "
+                            f"(max_active_tasks={self._max_active}); retry later", TaskStatus.BUSY)
+
+    def accept(self, req: PlanRequest, *, goal: Any = None, waiter: queue.Queue | None = None,
+               screened: bool = False) -> Accepted:
         """Validate and submit, or join the open (or finished) task of an identical retry. ``goal`` is completed
-        through the sender, ``waiter`` gets the TaskResult. Raises GoalError."""
+        through the sender, ``waiter`` gets the TaskResult. ``screened``: :meth:`screen` passed it already (else it
+        is screened here). Raises GoalError."""
         arrival = self.core.clock.now() if req.arrival is None else req.arrival
         sent = self._bridge.to_core_s(req.sent_wall) if req.sent_wall is not None else None
         key, tid = req.key, req.task_id
@@ -337,15 +395,9 @@ class PlannerService:
                 joined = self._join(req.task_id, key, goal, waiter)
                 if joined is not None:
                     return joined
-                if not self._active:
-                    raise GoalError(f"planner not active (lifecycle state: {self._sender.lifecycle_state}); "
-                                    "retry later", TaskStatus.BUSY)
-                if self.engine_error is not None:
-                    raise GoalError(f"engine unavailable ({self.engine_error}); restarting, retry later",
-                                    TaskStatus.BUSY)
-                if len(self._open) >= self._max_active:
-                    raise GoalError(f"planner at capacity: {len(self._open)} active tasks "
-                                    f"(max_active_tasks={self._max_active}); retry later", TaskStatus.BUSY)
+                if not screened:
+                    self.screen(req)
+                self._refuse_if_unable()
                 spec = self.validate(req.task_id, req.robot_id, req.robot_type, req.task, req.tuf, arrival=arrival,
                                      sent=sent)
                 tid = spec.task_id
@@ -467,6 +519,9 @@ class PlannerService:
         happening."""
         with self._lock:
             op = self._open.pop(res.task_id, None)
+            if res.task_id in self._readopting:  # re-adopted after a restart: its result stands, journaled
+                self._readopting.discard(res.task_id)
+                return
         marker_at = None
         if op is not None and op.sent and not op.final_sent:
             # The robot's topic carries the end of the plan itself: a marker after the last segment sent.
@@ -574,8 +629,8 @@ class PlannerService:
         for tid in core.expire_silent(unacked=delivery.unacked):
             self._log.error(f"task {tid}: robot silent, ended ROBOT_FAILED")
         now = time.monotonic()
-        if self._robot_idle_release_s > 0 and now >= self._next_release:
-            self._next_release = now + min(30.0, self._robot_idle_release_s / 2)
+        if now >= self._next_release:  # robots never matched go even with idle release off (RobotLinks)
+            self._next_release = now + min(30.0, self._robot_idle_release_s / 2 or 30.0)
             self._release_idle_robots(now)
         if self.journal is not None and now >= self._next_prune:
             self._next_prune = now + 30.0
@@ -587,7 +642,7 @@ class PlannerService:
         waiting task or unacknowledged segment (:meth:`RobotLinks.release_idle`)."""
         busy = self.core.robots_in_use()
         released = self._robots.release_idle(
-            now, self._robot_idle_release_s, lambda r: r in busy or bool(self.delivery.pending_for(r)))
+            now, self._robot_idle_release_s or float("inf"), lambda r: r in busy or bool(self.delivery.pending_for(r)))
         if released:
             self._log.debug(f"released {released} idle robots' segment publishers")
         return released
@@ -673,6 +728,7 @@ class PlannerService:
             spec.meta["request_key"] = key
             self.core.restore(spec, segs, final=marker)
             resumed += 1
+        readopted = self._readopt(now_wall)
         resend = {(tid, js.index): (tid, robot_id, js) for tid, robot_id, js in self.journal.unacked()}
         for jt in self.journal.unfinished():  # also what was acknowledged but never reported: the robot
             for js in jt.segments:            # answers a copy of a finished segment with its report again
@@ -688,8 +744,34 @@ class PlannerService:
                 rt = jt.robot_type if jt is not None else ""
             calls = [] if js.marker else self.parse(rt, js.text)
             self._sender.resend_journaled(tid, robot_id, js, calls, "" if js.marker else self.skillset_id(rt))
-        if resumed or ended:
-            self._log.warning(f"journal: resumed {resumed} unfinished tasks, ended {ended}")
+        if resumed or ended or readopted:
+            self._log.warning(f"journal: resumed {resumed} unfinished tasks, ended {ended}, re-adopted {readopted} "
+                              "finished ones whose robots may still run them")
+
+    def _readopt(self, now_wall: float) -> int:
+        """Tasks that ended DONE before the restart while a segment sent was not reported yet: their robot may
+        still run them. Known to the core again (as finished), their robot's heartbeats and reports count and a
+        failure revises the result (they were refused as 'unknown task' before); their result is not published
+        again. Returns how many."""
+        n = 0
+        for jt in self.journal.with_status(TaskStatus.DONE.value):
+            if all(js.marker or js.reported or js.dispatch_wall is None for js in jt.segments):
+                continue
+            s = jt.spec
+            tuf = TufRequest(level=s["tuf"]["level"], alpha=s["tuf"]["alpha"], beta=s["tuf"]["beta"],
+                             ert=s["tuf"]["ert"])
+            try:
+                spec = self.validate(jt.task_id, jt.robot_id, jt.robot_type, s["task"], tuf,
+                                     arrival=self._bridge.to_core_s(jt.arrival_wall))
+            except GoalError as e:  # e.g. its robot type is no longer served: its journaled result stands
+                self._log.warning(f"journal: task {jt.task_id} not re-adopted: {e}")
+                continue
+            spec.meta["request_key"] = PlanRequest(jt.task_id, jt.robot_id, jt.robot_type, s["task"], tuf).key
+            self._robots.get(jt.robot_id)
+            self._readopting.add(jt.task_id)
+            self.core.restore(spec, self._restored_segments(jt), final=True)
+            n += 1
+        return n
 
     def _restored_segments(self, jt: JournaledTask) -> list[Segment]:
         """A journaled task's segments (its end marker left out) as the core's, in this clock, with their

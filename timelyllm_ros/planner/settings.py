@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from timelyllm_ros.interfaces import robot_id_problem
+
 
 class Setting(NamedTuple):
     """One of the planner's parameters: the node declares each, read-only (``ros/params.declare``), with its range
@@ -61,15 +63,30 @@ SETTINGS: tuple[Setting, ...] = (
             "0: never", 0.0, _BIG),
     Setting("robot_idle_release_s", 600.0, "a robot sent nothing this long, with no open task, has its segment "
             "publisher and per-robot state released (bounded memory with many robot ids), s; 0: never", 0.0, _BIG),
+    Setting("max_robots", 1000, "robots this planner serves at once (a segment writer each); a new robot beyond them "
+            "frees the least recently used idle one, or is refused BUSY", 1, 10**6),
+    Setting("robot_ids", [""], "the fleet's robot ids; a goal for any other is refused; [''] = any"),
+    Setting("intake_goals_per_robot_s", 10.0, "goals a robot id may send per second, sustained (a token bucket: "
+            "more are refused BUSY, naming the limit); 0 = no limit", 0.0, _BIG),
+    Setting("intake_goals_burst_per_robot", 50, "goals a robot id may send at once", 1, 10**7),
+    Setting("intake_new_robots_per_s", 5.0, "goals per second, sustained, from robot ids that are new to this "
+            "planner (all of them together: a flood of made-up ids): no link held for it, not in robot_ids, and no "
+            "reader of its segments on the graph (a robot whose executor runs is not new); 0 = no limit", 0.0, _BIG),
+    Setting("intake_new_robots_burst", 20, "goals from new robot ids at once", 1, 10**7),
     Setting("max_clock_skew_s", 120.0, "a robot message stamped further than this from the planner's clock does "
             "not count as how far behind the planner reads, s", 0.001, _BIG),
     Setting("state_dir", "", "folder of the durable task journal (SQLite WAL); '' = none"),
+    Setting("fleet_key_file", "", "file holding the fleet key (at least 16 bytes) that signs every segment and checks "
+            "every ack and report (HMAC-SHA256 and a counter against replays; README 'Threat model'); '' = off"),
     Setting("journal_reset_damaged", False, "a damaged journal (lost commits, corrupt file) is moved aside and an "
             "empty one started, instead of refused at configure"),
     Setting("engine_restart_backoff_s", 0.5, "first wait before rebuilding a failed engine; doubles up to 30 s",
             0.001, 3600.0),
     Setting("autostart", True, "configure and activate at start-up; false: wait for the lifecycle transitions "
             "(launch files, a lifecycle manager)"),
+    Setting("control_plane", "open", "'open': any node on the domain may set the scheduler's policy and drive this "
+            "planner's lifecycle (/planner/change_state); 'locked': only this process may (and the parameters at "
+            "start); needs autostart (README 'Threat model')"),
     Setting("drain_timeout_s", 30.0, "deactivate lets open tasks finish this long, then ends them CANCELLED, s",
             0.0, _BIG),
 )
@@ -89,6 +106,14 @@ def check_params(p: Mapping[str, Any]) -> None:
     if float(p["resend_max_period_s"]) < float(p["resend_period_s"]):
         raise ValueError(f"parameter resend_max_period_s: must be >= resend_period_s ({p['resend_period_s']}), "
                          f"got {p['resend_max_period_s']}")
+    if p["control_plane"] not in ("open", "locked"):
+        raise ValueError(f"parameter control_plane: must be 'open' or 'locked', got {p['control_plane']!r}")
+    if p["control_plane"] == "locked" and not p["autostart"]:
+        raise ValueError("parameter control_plane: 'locked' needs autostart: true (no other node may drive the "
+                         "planner's lifecycle, so it must configure and activate itself)")
+    for robot_id in p["robot_ids"]:  # a typo here would refuse that robot's every goal, so say it at start
+        if robot_id and (why := robot_id_problem(robot_id)) is not None:
+            raise ValueError(f"parameter robot_ids: {why}")
     if p["overdue"] not in ("serve", "reject"):
         raise ValueError(f"parameter overdue: must be 'serve' or 'reject', got {p['overdue']!r}")
 

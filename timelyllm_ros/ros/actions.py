@@ -11,8 +11,11 @@ wake-up takes what is there (up to ``MAX_TAKE`` per kind).
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -22,14 +25,20 @@ from rclpy.task import Future
 
 # Requests, responses and messages taken per kind and executor wake-up (bounded: other entities get their turn).
 MAX_TAKE = 256
+# Goal requests a server takes at once: all that wait, within reason, so that an urgent goal behind a flood is
+# handled first (BatchedActionServer's ``order``); taking one is a few microseconds.
+MAX_TAKE_GOALS = 4096
+# Goals handled before the server looks again for goals that arrived meanwhile (an urgent one goes first then).
+GOAL_CHUNK = 32
 
 
-def _drain(takes: dict[str, Callable[[], Any]]) -> dict[str, list[Any]]:
+def _drain(takes: dict[str, Callable[[], Any]], limits: dict[str, int] | None = None) -> dict[str, list[Any]]:
     """Call each ``take`` until it comes back empty (None, or (None, None) for a service message)."""
     data: dict[str, list[Any]] = {}
     for kind, take in takes.items():
         got = []
-        while len(got) < MAX_TAKE:
+        limit = (limits or {}).get(kind, MAX_TAKE)
+        while len(got) < limit:
             item = take()
             if item is None or (isinstance(item, tuple) and item[0] is None):
                 break
@@ -111,7 +120,60 @@ class SafeActionClient(ActionClient):
 
 class BatchedActionServer(ActionServer):
     """An ``ActionServer`` that takes every waiting goal, cancel and result request at each wake-up (module doc);
-    goal expiry as rclpy does it."""
+    goal expiry as rclpy does it.
+
+    ``order(goal) -> key``: the goals taken at one wake-up are handled in this order (stable): an urgent goal behind
+    a flood in the same batch goes first.
+
+    ``screen(goal) -> (status, result) or None``: called for each goal before rclpy makes a goal handle. An answer is
+    final: the goal is accepted and its result kept for the client's result request (at most ``answers_max``, for
+    ``result_timeout`` s), with no goal handle. rclpy keeps a handle per accepted goal for ``result_timeout`` and
+    publishes the status of every handle it keeps at each change of any: a flood of goals refused through handles
+    (10,000 in 7 s) cost the server O(n) per goal and every action client a status message of thousands of entries.
+    Such a goal never appears in a status message; its result, accepted-then-aborted, is what a handle gave."""
+
+    def __init__(self, *args: Any, screen: Callable[[Any], tuple[int, Any] | None] | None = None,
+                 order: Callable[[Any], Any] | None = None, answers_max: int = 20_000, **kwargs: Any) -> None:
+        self._screen, self._order = screen, order
+        self._answers: OrderedDict[bytes, tuple[float, int, Any]] = OrderedDict()  # goal id -> (when, status, result)
+        self._answers_max = answers_max
+        self._keep_answers_s = float(kwargs.get("result_timeout", 10))  # rclpy's default too
+        self._answers_lock = threading.Lock()
+        super().__init__(*args, **kwargs)
+
+    async def _execute_goal_request(self, request_header_and_message: Any) -> None:
+        header, request = request_header_and_message
+        answer = self._screen(request.goal) if self._screen is not None else None
+        if answer is None:
+            await super()._execute_goal_request(request_header_and_message)
+            return
+        now = time.monotonic()
+        with self._answers_lock:
+            self._answers[bytes(request.goal_id.uuid)] = (now, *answer)
+            while len(self._answers) > self._answers_max or (
+                    self._answers and now - next(iter(self._answers.values()))[0] > self._keep_answers_s):
+                self._answers.popitem(last=False)
+        response = self._action_type.Impl.SendGoalService.Response(accepted=True,
+                                                                    stamp=self._node.get_clock().now().to_msg())
+        try:
+            with self._lock:
+                self._handle.send_goal_response(header, response)
+        except Exception:  # noqa: BLE001 - the client went away (rclpy does the same)
+            self._node.get_logger().debug("could not send a goal response (the client may have gone away)")
+
+    async def _execute_get_result_request(self, request_header_and_message: Any) -> None:
+        header, request = request_header_and_message
+        with self._answers_lock:
+            answer = self._answers.get(bytes(request.goal_id.uuid))
+        if answer is None:
+            await super()._execute_get_result_request(request_header_and_message)
+            return
+        response = self._action_type.Impl.GetResultService.Response(status=answer[1], result=answer[2])
+        try:
+            with self._lock:
+                self._handle.send_result_response(header, response)
+        except Exception:  # noqa: BLE001 - the client went away
+            self._node.get_logger().debug("could not send a result response (the client may have gone away)")
 
     def take_data(self) -> dict[str, Any]:
         h, impl = self._handle, self._action_type.Impl
@@ -120,17 +182,36 @@ class BatchedActionServer(ActionServer):
                 "goal": lambda: h.take_goal_request(impl.SendGoalService.Request),
                 "cancel": lambda: h.take_cancel_request(impl.CancelGoalService.Request),
                 "result": lambda: h.take_result_request(impl.GetResultService.Request),
-            })
+            }, {"goal": MAX_TAKE_GOALS})
             if self._is_goal_expired:
                 data["expired"] = h.expire_goals(len(self._goal_handles))
         return data
 
     async def execute(self, taken_data: dict[str, Any]) -> None:
-        for kind in ("goal", "cancel", "result"):
+        goals = taken_data.get("goal", ())
+        if self._order is None:
+            for item in goals:
+                await super().execute({"goal": item})
+        else:  # in ``order``, a chunk at a time, with what arrives meanwhile joining the ones still waiting
+            waiting: list[tuple[Any, int, Any]] = []
+            seq = itertools.count()
+            while goals or waiting:
+                for item in goals:
+                    heapq.heappush(waiting, (self._order(item[1].goal), next(seq), item))
+                for _ in range(min(GOAL_CHUNK, len(waiting))):
+                    await super().execute({"goal": heapq.heappop(waiting)[2]})
+                goals = self._take_goals() if waiting else ()
+        for kind in ("cancel", "result"):
             for item in taken_data.get(kind, ()):
                 await super().execute({kind: item})
         if "expired" in taken_data:
             await super().execute({"expired": taken_data["expired"]})
+
+    def _take_goals(self) -> list[Any]:
+        h, impl = self._handle, self._action_type.Impl
+        with self._lock:
+            return _drain({"goal": lambda: h.take_goal_request(impl.SendGoalService.Request)},
+                          {"goal": MAX_TAKE_GOALS}).get("goal", [])
 
 
 class ActionServerWatch:

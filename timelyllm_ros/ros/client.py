@@ -94,7 +94,7 @@ from timelyllm_ros.srv import GetPlanResult
 __all__ = [
     "ERR_CLOSED", "ERR_LOST", "ERR_NO_RESPONSE", "ERR_NO_SERVER", "ERR_NOT_ACCEPTED", "ERR_TIMEOUT", "SOURCE_ACTION",
     "SOURCE_RESULTS_TOPIC", "SOURCE_SERVICE", "PlanClient", "PlanClientError", "PlanHandle", "PlanTimeoutError",
-    "main", "send_task",
+    "check_goal", "main", "send_task",
 ]
 
 # Deep queues on the client side too: a burst of hundreds of goals must not overflow a reader's history.
@@ -104,6 +104,16 @@ _DEEP = QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE, histor
 SOURCE_ACTION = "action"
 SOURCE_RESULTS_TOPIC = "plan_results"
 SOURCE_SERVICE = "get_plan_result"
+
+
+def check_goal(goal: PlanTask.Goal) -> None:
+    """ValueError naming the field, the character and its position for a goal the planner would refuse for its
+    text, or could not see as sent: rclpy cuts a string at its first NUL before it leaves this process, so a task
+    with NUL would arrive cut short and be planned as if nothing were wrong. Every client of ours checks here."""
+    check_text("task_id", goal.task_id, single_line=True)
+    check_text("robot_id", goal.robot_id, single_line=True)
+    check_text("robot_type", goal.robot_type, single_line=True)
+    check_text("task", goal.task)
 
 
 class PlanClient:
@@ -178,9 +188,7 @@ class PlanClient:
         """
         if self._closed:
             raise RuntimeError("PlanClient is destroyed")
-        # Checked here, not only by the planner: a ROS string ends at NUL, so the planner would never see one.
-        for name in ("task_id", "robot_id", "task"):
-            check_text(name, getattr(goal, name))
+        check_goal(goal)
         h = PlanHandle(self, self.prepare(goal), on_segment, on_done,
                        self.default_timeout if timeout is None else float(timeout))
         with self._lock:
@@ -712,6 +720,22 @@ def send_task(node: Node, client: ActionClient, goal: PlanTask.Goal, *, timeout:
         pc.destroy()
 
 
+def _nul_in_argv(argv: list[str]) -> str | None:
+    """Why an argument holding NUL is refused, naming its option (``--task`` -> ``task``), or None."""
+    for i, a in enumerate(argv):
+        if "\x00" not in a:
+            continue
+        if a.startswith("--") and "=" in a:
+            name, value = a.split("=", 1)
+        else:
+            name, value = (argv[i - 1] if i > 0 and argv[i - 1].startswith("--") else f"argument {i}"), a
+        try:
+            check_text(name.lstrip("-").replace("-", "_"), value)
+        except ValueError as e:
+            return str(e)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv if argv is None else argv
     ap = argparse.ArgumentParser(prog="plan_client", description=__doc__.splitlines()[0])
@@ -726,6 +750,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--action", default=topics.in_fleet(topics.PLAN_TASK_ACTION),
                     help="PlanTask action name (relative: in the node's namespace, --ros-args -r __ns:=/fleet_a)")
     ap.add_argument("--timeout", type=float, default=120.0)
+    if (why := _nul_in_argv(argv)) is not None:  # before rcl reads argv: it would cut the text at the NUL
+        print(f"error: {why}", file=sys.stderr)
+        return 2
     args = ap.parse_args(remove_ros_args(argv)[1:])
 
     rclpy.init(args=argv)
@@ -742,7 +769,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         try:
             r = pc.plan(goal, timeout=args.timeout, on_segment=show)
-        except PlanClientError as e:
+        except (PlanClientError, ValueError) as e:  # ValueError: a field refused before anything was sent
             print(f"error: {e}", file=sys.stderr)
             return 2
         print(f"result: {status_name(r.status)} ({r.message}); plan {r.plan_text!r}; "

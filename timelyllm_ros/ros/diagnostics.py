@@ -593,8 +593,8 @@ def executor_status(node: Any, state: ExecutorState, link: RobotLink | None) -> 
     st.add("queued_segments", state.queued).add("held_segments", state.held)
     st.add("segments_from_other_nodes", state.refused_segments)
     if state.refused_recent:
-        st.raise_to(WARN, f"{state.refused_recent} segments from nodes other than the planner refused in the last "
-                          "minute (a rogue or misnamed node: see the log)")
+        st.raise_to(WARN, f"{state.refused_recent} segments refused in the last minute: from nodes other than the "
+                          "planner, or without the fleet key's tag (a rogue or misnamed node: see the log)")
     if state.last is not None:
         t, i, ok, err = state.last
         st.add("last_segment", f"{t}[{i}] " + ("succeeded" if ok else f"failed: {err}"))

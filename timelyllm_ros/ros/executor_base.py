@@ -56,7 +56,11 @@ from timelyllm_ros.msg import PlanSegment, SegmentAck, SegmentDone
 from timelyllm_ros.robots.base import ExecutionError, Interrupted, RefusedError, StopSignal
 from timelyllm_ros.ros.convert import segment_ack_msg, segment_done_msg
 from timelyllm_ros.ros.diagnostics import ExecutorState, RobotLink, Status, attach_executor_diagnostics, executor_status
+from timelyllm_ros.ros.fleet_auth import PARAMETER as FLEET_KEY
+from timelyllm_ros.ros.fleet_auth import PARAMETER_DOC as FLEET_KEY_DOC
+from timelyllm_ros.ros.fleet_auth import FleetAuth
 from timelyllm_ros.ros.params import declare
+from timelyllm_ros.ros.segment_gate import ADMIT, SegmentGate
 from timelyllm_ros.ros.topics import (
     DEFAULT_HEARTBEAT_PERIOD_S,
     PLANNER_NODE,
@@ -108,10 +112,10 @@ class RobotExecutorNode(Node):
         self.planner_node = str(declare(
             self, "planner_node", PLANNER_NODE, "fully qualified name of the planner node whose segments this robot "
             "runs ('' = any node on the domain)", read_only=True))
-        self._senders: dict[bytes, str] = {}  # publisher GID -> its node's name, for writers the graph named
-        self.refused_segments = 0  # segments from other nodes than planner_node (/diagnostics)
-        self._refused_at: deque[float] = deque(maxlen=1000)
-        self._refused_from: set[str] = set()  # nodes already logged (bounded by the writers the graph named)
+        self.auth = FleetAuth.from_file(str(declare(self, FLEET_KEY, "", FLEET_KEY_DOC, read_only=True)))
+        # only the planner's segments run (the simulated fleet admits them the same way)
+        self.gate = SegmentGate(self, self.planner_node, self.get_logger().error, self.get_logger().debug,
+                                self.auth)
         self.runner: SegmentRunner | None = None
         self._cv = threading.Condition()
         # the robot half of delivery (dedup, order, hold, one task, preemption), shared with the simulated fleet
@@ -139,51 +143,22 @@ class RobotExecutorNode(Node):
         self._worker.start()
 
     # -- incoming segments (callback thread) ---------------------------------------
-    def _sender(self, info: dict) -> str | None:
-        """The fully qualified name of the node that wrote a message (by its publisher GID), None if the graph
-        does not know the writer yet. Bounded: one entry per writer of this robot's topic seen."""
-        gid = (info or {}).get("publisher_gid") or {}
-        key = bytes(gid.get("data", b""))
-        name = self._senders.get(key)
-        if name is None:
-            for ep in self.get_publishers_info_by_topic(segment_topic(self.robot_id)):
-                ns = ep.node_namespace.rstrip("/")
-                self._senders[bytes(ep.endpoint_gid)] = f"{ns}/{ep.node_name}"
-            name = self._senders.get(key)
-            if len(self._senders) > 256:  # writers come and go (restarts): keep the latest
-                for old in list(self._senders)[:128]:
-                    del self._senders[old]
-        return name
+    @property
+    def refused_segments(self) -> int:
+        """Segments refused by the gate so far: written by another node than planner_node, or without a valid fleet
+        key tag and fresh counter (/diagnostics)."""
+        return self.gate.refused
 
     def _received(self, msg: PlanSegment, info: dict) -> None:  # two parameters: rclpy passes MessageInfo
         received = time.time()
-        if self.planner_node:
-            sender = self._sender(info)
-            if sender != self.planner_node:
-                self._refuse_sender(msg, sender)
-                return
+        if self.gate.check(self.robot_id, msg, info) != ADMIT:
+            return  # neither run nor acknowledged: the planner re-sends what is really its own
         try:
             with self._cv:
                 self._receive(msg, received)
                 self._cv.notify_all()
         finally:  # every received copy is acknowledged: duplicates, end markers and refused ones too
             self._ack(msg, received)
-
-    def _refuse_sender(self, msg: PlanSegment, sender: str | None) -> None:
-        """Neither run nor acknowledged: the planner re-sends what is really its own."""
-        if sender is None:
-            self.get_logger().debug(f"{self.robot_id}: {msg.task_id}[{msg.segment_index}] from a writer not yet "
-                                    "in the graph: left for the planner's re-send")
-            return
-        with self._cv:
-            self.refused_segments += 1
-            self._refused_at.append(time.monotonic())
-            first = sender not in self._refused_from
-            self._refused_from.add(sender)
-        if first:
-            self.get_logger().error(f"{self.robot_id}: refused segment {msg.task_id}[{msg.segment_index}] from "
-                                    f"node {sender!r}: only {self.planner_node!r} (parameter planner_node) plans "
-                                    "for this robot; further ones from it are only counted")
 
     def _receive(self, msg: PlanSegment, now: float) -> None:
         task, index = msg.task_id, msg.segment_index
@@ -196,7 +171,8 @@ class RobotExecutorNode(Node):
         if arrival.duplicate:
             self.get_logger().debug(f"{self.robot_id}: duplicate {task}[{index}] dropped")
             if arrival.report is not None:  # the planner re-sent it: it has no report for it (e.g. it restarted)
-                publish_or_log(self._done_pub, arrival.report, self.get_logger(), f"the report of {task}[{index}]")
+                publish_or_log(self._done_pub, self.auth.sign(arrival.report), self.get_logger(),
+                               f"the report of {task}[{index}]")
             return
         if arrival.preempted:
             self._stop_running(arrival.preempted)
@@ -293,19 +269,21 @@ class RobotExecutorNode(Node):
         self.history.append((msg.task_id, msg.segment_index, ok, error))
         report = segment_done_msg(msg.task_id, self.robot_id, msg.segment_index, start, finish, ok, error)
         self.session.reports.put(msg.task_id, msg.segment_index, report)
-        publish_or_log(self._done_pub, report, self.get_logger(), f"the report of {msg.task_id}[{msg.segment_index}]")
+        publish_or_log(self._done_pub, self.auth.sign(report), self.get_logger(),
+                       f"the report of {msg.task_id}[{msg.segment_index}]")
 
     def _ack(self, msg: PlanSegment, received: float) -> None:
         self.acks.append((msg.task_id, msg.segment_index))
         ack = segment_ack_msg(msg.task_id, self.robot_id, msg.segment_index, received)
-        publish_or_log(self._ack_pub, ack, self.get_logger(), f"the ack of {msg.task_id}[{msg.segment_index}]")
+        publish_or_log(self._ack_pub, self.auth.sign(ack), self.get_logger(),
+                       f"the ack of {msg.task_id}[{msg.segment_index}]")
 
     def _heartbeat(self) -> None:
         with self._cv:
             run = self._running
         if run is not None:
             ack = segment_ack_msg(run.task_id, self.robot_id, run.segment_index, time.time(), running=True)
-            publish_or_log(self._ack_pub, ack, self.get_logger(),
+            publish_or_log(self._ack_pub, self.auth.sign(ack), self.get_logger(),
                            f"the heartbeat of {run.task_id}[{run.segment_index}]")
 
     # -- diagnostics --------------------------------------------------------------------
@@ -314,13 +292,12 @@ class RobotExecutorNode(Node):
         battery of :meth:`robot_link`. A backend may extend it: ``st = super().diagnostic_status(); st.add(..)``."""
         with self._cv:
             run, last = self._running, self.history[-1] if self.history else None
-            minute_ago = time.monotonic() - 60.0
             ses = self.session
             state = ExecutorState(estopped=self._estopped, task=ses.task if ses.task_open else None,
                                   running=(run.task_id, run.segment_index) if run is not None else None,
                                   queued=len(ses.queue), held=ses.inbox.held_count(), last=last,
                                   refused_segments=self.refused_segments,
-                                  refused_recent=sum(1 for t in self._refused_at if t >= minute_ago))
+                                  refused_recent=self.gate.refused_recent(60.0))
         return executor_status(self, state, self.robot_link())
 
     def robot_link(self) -> RobotLink | None:

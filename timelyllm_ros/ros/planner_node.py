@@ -41,16 +41,21 @@ from timelyllm_ros.planner.journal import JournaledSegment
 from timelyllm_ros.planner.policies import DEFAULT_POLICY
 from timelyllm_ros.planner.robot_links import RobotLinks
 from timelyllm_ros.planner.service import PlannerService
-from timelyllm_ros.planner.service_io import Accepted, GoalError, PlannerHealth, PlanRequest
+from timelyllm_ros.planner.service_io import GoalError, PlannerHealth
 from timelyllm_ros.planner.settings import SETTINGS
 from timelyllm_ros.ros import convert, params, topics
 from timelyllm_ros.ros.actions import BatchedActionServer, complete_goal
 from timelyllm_ros.ros.diagnostics import attach_planner_diagnostics
+from timelyllm_ros.ros.fleet_auth import FleetAuth
+from timelyllm_ros.ros.goal_intake import GoalIntake
 from timelyllm_ros.ros.scheduler_node import SchedulerNode
 from timelyllm_ros.ros.spin import destroy_entities, ros_args_without_node_rename, run_nodes
 from timelyllm_ros.ros.topics import in_fleet
 from timelyllm_ros.srv import GetPlanResult, Plan
 from timelyllm_ros.transport.delivery import RejectedMessages, SegmentDelivery
+
+# Goal and result requests a planner's reader holds before it takes them: a flood is answered, not lost.
+INTAKE_DEPTH = 16_384
 
 
 class PlannerNode(LifecycleNode):
@@ -87,8 +92,10 @@ class PlannerNode(LifecycleNode):
             self._bridge = convert.ClockBridge()
             self.delivery: SegmentDelivery | None = None
             self._robots = RobotLinks(self._segment_writer, self.destroy_publisher,
-                                      lambda pub: pub.get_subscription_count() > 0)
+                                      lambda pub: pub.get_subscription_count() > 0,
+                                      lambda robot_id: self.count_subscribers(topics.segment_topic(robot_id)) > 0)
             self.rejected = RejectedMessages(self.get_logger().warning)  # refused robot messages (/diagnostics)
+            self._auth = FleetAuth.from_file(p["fleet_key_file"])  # signs segments, checks acks and reports
             self.service = PlannerService(p, self, self.get_logger(), self.rejected, self._robots, self._bridge,
                                           engine=engine, constrained=constrained, engine_factory=engine_factory,
                                           core_config=core_config)  # checks the parameters
@@ -101,7 +108,11 @@ class PlannerNode(LifecycleNode):
             self._all_segments = self.create_publisher(PlanSegment, in_fleet(topics.ALL_SEGMENTS), topics.REPORTS)
             self._requests = self.create_publisher(TaskRequest, in_fleet(topics.PLAN_REQUESTS), topics.REPORTS)
             self._results = self.create_publisher(PlanResult, in_fleet(topics.PLAN_RESULTS), topics.RESULTS_QOS)
+            self.intake = GoalIntake(self.service, self._robots, self._bridge, self._requests.publish,
+                                     self.get_logger().warning)
             self.diagnostics = attach_planner_diagnostics(self)  # /diagnostics in every lifecycle state
+            if p["control_plane"] == "locked":
+                self._lock_control_plane()
             if p["autostart"]:
                 for step, trigger in (("configure", self.trigger_configure), ("activate", self.trigger_activate)):
                     if trigger() != TransitionCallbackReturn.SUCCESS:
@@ -109,6 +120,23 @@ class PlannerNode(LifecycleNode):
         except BaseException:
             self.destroy_node()
             raise
+
+    def _lock_control_plane(self) -> None:
+        """control_plane 'locked': transitions asked for over /planner/change_state, and policy changes from outside
+        this process, are refused; the process's own (autostart, shutdown, SchedulerNode.set_policy) go on."""
+        why = ("control_plane is locked: only the planner's own process changes its policy and lifecycle "
+               "(README 'Threat model')")
+
+        def refuse_transition(req: Any, resp: Any) -> Any:
+            self.rejected.note("lifecycle transition", "(a node on the domain)",
+                               f"transition {req.transition.label or req.transition.id!r} asked over change_state: "
+                               "control_plane is locked")
+            resp.success = False
+            return resp
+
+        self._service_change_state.callback = refuse_transition
+        if self._scheduler is not None:
+            self._scheduler.lock(why)
 
     # The service's state, under the names the node has always had (tools and tests read them).
     @property
@@ -187,12 +215,16 @@ class PlannerNode(LifecycleNode):
         p = self._p
         goals = ReentrantCallbackGroup()
         deep = QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE, history=QoSHistoryPolicy.KEEP_LAST)
-        # A burst of goals must not overflow the goal service's request queue (rclpy's default depth is 10).
+        # A burst of goals must not overflow the goal service's request queue (rclpy's default depth is 10), nor
+        # a flood the goal and result queues: what overflows is lost unanswered (issue 39: 10,000 goals in 7.4 s).
+        flood = QoSProfile(depth=INTAKE_DEPTH, reliability=QoSReliabilityPolicy.RELIABLE,
+                           history=QoSHistoryPolicy.KEEP_LAST)
         self._action = BatchedActionServer(self, PlanTask, in_fleet(topics.PLAN_TASK_ACTION),
-                                    execute_callback=_execute_noop, goal_callback=self._goal_cb,
-                                    handle_accepted_callback=self._accepted, cancel_callback=self._cancel_cb,
-                                    callback_group=goals,
-                                    goal_service_qos_profile=deep, result_service_qos_profile=deep,
+                                    execute_callback=_execute_noop,
+                                    goal_callback=self._goal_cb, handle_accepted_callback=self._accepted,
+                                    cancel_callback=self._cancel_cb, callback_group=goals,
+                                    screen=self.intake.screen, order=self.intake.order,
+                                    goal_service_qos_profile=flood, result_service_qos_profile=flood,
                                     cancel_service_qos_profile=deep,
                                     feedback_pub_qos_profile=QoSProfile(depth=1000),
                                     result_timeout=int(p["action_result_timeout_s"]))
@@ -242,38 +274,16 @@ class PlannerNode(LifecycleNode):
 
     # -- goals and services -----------------------------------------------------------------------
     def _goal_cb(self, goal: PlanTask.Goal) -> GoalResponse:
-        # Accept everything here so that a refused goal still gets a result with the reason; this is the
-        # earliest moment the goal is ours: its arrival time.
-        self.service.arrived(id(goal))
+        # It passed the intake's screen (which stamped its arrival); a later refusal still gets a result with the
+        # reason.
         return GoalResponse.ACCEPT
-
-    def _accept(self, task_id: str, robot_id: str, robot_type: str, task: str, tuf: Any, *,
-                arrival: float | None = None, stamp: Any = None, goal: Any = None,
-                waiter: queue.Queue | None = None) -> Accepted:
-        """PlannerService.accept; every request, refused or not, is published on /plan_requests (a retry that
-        joins its task is not a new request)."""
-        arrival = self.service.now() if arrival is None else arrival
-        sent = stamp if stamp is not None and convert.started(stamp) else None
-        req = convert.task_request_msg(self._bridge.to_msg(arrival), task_id, robot_id, robot_type, task, tuf, sent)
-        request = PlanRequest(task_id, robot_id, robot_type, task, convert.tuf_request(tuf), arrival,
-                              None if sent is None else convert.time_s(sent))
-        try:
-            acc = self.service.accept(request, goal=goal, waiter=waiter)
-        except GoalError as e:
-            req.task_id, req.error, req.status = e.task_id, str(e), convert.status_code(e.status)
-            self._requests.publish(req)
-            self.get_logger().warning(f"request from {robot_id!r} refused: {e}")
-            raise
-        if not acc.joined:
-            req.task_id, req.accepted = acc.task_id, True
-            self._requests.publish(req)
-        return acc
 
     def _accepted(self, goal_handle) -> None:
         g = goal_handle.request
         try:
-            acc = self._accept(g.task_id, g.robot_id, g.robot_type, g.task, g.tuf,
-                               arrival=self.service.arrival(id(g)), stamp=g.stamp, goal=goal_handle)
+            acc = self.intake.accept(g.task_id, g.robot_id, g.robot_type, g.task, g.tuf,
+                                     arrival=self.service.arrival(id(g)), stamp=g.stamp, goal=goal_handle,
+                                     screened=True)
         except GoalError as e:  # refused (INVALID or BUSY), with the reason
             self.service.taken_in()
             self._complete(goal_handle, convert.refused_result(g.task_id, e.status, str(e)), e.status)
@@ -304,7 +314,7 @@ class PlannerNode(LifecycleNode):
         try:
             box: queue.Queue = queue.Queue(maxsize=1)
             try:
-                acc = self._accept("", req.robot_id, req.robot_type, req.task, req.tuf, waiter=box)
+                acc = self.intake.accept("", req.robot_id, req.robot_type, req.task, req.tuf, waiter=box)
             except GoalError as e:
                 busy = e.status is TaskStatus.BUSY
                 resp.status = Plan.Response.STATUS_BUSY if busy else Plan.Response.STATUS_REJECTED
@@ -329,7 +339,7 @@ class PlannerNode(LifecycleNode):
     def send_segment(self, task_id: str, robot_id: str, seg: Segment, skillset_id: str, goals: list[Any]) -> None:
         msg = convert.segment_msg(task_id, robot_id, seg, self._bridge, skillset_id)
         self._deliver(robot_id, msg)
-        self._all_segments.publish(msg)  # fleet-wide copy for recorders and the exec-time node
+        self._all_segments.publish(self._auth.sign(msg))  # fleet-wide copy for recorders and the exec-time node
         fb = convert.feedback_msg(msg)
         for h in goals:
             h.publish_feedback(fb)
@@ -363,7 +373,7 @@ class PlannerNode(LifecycleNode):
                                      event_callbacks=PublisherEventCallbacks(use_default_callbacks=False))
 
     def _publish_to_robot(self, robot_id: str, msg: PlanSegment) -> None:
-        topics.publish_or_log(self._robots.get(robot_id), msg, self.get_logger(),
+        topics.publish_or_log(self._robots.get(robot_id), self._auth.sign(msg), self.get_logger(),
                               f"segment {msg.segment_index} of {msg.task_id} to {robot_id}")
 
     def _deliver(self, robot_id: str, msg: PlanSegment) -> None:
@@ -371,13 +381,25 @@ class PlannerNode(LifecycleNode):
         self.delivery.send(robot_id, msg, time.monotonic(), matched=matched)
 
     def _segment_done(self, msg: SegmentDone) -> None:
+        if self._refused_by_key(msg, "report"):
+            return
         self.service.segment_done(msg.task_id, msg.segment_index, msg.robot_id, msg.success, msg.error,
                                   convert.time_s(msg.start) if convert.started(msg.start) else None,
                                   convert.time_s(msg.finish) if convert.started(msg.finish) else None)
 
     def _segment_ack(self, msg: SegmentAck) -> None:
+        if self._refused_by_key(msg, "heartbeat" if msg.running else "ack"):
+            return
         self.service.segment_ack(msg.task_id, msg.segment_index, msg.robot_id, msg.running,
                                  convert.time_s(msg.stamp) if convert.started(msg.stamp) else None)
+
+    def _refused_by_key(self, msg: SegmentDone | SegmentAck, kind: str) -> bool:
+        """With a fleet key: a message without a valid tag, or with a counter taken before, is refused and counted
+        (/diagnostics: refused_<kind>_fleet_key), logged once per claimed sender."""
+        why = self._auth.check(msg)
+        if why is not None:
+            self.rejected.note(f"{kind}_fleet_key", msg.robot_id, f"fleet key: {why}")
+        return why is not None
 
     def _publish_engine_state(self) -> None:
         snapshot = self.service.engine_snapshot()

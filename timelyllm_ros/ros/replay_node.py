@@ -30,6 +30,7 @@ from timelyllm_ros.action import PlanTask
 from timelyllm_ros.bags.convert import DEFAULT_ROBOT_ID_FORMAT, ReplayRequest, load_requests
 from timelyllm_ros.msg import TimeUtility
 from timelyllm_ros.ros.actions import SafeActionClient
+from timelyllm_ros.ros.client import check_goal
 from timelyllm_ros.ros.convert import duration_s, status_name, time_msg
 from timelyllm_ros.ros.params import declare, not_blank
 from timelyllm_ros.ros.spin import PooledExecutor, Spinner
@@ -123,6 +124,11 @@ class Replayer:
             if stop is not None and stop.is_set():
                 break
             goal = goal_of(res.request, self.keep_task_ids, self.task_id_suffix)
+            try:
+                check_goal(goal)  # a recorded task with NUL would be planned cut short: refused, never sent
+            except ValueError as e:
+                res.status, res.message = "refused_by_client", str(e)
+                continue
             res.sent_s = time.monotonic() - t0
             goal.stamp = time_msg(wall0 + res.sent_s)  # as a robot stamps its goal: one clock reading for both
             lateness.append(res.sent_s - res.request.offset_s / self.speed)

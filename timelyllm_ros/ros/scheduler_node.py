@@ -1,9 +1,12 @@
-"""The scheduler node: owns the planner core's policy (settable at run time) and publishes SchedulerState."""
+"""The scheduler node: owns the planner core's policy (settable at run time, unless the planner's control plane is
+locked) and publishes SchedulerState."""
 
 from __future__ import annotations
 
 import math
+import threading
 
+from rcl_interfaces.msg import SetParametersResult
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.timer import Timer
@@ -13,7 +16,7 @@ from timelyllm_ros.planner import telemetry
 from timelyllm_ros.planner.core import PlannerCore
 from timelyllm_ros.planner.policies import DEFAULT_POLICY, POLICIES, make_policy
 from timelyllm_ros.ros import topics
-from timelyllm_ros.ros.params import declare, on_change
+from timelyllm_ros.ros.params import declare, on_change, refuse
 
 
 class SchedulerNode(Node):
@@ -32,6 +35,10 @@ class SchedulerNode(Node):
             self.destroy_node()  # not left on the graph (PlannerNode.__init__)
             raise
         on_change(self, {"policy": self._set_policy})
+        self._locked: str | None = None  # why a change from outside this process is refused (control_plane)
+        self._own = threading.local()  # set while this process changes the policy itself (set_policy)
+        self.refused_changes = 0
+        self.add_on_set_parameters_callback(self._guard)
         self._pub = self.create_publisher(SchedulerState, topics.in_fleet(topics.SCHEDULER_STATE), topics.TELEMETRY)
         self._timer: Timer | None = None
 
@@ -45,6 +52,31 @@ class SchedulerNode(Node):
         if self._timer is not None:
             self.destroy_timer(self._timer)
         self._timer, self.core = None, None
+
+    def lock(self, why: str) -> None:
+        """Refuse every later change of ``policy`` but this process's own (:meth:`set_policy`), with ``why``."""
+        self._locked = why
+
+    def set_policy(self, name: str) -> None:
+        """Change the policy from this process (allowed whether or not the control plane is locked); ValueError
+        with the reason if the value is refused."""
+        self._own.active = True
+        try:
+            result = self.set_parameters([Parameter("policy", value=name)])[0]
+        finally:
+            self._own.active = False
+        if not result.successful:
+            raise ValueError(result.reason)
+
+    def _guard(self, params: list[Parameter]) -> SetParametersResult:
+        if self._locked is not None and not getattr(self._own, "active", False) \
+                and any(p.name == "policy" for p in params):
+            self.refused_changes += 1
+            if self.refused_changes == 1:  # a flood of them must not flood the log
+                self.get_logger().warning(f"refused a change of policy from outside this process: {self._locked} "
+                                          "(further ones are only counted)")
+            return refuse("policy", self._locked)
+        return SetParametersResult(successful=True)
 
     def _set_policy(self, name: str) -> None:
         if self.core is not None:

@@ -2,7 +2,10 @@
 duration sampled from the execution-time model, and reports SegmentDone.
 
 Every segment is validated against the robot's skill set first (LLM output is
-untrusted); one that does not parse is reported as failed, never executed.
+untrusted); one that does not parse is reported as failed, never executed. Only
+the planner's segments run (``planner_node``, default ``planner`` in the fleet's namespace): the fleet
+admits them through the executors' own :class:`~timelyllm_ros.ros.segment_gate.SegmentGate`,
+so a rogue node's segment is neither run nor acknowledged here either.
 
 Delivery contract, the real executors' own (``executor_base.py``): every received
 copy of a segment is acknowledged on ``/segment_acks`` (silent robots too: acks
@@ -35,10 +38,15 @@ from rclpy.node import Node
 
 from timelyllm_ros.msg import PlanSegment, SegmentAck, SegmentDone
 from timelyllm_ros.ros.convert import segment_ack_msg, segment_done_msg
+from timelyllm_ros.ros.fleet_auth import PARAMETER as FLEET_KEY
+from timelyllm_ros.ros.fleet_auth import PARAMETER_DOC as FLEET_KEY_DOC
+from timelyllm_ros.ros.fleet_auth import FleetAuth
 from timelyllm_ros.ros.params import all_of, declare, distinct, non_empty, on_change
+from timelyllm_ros.ros.segment_gate import ADMIT, SegmentGate
 from timelyllm_ros.ros.spin import run_nodes
 from timelyllm_ros.ros.topics import (
     DEFAULT_HEARTBEAT_PERIOD_S,
+    PLANNER_NODE,
     RELIABLE,
     REPORTS,
     REPORTS_KEPT,
@@ -83,8 +91,8 @@ def _subset(ids: list[str], robots: list[str]) -> str | None:
 
 
 class SimFleetNode(Node):
-    """Parameters: ``robots``, ``robot_type``, ``seed`` and ``reorder_timeout_s`` are read at start-up
-    (read-only); ``time_scale`` and ``silent_robots`` can change at run time."""
+    """Parameters: ``robots``, ``robot_type``, ``seed``, ``reorder_timeout_s``, ``planner_node`` and
+    ``fleet_key_file`` are read at start-up (read-only); ``time_scale`` and ``silent_robots`` can change at run time."""
 
     def __init__(self, node_name: str = "sim_fleet", **kw) -> None:
         super().__init__(node_name, **kw)
@@ -107,6 +115,12 @@ class SimFleetNode(Node):
         self.heartbeat_period_s = float(declare(
             self, "heartbeat_period_s", DEFAULT_HEARTBEAT_PERIOD_S, "while a robot runs a segment, its ack is "
             "re-sent with running=true this often, as the real executors do (0 = off)", read_only=True, min=0.0))
+        # relative by default: the fleet runs beside its planner, in the namespace it was launched in
+        planner_node = str(declare(self, "planner_node", PLANNER_NODE.lstrip("/"), "name of the planner node whose "
+                                   "segments the robots run, relative to this node's namespace unless it starts with "
+                                   "'/' ('' = any node on the domain)", read_only=True))
+        self.auth = FleetAuth.from_file(str(declare(self, FLEET_KEY, "", FLEET_KEY_DOC, read_only=True)))
+        self.gate = SegmentGate(self, planner_node, self.get_logger().error, self.get_logger().debug, self.auth)
         self.skillset = load_skill_set(robot_type)
         self.model = ExecTimeModel(self.skillset, learn=False)
         self.rng = random.Random(seed)
@@ -118,7 +132,8 @@ class SimFleetNode(Node):
         self._lock = threading.Condition()
         for r in robots:
             # No QoS event callbacks: with a hundred robots their waitables slow the whole executor.
-            self.create_subscription(PlanSegment, in_fleet(segment_topic(r)), lambda m, r=r: self._received(r, m),
+            self.create_subscription(PlanSegment, in_fleet(segment_topic(r)),
+                                     lambda m, info, r=r: self._received(r, m, info),
                                      RELIABLE, event_callbacks=SubscriptionEventCallbacks(use_default_callbacks=False))
         self.create_timer(min(0.1, self.reorder_timeout_s / 4), self._expire)  # held segments past the timeout
         if self.heartbeat_period_s > 0:
@@ -139,15 +154,17 @@ class SimFleetNode(Node):
             for rob in self.robots.values():
                 rob.silent = rob.robot_id in value
 
-    def _received(self, robot_id: str, msg: PlanSegment) -> None:
+    def _received(self, robot_id: str, msg: PlanSegment, info: dict) -> None:
         now = time.time()
+        if self.gate.check(robot_id, msg, info) != ADMIT:
+            return  # neither run nor acknowledged, as on a real robot (segment_gate.py)
         rob = self.robots[robot_id]
         try:
             with self._lock:
                 arrival = rob.session.receive(msg.task_id, msg.segment_index, msg.text, msg.is_final, now, msg)
                 if arrival.duplicate:
                     if arrival.report is not None:  # re-sent: the planner has no report for it (e.g. it restarted)
-                        publish_or_log(self._done_pub, arrival.report, self.get_logger(),
+                        publish_or_log(self._done_pub, self.auth.sign(arrival.report), self.get_logger(),
                                        f"{robot_id}'s report of {msg.task_id}[{msg.segment_index}]")
                     return
                 if arrival.preempted:
@@ -160,7 +177,7 @@ class SimFleetNode(Node):
         finally:  # every received copy, duplicates and end markers included (silent robots too)
             rob.acks.append((msg.task_id, msg.segment_index))
             ack = segment_ack_msg(msg.task_id, robot_id, msg.segment_index, now)
-            publish_or_log(self._ack_pub, ack, self.get_logger(),
+            publish_or_log(self._ack_pub, self.auth.sign(ack), self.get_logger(),
                            f"{robot_id}'s ack of {msg.task_id}[{msg.segment_index}]")
 
     def _heartbeat(self) -> None:
@@ -171,7 +188,7 @@ class SimFleetNode(Node):
             running = [(r.robot_id, r.executed[-1][0], r.executed[-1][1]) for r in self.robots.values()
                        if r.busy_until is not None]
         for robot_id, task_id, index in running:
-            publish_or_log(self._ack_pub, segment_ack_msg(task_id, robot_id, index, now, running=True),
+            publish_or_log(self._ack_pub, self.auth.sign(segment_ack_msg(task_id, robot_id, index, now, running=True)),
                            self.get_logger(), f"{robot_id}'s heartbeat of {task_id}[{index}]")
 
     def _expire(self) -> None:
@@ -228,7 +245,8 @@ class SimFleetNode(Node):
         index = msg_or_entry.segment_index if isinstance(msg_or_entry, PlanSegment) else msg_or_entry[1]
         report = segment_done_msg(task_id, rob.robot_id, index, start, finish, ok, error)
         rob.session.reports.put(task_id, index, report)
-        publish_or_log(self._done_pub, report, self.get_logger(), f"{rob.robot_id}'s report of {task_id}[{index}]")
+        publish_or_log(self._done_pub, self.auth.sign(report), self.get_logger(),
+                       f"{rob.robot_id}'s report of {task_id}[{index}]")
 
     def _run(self) -> None:
         with self._lock:

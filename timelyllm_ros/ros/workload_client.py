@@ -20,6 +20,7 @@ from timelyllm_ros.domain.types import TaskStatus
 from timelyllm_ros.measure.records import SegRecord, TaskRecord
 from timelyllm_ros.msg import PlanResult, SegmentDone
 from timelyllm_ros.ros.actions import SafeActionClient
+from timelyllm_ros.ros.client import check_goal
 from timelyllm_ros.ros.convert import ClockBridge, started, status_from_code, tuf_to_msg
 from timelyllm_ros.ros.topics import (
     GET_PLAN_RESULT_SERVICE,
@@ -168,6 +169,11 @@ class WorkloadClient(Node):
         goal = PlanTask.Goal(task_id=task_id, robot_id=self._robot_ids.get(job.job_id) or robot_id_of(job),
                              robot_type=rec.robot_type,
                              task=job.task_input, tuf=tuf_to_msg(job.time_utility))
+        try:
+            check_goal(goal)  # a task with NUL would be planned cut short: refused, never sent
+        except ValueError as e:
+            self._close(rec, TaskStatus.INVALID, f"refused by the client: {e}")
+            return
         self._send_goal(rec, goal, 1)
 
     def _send_goal(self, rec: TaskRecord, goal: Any, attempt: int) -> None:

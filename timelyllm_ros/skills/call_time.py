@@ -49,6 +49,8 @@ def call_estimate(spec: SkillSpec, call: SkillCall) -> ExecEstimate:
     elif et.model == "uniform":
         lo, hi = p["low"], p["high"]
         typ = (lo + hi) / 2
+    elif et.model == "composite":  # the sum of what it runs, resolved when its skill set loads (schema)
+        lo, typ, hi = p["min"], p["typical"], p["max"]
     else:  # validated at load time
         raise ValueError(f"unknown exec_time model {et.model!r}")
     n = et.noise

@@ -121,6 +121,8 @@ class ExecTimeModel:
         p = et.params
         if et.model == "uniform":
             return rng.uniform(p["low"], p["high"])
+        if et.model == "composite":  # one draw of each skill it runs
+            return self.sample(p["runs"], rng)
         if et.model == "repeated":
             lo_k, hi_k = p["min_count"], p["max_count"]
             counts = range(lo_k, hi_k + 1)

@@ -26,7 +26,7 @@ Hostile text is refused (SkillParseError), never crashes the validator (it
 runs on the planner's engine thread): a number has at most
 :data:`MAX_NUMBER_CHARS` characters, a string value at most
 :data:`MAX_STRING_CHARS` and no control character (:func:`is_control`:
-newline, ESC, ... would reach the operator's console through ``l()``),
+newline, ESC, U+2028, ... would reach the operator's console through ``l()``),
 ``(`` and ``!`` nest at most :data:`MAX_NESTING` deep (so does an
 expression's operator tree) and blocks :data:`MAX_BLOCK_DEPTH` deep.
 
@@ -532,10 +532,12 @@ class _Parser:
             return -self.take().value
         if t.kind == "str":
             # A string reaches the robot, and through l() the operator's console: no terminal escapes, no
-            # line breaks, whatever the quoting.
+            # line breaks (U+2028 and U+2029 included), whatever the quoting.
             bad = next((i for i, c in enumerate(t.text) if is_control(c)), None)
             if bad is not None:
-                raise SkillParseError(f"control character U+{ord(t.text[bad]):04X} in a string", t.pos + bad)
+                ch = t.text[bad]
+                what = "line or paragraph separator" if ch in "\u2028\u2029" else "control character"
+                raise SkillParseError(f"{what} U+{ord(ch):04X} in a string", t.pos + bad)
             if len(t.value) > MAX_STRING_CHARS:
                 raise SkillParseError(f"string of {len(t.value)} characters (at most {MAX_STRING_CHARS})", t.pos)
             return t.value
@@ -572,6 +574,8 @@ class _Parser:
             if arg_tok.kind == "ident" and self.peek_op("=") and not VAR_RE.fullmatch(arg_tok.text):
                 self.take()
                 self.take()
+                if arg_tok.text in kwargs:  # else the last one would silently win: mf(distance=50,distance=500)
+                    raise SkillParseError(f"keyword argument {arg_tok.text!r} of {spec.name} given twice", arg_tok.pos)
                 kwargs[arg_tok.text] = self._arg_value(spec)
             else:
                 if kwargs:

@@ -14,7 +14,9 @@ Pure Python (no rclpy): the node passes a ``send`` callable and calls
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -215,13 +217,19 @@ class SegmentDelivery:
 
 
 class RejectedMessages:
-    """Robot messages (acks, heartbeats, reports) the planner refused: counted per kind for /diagnostics, and
-    logged once per claimed sender and kind (a flood of forgeries must not flood the log). Bounded: at most
-    ``max_senders`` senders are remembered as already logged."""
+    """Messages the planner refused (robots' acks, heartbeats and reports; goals): counted per kind for /diagnostics,
+    and logged once per claimed sender and kind, at most ``max_lines`` lines per ``window_s`` over all senders: a
+    flood of forgeries, or of goals from ever new robot ids, must not flood the log (each line also costs rclpy's
+    logger about a millisecond). Refusals of new senders the budget leaves out are counted, and the next line says
+    how many. Bounded: at most ``max_senders`` senders are remembered as already logged."""
 
-    def __init__(self, warn: Callable[[str], None], max_senders: int = 1000) -> None:
+    def __init__(self, warn: Callable[[str], None], max_senders: int = 1000, *, max_lines: int = 20,
+                 window_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
         self._warn = warn
         self._max = max_senders
+        self._max_lines, self._window_s, self._clock = max_lines, window_s, clock
+        self._window_start, self._lines = -math.inf, 0
+        self._unlogged = 0  # first refusals of a sender the line budget left out, since the last line
         self._logged: dict[tuple[str, str], None] = {}  # insertion-ordered: the oldest are forgotten first
         self._lock = threading.Lock()
         self.counts: dict[str, int] = {}
@@ -232,13 +240,21 @@ class RejectedMessages:
             self.counts[kind] = self.counts.get(kind, 0) + 1
             self.total += 1
             key = (kind, sender)
-            first = key not in self._logged
-            if first:
-                self._logged[key] = None
-                if len(self._logged) > self._max:
-                    del self._logged[next(iter(self._logged))]
-        if first:
-            self._warn(f"refused {kind} from robot {sender!r}: {why} (further ones from it are only counted)")
+            if key in self._logged:
+                return
+            self._logged[key] = None
+            if len(self._logged) > self._max:
+                del self._logged[next(iter(self._logged))]
+            now = self._clock()
+            if now - self._window_start >= self._window_s:
+                self._window_start, self._lines = now, 0
+            if self._lines >= self._max_lines:
+                self._unlogged += 1
+                return
+            self._lines += 1
+            unlogged, self._unlogged = self._unlogged, 0
+        more = f"; {unlogged} refusals of other senders not logged before this one" if unlogged else ""
+        self._warn(f"refused {kind} from {sender!r}: {why} (further ones from it are only counted{more})")
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:

@@ -75,7 +75,7 @@ def test_a_locked_control_plane_refuses_policy_and_lifecycle_changes_from_other_
         assert planner.lifecycle_state == "active"
         state = _call(intruder, GetState, "/planner/get_state", GetState.Request()).current_state
         assert state.label == "active"  # reading the state stays open
-        assert planner.health().rejected_messages == {"lifecycle transition": 1}
+        assert planner.health().rejected_messages == {"lifecycle_transition": 1}
         # the planner's own process still may
         sched.set_policy("fcfs")
         assert planner.core.policy.name == "fcfs"

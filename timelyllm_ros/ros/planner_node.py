@@ -128,7 +128,7 @@ class PlannerNode(LifecycleNode):
                "(README 'Threat model')")
 
         def refuse_transition(req: Any, resp: Any) -> Any:
-            self.rejected.note("lifecycle transition", "(a node on the domain)",
+            self.rejected.note("lifecycle_transition", "(a node on the domain)",
                                f"transition {req.transition.label or req.transition.id!r} asked over change_state: "
                                "control_plane is locked")
             resp.success = False

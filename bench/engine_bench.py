@@ -13,6 +13,11 @@ d. decode tokens/s and step time vs batch size, prefill time vs prompt
    length; fits the simulator's step-time model
    ``decode_s * (1 + batch_slowdown * (batch - 1)) + prefill_tokens * prefill_s_per_token``.
 
+f. prefill behind the cached prefix (every run): a 74-token turn behind the
+   real prompt's examples, per token against its compute floor (the model's
+   FLOPs per token, weights plus attention over the context, at a bf16 matmul
+   rate measured in the same run, before the engine loads).
+
 e. the floor (every run): this machine's memory read bandwidth (torch, summing a
    1 GiB tensor on 2 threads, before the engine loads), the model's weight bytes
    in the dtype in use, the time one pass over them takes (a decode step reads
@@ -48,7 +53,7 @@ from timelyllm_ros import paths
 from timelyllm_ros.domain.plans import plan_templates
 from timelyllm_ros.engines import driver
 from timelyllm_ros.engines.base import Engine, EngineRequest, FinishReason
-from timelyllm_ros.engines.factory import load_engine_config, make_engine
+from timelyllm_ros.engines.factory import load_engine_config, make_engine, resolve_model_path
 from timelyllm_ros.engines.prompts import PromptBuilder
 from timelyllm_ros.engines.vllm_engine import VllmEngine
 from timelyllm_ros.skills.segmenter import StopChecker, make_stop_checker
@@ -438,6 +443,9 @@ def write_outputs(out: Path, res: dict, fit_out: Path | None, cmd: str) -> None:
         "## e. Decode step vs the floor (one read of every weight)",
         *roofline_lines(res["e_roofline"]),
         "",
+        "## f. Prefill behind the cached prefix vs its compute floor",
+        *prefill_floor_lines(res["f_prefill_floor"]),
+        "",
         "Prefill: " + ", ".join(f"{p['tokens']} tok {1000 * p['s']:.0f} ms" for p in fit["prefill_points"]),
         "",
         f"Fitted step-time model: decode_s={fit['decode_s']}, batch_slowdown={fit['batch_slowdown']}, "
@@ -573,8 +581,11 @@ def main(argv: list[str] | None = None) -> int:
     log(f"read bandwidth {bw['best_gbs']:.1f} GB/s (best of 7, median {bw['median_gbs']:.1f})")
     # a-e measure plain decoding (one token per step); --speculative compares speculation side by side.
     overrides["engine_args"].setdefault("speculative_config", None)
+    mm = matmul_rate(model_dims(resolve_model_path(str(cfg["engine_args"]["model"]))),
+                     "bfloat16" if cfg.get("dtype", "auto") != "float32" else "float32")
+    log(f"matmul {mm['best_gflops']:.0f} GFLOP/s ({mm['dtype']}, best of {TURN_TOKENS} and 512 rows)")
     if args.roofline_only:
-        return main_roofline(args, cfg, overrides, load_before, cmd, batches, bw)
+        return main_roofline(args, cfg, overrides, load_before, cmd, batches, bw, mm)
     log(f"loading {args.config} ...")
     eng = make_engine(cfg, **overrides)
     log(f"loaded in {eng.load_s:.1f} s: dtype {eng.info.dtype} ({eng.info.dtype_reason})")
@@ -594,6 +605,7 @@ def main(argv: list[str] | None = None) -> int:
     res["c_resume"] = bench_resume_vs_reprefill(eng, pb, args.repeats)
     res["d_batch"] = bench_batch(eng, pb, batches, args.decode_tokens, args.repeats)
     res["e_roofline"] = roofline(bw, weights, res["d_batch"])
+    res["f_prefill_floor"] = bench_prefill_floor(eng, pb, mm)
     res["fit"] = fit_step_model(res["d_batch"])
     res["sessions_note"] = SESSIONS_NOTE
     res["meta"]["bench_s"] = time.perf_counter() - t0
@@ -606,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def main_roofline(args: argparse.Namespace, cfg: dict, overrides: dict, load_before: tuple[float, ...], cmd: str,
-                  batches: list[int], bw: dict) -> int:
+                  batches: list[int], bw: dict, mm: dict[str, Any]) -> int:
     """d and e only, for each dtype of --roofline-dtypes (default: the config's), the engines loaded side by
     side and measured in turn at each batch size, so that the machine's load hits them alike."""
     engines: dict[str, tuple[VllmEngine, PromptBuilder]] = {}
@@ -636,7 +648,8 @@ def main_roofline(args: argparse.Namespace, cfg: dict, overrides: dict, load_bef
     for k, (eng, pb) in engines.items():
         variants[k] = {"meta": _meta(eng, args, load_before, pb), "d_batch": {"rows": rows[k], "prefill": []},
                        "e_roofline": roofline(bw, weight_bytes(eng.engine_args["model"], eng.info.dtype),
-                                              {"rows": rows[k]})}
+                                              {"rows": rows[k]}),
+                       "f_prefill_floor": bench_prefill_floor(eng, pb, mm)}
         eng.close()
     res = {"bench_s": time.perf_counter() - t0, "load_after": [round(x, 2) for x in os.getloadavg()],
            "variants": variants}
@@ -657,7 +670,9 @@ def write_roofline(out: Path, res: dict, cmd: str) -> None:
         vm = v["meta"]
         lines += [f"## {k} ({vm['dtype_reason']}; enforce_eager={vm['enforce_eager']}; engine start "
                   f"{vm['load_s']:.1f} s)", "",
-                  *roofline_lines(v["e_roofline"]), ""]
+                  *roofline_lines(v["e_roofline"]), "",
+                  "### Prefill behind the cached prefix vs its compute floor", "",
+                  *prefill_floor_lines(v["f_prefill_floor"]), ""]
     if len(vs) == 2:
         (ka, a), (kb, b) = vs.items()
         lines += [f"## {ka} / {kb}, same run", "", "| batch | step ratio |", "|---|---|"]
@@ -666,6 +681,108 @@ def write_roofline(out: Path, res: dict, cmd: str) -> None:
     (out / "roofline.md").write_text("\n".join(lines) + "\n")
     log(f"wrote {out}/roofline.md")
     print((out / "roofline.md").read_text())
+
+
+# -- f: prefill behind the cached prefix vs its compute floor -----------------------------------------------------
+TURN_TOKENS = 74  # an emergency's own turn behind the examples (prompts aligned to the KV blocks)
+
+
+def model_dims(model_dir: str) -> dict[str, int]:
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    heads = int(cfg["num_attention_heads"])
+    return {"hidden": int(cfg["hidden_size"]), "layers": int(cfg["num_hidden_layers"]), "heads": heads,
+            "kv_heads": int(cfg.get("num_key_value_heads", heads)),
+            "head_dim": int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
+            "intermediate": int(cfg["intermediate_size"])}
+
+
+def prefill_flops(dims: dict[str, int], context: float) -> dict[str, float]:
+    """FLOPs one prompt token costs in a prefill: 2 per weight of the decoder layers (the LM head runs for the last
+    token only) plus attention over ``context`` earlier tokens (QK^T and PV: 4 * heads * head_dim per token per
+    layer)."""
+    h, hd, L = dims["hidden"], dims["head_dim"], dims["layers"]
+    per_layer = h * dims["heads"] * hd * 2 + h * dims["kv_heads"] * hd * 2 + 3 * h * dims["intermediate"]
+    return {"weights": 2.0 * L * per_layer, "attention": 4.0 * L * dims["heads"] * hd * context}
+
+
+def matmul_rate(dims: dict[str, int], dtype: str, threads: int = 2, repeats: int = 7) -> dict[str, Any]:
+    """GFLOP/s of a matmul of a prefill's MLP shape (rows x hidden x intermediate) in ``dtype`` on ``threads``
+    threads, for a turn's rows and for 512 (the better, the floor's rate). Run it before the engine loads."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    out: dict[str, Any] = {"threads": threads, "dtype": dtype}
+    try:
+        for rows in (TURN_TOKENS, 512):
+            a = torch.randn(rows, dims["hidden"], dtype=getattr(torch, dtype))
+            b = torch.randn(dims["hidden"], dims["intermediate"], dtype=getattr(torch, dtype))
+            a @ b
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                for _ in range(20):
+                    a @ b
+                times.append((time.perf_counter() - t0) / 20)
+            out[f"gflops_{rows}"] = 2 * rows * dims["hidden"] * dims["intermediate"] / min(times) / 1e9
+    finally:
+        torch.set_num_threads(old)
+    out["best_gflops"] = max(out[f"gflops_{r}"] for r in (TURN_TOKENS, 512))
+    return out
+
+
+def bench_prefill_floor(eng: Any, pb: PromptBuilder, mm: dict[str, Any], repeats: int = 5) -> dict[str, Any]:
+    """A turn of TURN_TOKENS new tokens behind a cached prefix of the real prompt's length (the examples of an
+    emergency's prompt), timed as the step that computes it; per token against the floor ``prefill_flops`` /
+    ``mm['best_gflops']``, and the same turn with nothing before it."""
+    import random
+
+    rng = random.Random(0)
+    task = next(t.task_input for t in plan_templates().values() if t.robot_type == "drone" and "[E]" in t.task_input)
+    prefix = pb.token_ids(task)[:-TURN_TOKENS]  # the examples and the system text, as the planner sends them
+    vocab = range(1000, min(40000, len(eng.tokenizer)))
+    checker = make_stop_checker(pb.skillset)
+
+    def turn_s(ids: list[int]) -> float:
+        eng.add(EngineRequest(f"pf{rng.random()}", ids, checker, max_new_tokens=1, extra={"constrained": False}))
+        t0 = time.perf_counter()
+        eng.step()
+        dt = time.perf_counter() - t0
+        while eng.has_work():
+            eng.step()
+        return dt
+
+    dims = model_dims(eng.engine_args["model"])
+    rows = {}
+    for name, pre in (("behind the prefix", prefix), ("alone", [])):
+        eng.reset_prefix_cache()
+        if pre:
+            turn_s(pre + [rng.choice(vocab)])  # the prefix cached, as the warm-up leaves it
+        times = [turn_s(pre + [rng.choice(vocab) for _ in range(TURN_TOKENS)]) for _ in range(repeats)]
+        fl = prefill_flops(dims, len(pre) + (TURN_TOKENS + 1) / 2)
+        floor_s = (fl["weights"] + fl["attention"]) / (mm["best_gflops"] * 1e9)
+        per_tok = _med(times) / TURN_TOKENS
+        rows[name] = {"prefix_tokens": len(pre), "turn_tokens": TURN_TOKENS, "step_ms": 1000 * _med(times),
+                      "ms_per_token": 1000 * per_tok, "floor_ms_per_token": 1000 * floor_s,
+                      "attention_share_of_floor": fl["attention"] / (fl["weights"] + fl["attention"]),
+                      "x_floor": per_tok / floor_s}
+        log(f"f prefill {TURN_TOKENS} tokens {name} ({len(pre)} cached): {1000 * per_tok:.2f} ms/token, "
+            f"floor {1000 * floor_s:.2f} ({per_tok / floor_s:.1f}x)")
+    return {"matmul": mm, "dims": dims, "rows": rows}
+
+
+def prefill_floor_lines(pf: dict[str, Any]) -> list[str]:
+    mm = pf["matmul"]
+    lines = [f"- matmul rate ({mm['dtype']}, {mm['threads']} threads, {pf['dims']['hidden']}x"
+             f"{pf['dims']['intermediate']}): {mm[f'gflops_{TURN_TOKENS}']:.0f} GFLOP/s at {TURN_TOKENS} rows, "
+             f"{mm['gflops_512']:.0f} at 512; the floor takes **{mm['best_gflops']:.0f} GFLOP/s**",
+             "- floor per prompt token = (2 x decoder weights + 4 x layers x heads x head_dim x context) / that rate",
+             "", "| turn | cached prefix | step ms | ms per token | floor ms per token | x floor | attention share "
+             "of the floor |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['turn_tokens']} tokens {name} | {r['prefix_tokens']} | {r['step_ms']:.1f} | "
+              f"{r['ms_per_token']:.2f} | {r['floor_ms_per_token']:.3f} | {r['x_floor']:.1f}x | "
+              f"{100 * r['attention_share_of_floor']:.0f} % |" for name, r in pf["rows"].items()]
+    return lines
 
 
 # -- speculative decoding, on and off side by side --------------------------------------------------------------

@@ -4,7 +4,9 @@ Each robot becomes a Tello SDK emulator in a network namespace of its own, drive
 drone_executor_node through the real djitellopy. Takes every flag of ``timelyllm_ros.demo``, and
 ``--fleet-log DIR``: per pass, each emulator's command log (``pass_<k>/drone_<i>.jsonl``, i: the
 robot's place in the sorted robot ids) and ``executions.json``, what every
-executor ran, per pass (``[[robot, task, segment, ok, error], ...]`` in the order the robot reported them)::
+executor ran, per pass (``[[robot, task, segment, ok, error], ...]`` in the order the robot reported them).
+No lone pass (``--no-bound``) unless ``--bound`` is given: the bound is the planner's on this machine, which
+``make demo`` measures with the simulated fleet; here each of its tasks would fly an emulated drone of its own::
 
     python -m devtools.tello_demo --engine engine_sim.yaml
 """
@@ -26,7 +28,10 @@ from timelyllm_ros import demo
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(add_help=False)
     ap.add_argument("--fleet-log", default="", help="folder for the emulators' command logs and executions.json")
+    ap.add_argument("--bound", action="store_true", help="also the lone pass (the bound) on emulated drones")
     own, rest = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if not own.bound:
+        rest = [*rest, "--no-bound"]
     log_dir = Path(own.fleet_log) if own.fleet_log else None
     passes: list[list[list]] = []  # per pass of the demo: what each executor ran
 

@@ -3,6 +3,7 @@ no network namespace: the emulator runs on the loopback interface)."""
 
 from __future__ import annotations
 
+import re
 import socket
 
 import pytest
@@ -30,6 +31,9 @@ def _renamed_set():
     raw["skills"].remove(approach)
     raw["skills"].insert(0, approach)
     raw["id"] = "drone_renamed"
+    for s in raw["skills"]:  # a composite's time model names the skills it runs
+        if runs := s.get("exec_time", {}).get("runs"):
+            s["exec_time"]["runs"] = re.sub(r"\b(\w+)\(", lambda m: _RENAMED.get(m[1], m[1]) + "(", runs)
     tags = raw["plan_structure"]["first_by_tag"]  # the grammar names skills too
     raw["plan_structure"]["first_by_tag"] = {t: [_RENAMED.get(n, n) for n in ns] for t, ns in tags.items()}
     return skill_set_from_dict(raw)

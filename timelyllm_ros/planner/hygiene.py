@@ -109,6 +109,14 @@ def check_text(field: str, text: str, *, max_chars: int | None = None, single_li
     raise ValueError(msg)
 
 
+def check_goal_fields(robot_id: str, task_id: str, task: str) -> None:
+    """A goal's text fields: ids on one line of at most 256 characters; the task any length (its tokens are
+    counted later). ValueError naming the field and the character."""
+    check_text("robot_id", robot_id, max_chars=256, single_line=True)
+    check_text("task_id", task_id, max_chars=256, single_line=True)
+    check_text("task", task)
+
+
 def check_token_count(field: str, n_tokens: int, max_tokens: int | None, *, limit_name: str | None = None) -> None:
     """Raise ``ValueError`` if ``n_tokens`` exceeds ``max_tokens`` (None: no limit), e.g.
     ``task: 900 tokens, more than max_task_tokens=512``. ``limit_name`` names the

@@ -31,7 +31,7 @@ from timelyllm_ros.engines.prompts import PromptRenderer, TaskPromptError
 from timelyllm_ros.interfaces import robot_id_problem, segment_topic
 from timelyllm_ros.planner.config import CoreConfig
 from timelyllm_ros.planner.core import PlannerCore
-from timelyllm_ros.planner.hygiene import check_text, check_token_count
+from timelyllm_ros.planner.hygiene import check_goal_fields, check_token_count
 from timelyllm_ros.planner.intake import Intake, IntakeLimits
 from timelyllm_ros.planner.journal import ACTIVE, Journal, JournaledTask
 from timelyllm_ros.planner.journal_records import result_record, task_result_from_record
@@ -49,7 +49,7 @@ from timelyllm_ros.planner.service_io import (
     TaskLookup,
 )
 from timelyllm_ros.planner.settings import check_params
-from timelyllm_ros.planner.warmup import calibrate_core, probe_task, warm_up
+from timelyllm_ros.planner.warmup import calibrate_core, lone_first_s, probe_maker, probe_task, warm_up
 
 
 @dataclass
@@ -192,7 +192,8 @@ class PlannerService:
                 return probe_task(self._prompts.builder(rt).library.examples, 0, 1, urgent) is not None
 
             try:  # robot types whose examples give a task to measure with (a chatbot's have no scene)
-                cal = calibrate_core(self.core, self._probe, [rt for rt in self.robot_types if has(rt, False)],
+                cal = calibrate_core(self.core, probe_maker(self._prompts),
+                                     [rt for rt in self.robot_types if has(rt, False)],
                                      {rt for rt in self.robot_types if has(rt, True)})
             except Exception as e:  # noqa: BLE001 - the engine still serves, on the step model it was seeded with
                 self._log.warning(f"calibration failed, keeping the seeded step-time estimate: {e!r}")
@@ -200,21 +201,6 @@ class PlannerService:
             if cal is not None:
                 self._log.info("measured this engine in {:.2f} s: {}".format(cal.wall_s, ", ".join(
                     f"{k} {v:.1f}" for k, v in cal.describe().items() if k != "calibration_s")))
-
-    def _probe(self, robot_type: str, n: int, objects: int, urgent: bool) -> tuple[list[int], dict[str, Any]]:
-        """A calibration task of ``robot_type`` rendered as a goal's would be (warmup.ProbeMaker)."""
-        text = probe_task(self._prompts.builder(robot_type).library.examples, n, objects, urgent)
-        if text is None:
-            raise ValueError(f"calibration: the {robot_type} examples have no {'urgent' if urgent else 'normal'} task")
-        return self._prompts.render(robot_type, text)
-
-    def lone_first_s(self) -> float:
-        """Warm-up's lone first segment on this engine, urgent where measured (s); 0: not measured."""
-        cal = self.core.calibration
-        if cal is None or not cal.first_segment_s:
-            return 0.0
-        urgent = [v for k, v in cal.first_segment_s.items() if k.endswith("/urgent")]
-        return (urgent or list(cal.first_segment_s.values()))[0]
 
     def start(self) -> None:
         """Start the engine thread."""
@@ -315,7 +301,7 @@ class PlannerService:
                        ) -> TimeUtility:
         """The checks of a request's own fields that cost nothing (no tokenizer): its TUF, or GoalError."""
         try:
-            self._check_fields(robot_id, task_id, task)
+            check_goal_fields(robot_id, task_id, task)
         except ValueError as e:  # the hygiene checks name the field, the character and its position
             raise GoalError(str(e)) from None
         if not robot_id.strip():
@@ -333,12 +319,6 @@ class PlannerService:
             return tuf.resolve()
         except ValueError as e:
             raise GoalError(str(e)) from None
-
-    @staticmethod
-    def _check_fields(robot_id: str, task_id: str, task: str) -> None:
-        check_text("robot_id", robot_id, max_chars=256, single_line=True)
-        check_text("task_id", task_id, max_chars=256, single_line=True)
-        check_text("task", task)
 
     def screen(self, req: PlanRequest) -> None:
         """What a goal is checked for as it arrives, before any work is done for it: the planner's state, the
@@ -494,7 +474,8 @@ class PlannerService:
         """(EngineStats, EngineInfo, the scheduler's step-time estimate, warm-up's lone first segment in s or 0)
         now, or None when the engine cannot tell."""
         try:
-            return self.engine.stats(), self.engine.info, self.core.estimator.describe(), self.lone_first_s()
+            return self.engine.stats(), self.engine.info, self.core.estimator.describe(), \
+                lone_first_s(self.core.calibration)
         except Exception:  # noqa: BLE001
             return None
 

@@ -192,6 +192,24 @@ def _fit(samples: list[tuple[int, float]]) -> tuple[float, float]:
     return 0.0, sum(ys) / sum(xs)
 
 
+def probe_maker(prompts: Any) -> ProbeMaker:
+    """Calibration tasks rendered as a goal's would be, by ``prompts`` (an engines.prompts.PromptRenderer)."""
+    def make(robot_type: str, n: int, objects: int, urgent: bool) -> tuple[list[int], dict[str, Any]]:
+        text = probe_task(prompts.builder(robot_type).library.examples, n, objects, urgent)
+        if text is None:
+            raise ValueError(f"calibration: the {robot_type} examples have no {'urgent' if urgent else 'normal'} task")
+        return prompts.render(robot_type, text)
+    return make
+
+
+def lone_first_s(cal: Calibration | None) -> float:
+    """The warm-up's lone first segment on this engine, urgent where measured (s); 0: not measured."""
+    if cal is None or not cal.first_segment_s:
+        return 0.0
+    urgent = [v for k, v in cal.first_segment_s.items() if k.endswith("/urgent")]
+    return (urgent or list(cal.first_segment_s.values()))[0]
+
+
 def probe_task(examples: list[dict[str, str]], n: int, objects: int, urgent: bool) -> str | None:
     """A calibration task like a robot type's own (one of its few-shot example inputs: an emergency's, marked
     ``[E]``, where ``urgent``), with ``objects`` scene objects named after probe ``n`` put first, so that its turn

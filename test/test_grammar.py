@@ -31,11 +31,15 @@ TASKS = {"drone": [t.task_input for t in TEMPLATES if t.robot_type == "drone"]
                   + [ex["input"] for ex in LIBRARY["drone"]]
                   + ["Scene: [] Task: [A] Look for the zebra and photograph it.",
                      "Scene: [shed_2 x:0.1 y:0.2] Task: [E] a wasp is attacking me",
-                     "Scene: [] Task: hover here"],  # names nothing: no perception call fits
+                     "Scene: [] Task: hover here",  # names nothing: no perception call fits
+                     "Scene: [] Task: [A] Turn right in three steps, then take two photos of the kite.",  # loops
+                     "Scene: [] Task: [A] If you meet the postman, say good morning to him twice."],
          "arm": [t.task_input for t in TEMPLATES if t.robot_type == "arm"]
                 + [ex["input"] for ex in LIBRARY["arm"]]
                 + ["Scene: [], Task: Pick up the teapot and put it next to the kettle.",
-                   "Task: Put the lid away."]}  # one name: no unit (object, place) fits, any call order
+                   "Task: Put the lid away.",  # one name: no unit (object, place) fits, any call order
+                   "Scene: [], Task: [A] Into the sink, put the spoon and the fork.",  # roles from the structure
+                   "Scene: [], Task: [A] Move the key from the hook to the bowl, then put the coin on the key."]}
 SETS = {"drone": DRONE, "arm": ARM}
 
 
@@ -107,6 +111,22 @@ def test_names_mentions_units_and_leading_skills_are_read_from_the_task():
     assert grammar.leading_skills(DRONE, "Scene: [] Task: [A] Turn left, then fly back.") == ("tu",)
     assert grammar.leading_skills(DRONE, "Scene: [] Task: [A] Look for the moon.") == ()
     assert grammar.task_units(ARM, "Task: tidy up") == 1 and grammar.task_units(ARM, "pick " * 20) == 6
+
+
+def test_the_arm_grammar_takes_roles_from_the_sentence_and_the_drone_grammar_counts_as_loops():
+    both = "Scene: [], Task: [A] Into the sink, put the spoon and the fork."
+    r = grammar.plan_regex(ARM, both)
+    assert re.fullmatch(r, "move_to('spoon');pick('spoon');move_to('sink');place('sink');"
+                           "move_to('fork');pick('fork');move_to('sink');place('sink');")
+    assert not re.fullmatch(r, "move_to('sink');pick('sink');move_to('spoon');place('spoon');")
+    src = "Scene: [], Task: [A] Move the key from the hook to the bowl."
+    assert grammar.plan_regex(ARM, src) == grammar.plan_regex(ARM, "Scene: [], Task: [A] Move the key to the bowl.")
+    turns = "Scene: [] Task: [A] Turn right in three steps, then take two photos of the kite."
+    r = grammar.plan_regex(DRONE, turns)
+    assert re.fullmatch(r, "tc(120);3{tc(120);};2{tp();}") or re.fullmatch(r, "3{tc(120);};2{tp();};")
+    assert not re.fullmatch(r, "4{tc(90);};tp();")  # no loop count the task does not ask for
+    assert grammar.task_names("Scene: [] Task: [Q] Is the garage door shut?") == ("garage_door",)
+    assert grammar.task_names("Scene: [] Task: [A] Spin around on the spot twice.") == ("spot",)
 
 
 def test_the_arm_grammar_takes_the_task_s_objects_in_the_order_it_mentions_them():
@@ -255,6 +275,6 @@ def test_a_plan_of_free_calls_resumes_under_free_calls_even_where_it_began_like_
     is free calls. A plan that happens to begin like a unit must go on under those, not under the unit's rest
     (found by the property test above: 'sc();' fitted the whole grammar but not the continuation)."""
     ss = SETS["arm"]
-    task, done = "Task: Put the lid away.", "move_to('lid_away');pick('lid_away');"
+    task, done = "Task: Put the lid away.", "move_to('lid');pick('lid');"  # 'away' names nothing
     assert re.fullmatch(grammar.plan_regex(ss, task), done + "sc();")
     assert re.fullmatch(grammar.continuation_regex(ss, done, task), "sc();")

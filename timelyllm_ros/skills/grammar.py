@@ -31,6 +31,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from timelyllm_ros.skills import task_analysis as ta
 from timelyllm_ros.skills.lexer import Lexer
 from timelyllm_ros.skills.minispec import SkillParseError
 from timelyllm_ros.skills.schema import SkillArg, SkillSet
@@ -86,13 +87,18 @@ class TaskNames(tuple):
 
 def _scan(task: str) -> list[tuple[str, bool]]:
     """(name, introduced by a place word) for each run of words of a task text between function words,
-    verbs and punctuation, in order (``the red box`` is ``red_box``, three words at most)."""
+    verbs, adjectives of state, number words and punctuation, in order (``the red box`` is ``red_box``, three
+    words at most)."""
     out: list[tuple[str, bool]] = []
     run: list[str] = []
     before = ""  # the word before the run, articles skipped
+    prev = ""  # the word before this one
     for tok in [*_WORD.findall(_TAG.sub("", task)), "."]:
-        w = tok.lower()
-        if w[0].isalpha() and w not in STOPWORDS and len(w) > 1 and not any(c.isdigit() for c in w):
+        w, prev_w = tok.lower(), prev
+        prev = tok.lower()
+        # a name word (not a verb, an adjective of state or a number word: task_analysis), a function word only
+        # after an article ("the can")
+        if ta.is_name(w, prev_w, STOPWORDS):
             run.append(w)
             continue
         if run:
@@ -160,6 +166,16 @@ def task_units(ss: SkillSet, task_input: str) -> int:
         return ps.max_units
     words = [w.lower() for w in _WORD.findall(_split(task_input)[1])]
     return max(1, min(ps.max_units, sum(w in ps.unit_verbs for w in words)))
+
+
+def task_moves(ss: SkillSet, task_input: str) -> tuple[tuple[str, str], ...]:
+    """(object, destination) per object the task moves, from its sentence's structure
+    (:func:`task_analysis.moves`: ``put the A and the B in the C``, ``move the A from the X to the Y``,
+    ``into the C, drop the A``); () where it reads none, or the skill set moves no objects (no ``unit_verbs``)."""
+    verbs = ss.plan_structure.unit_verbs
+    if not verbs:
+        return ()
+    return ta.moves(task_input, STOPWORDS - ta.VERBS, set(verbs) | ta.VERBS)
 
 
 # -- pieces -------------------------------------------------------------------------------------------------
@@ -313,12 +329,16 @@ def _grammar(ss: SkillSet, task: str | None) -> _Grammar:
         mentions = None
         if task is not None and ss.plan_structure.order == "task":
             mentions = tuple(n for n in task_mentions(task) if n not in ss) or None
+            pairs = task_moves(ss, task)
+            if pairs and names is not None and all(n in names for n in ta.flatten(pairs)):
+                mentions, units = ta.flatten(pairs), min(len(pairs), ss.plan_structure.max_units)
         tag = _TAG_LETTER.match(_split(task)[1]) if task is not None else None
         first = ss.plan_structure.first_by_tag.get(tag[1], ()) if tag else ()
         if task is not None and not first:
             first = leading_skills(ss, task)
         need = asked_skill(ss, task) if task is not None else None
-        g = _CACHE[key] = _build(ss, names, units, mentions, first, None if need in first else need)
+        loops = tuple(sorted({k for k in ta.counts(task) if 2 <= k <= ss.max_loop_count})) if task else ()
+        g = _CACHE[key] = _build(ss, names, units, mentions, first, None if need in first else need, loops)
         while len(_CACHE) > _CACHE_LEN:
             _CACHE.popitem(last=False)
     else:
@@ -331,9 +351,12 @@ def _only(ss: SkillSet, skills: Sequence[str]) -> SkillSet:
 
 
 def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
-           mentions: tuple[str, ...] | None = None, first: tuple[str, ...] = (), need: str | None = None
-           ) -> _Grammar:
+           mentions: tuple[str, ...] | None = None, first: tuple[str, ...] = (), need: str | None = None,
+           loops: tuple[int, ...] = ()) -> _Grammar:
     ps = ss.plan_structure
+    # a count of the task (task_analysis.counts: "twice", "in four steps") may be a loop of that count, one level
+    # deep like a conditional; no other loop count
+    loop = "(?:" + "|".join(str(k) for k in loops) + r")\{" if loops and ss.grammar == "minispec" else ""
     call = call_regex(ss, names=names)
     if ss.grammar != "minispec":
         if ps.unit and mentions:
@@ -350,6 +373,8 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
     boolcall = call_regex(ss, ("bool",), names)
     if boolcall:
         stmt += r"|\?" + boolcall + r"==(?:True|False)\{" + _rep(f"{call};", 1, ps.max_block_statements) + r"\};?"
+    if loop:
+        stmt += "|" + loop + _rep(f"{call};", 1, ps.max_block_statements) + r"\};?"
     n_max = ps.max_statements
     need_call = call_regex(_only(ss, (need,)), names=names) if ss.grammar == "minispec" and need else ""
     need_stmt = stmt_nn = call_nn = ""
@@ -362,10 +387,9 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
         bool_nn = call_regex(_only(ss, others), ("bool",), names)
         stmt_nn = f"{call_nn};"
         need_stmt = f"{need_call};"
-        if bool_nn:
-            cond = r"|\?" + bool_nn + r"==(?:True|False)\{"
+        side = None if m is None else m - 1
+        for cond in ([r"|\?" + bool_nn + r"==(?:True|False)\{"] if bool_nn else []) + (["|" + loop] if loop else []):
             stmt_nn += cond + _rep(f"{call_nn};", 1, m) + r"\};?"
-            side = None if m is None else m - 1
             need_stmt += cond + _rep(f"{call_nn};", 0, side) + f"{need_call};" + _rep(f"{call};", 0, side) + r"\};?"
     head = ""
     if first:

@@ -44,7 +44,13 @@ land greet thank welcome ask warn stack transfer carry insert return lay make tr
 record follow watch comes appears shows enters gets
 """.split())
 UNITS = frozenset("cm centimetres centimeters m metres meters mm degrees degree deg seconds second s".split())
-PRONOUNS = frozenset("it them one ones".split())
+PRONOUNS = frozenset("it them one ones".split())  # what a verb phrase's object may be instead of a noun
+# Words that stand for a person or thing without naming it, interjections and adverbs of direction: never an
+# object's name.
+NOT_NAMES = frozenset("""
+him her them they he she someone somebody something anyone anybody anything everyone everybody everything
+hello hi hey goodbye bye thanks please around away about along across through
+""".split())
 _SOURCE = frozenset({"from", "off"})
 _DEST = frozenset("in into on onto near to beside inside over above under behind by next atop".split())
 _SIDE = frozenset("top front side middle centre center end back left right".split())  # "on top of the X"
@@ -94,7 +100,8 @@ def is_name_word(w: str) -> bool:
     """A word that may be part of an object's name: a content word of two letters or more, not a verb, an
     adjective of state, a number word or a unit."""
     return (len(w) > 1 and w[0].isalpha() and not any(c.isdigit() for c in w) and w not in VERBS
-            and w not in STATE_WORDS and w not in NUMBER_WORDS and w not in NUMBER_ONLY and w not in UNITS)
+            and w not in STATE_WORDS and w not in NUMBER_WORDS and w not in NUMBER_ONLY and w not in UNITS
+            and w not in NOT_NAMES)
 
 
 def scene_names(task_input: str) -> tuple[str, ...]:
@@ -110,10 +117,15 @@ def scene_names(task_input: str) -> tuple[str, ...]:
 ARTICLES = frozenset("the a an my your his her their our this that these those".split())
 
 
-def _named(w: str, prev: str, stop: frozenset[str]) -> bool:
-    """``w`` (after ``prev``) is part of a name: a name word, not a function word unless an article makes it a
-    noun (``the can``)."""
-    return is_name_word(w) and (w not in stop or prev in ARTICLES)
+MODALS = frozenset("can could will would shall should may might must".split())
+
+
+def is_name(w: str, prev: str, stop: frozenset[str]) -> bool:
+    """``w`` (after ``prev``) is part of a name: a name word, not a function word (``stop``) or its plural,
+    unless it is a modal verb that an article makes a noun (``the can``)."""
+    if w.endswith("s") and w[:-1] in stop:  # the plural of a function word of the tasks ("pictures")
+        return False
+    return is_name_word(w) and (w not in stop or (prev in ARTICLES and w in MODALS))
 
 
 def name_runs(task_input: str, stopwords: Iterable[str] = ()) -> tuple[str, ...]:
@@ -124,7 +136,7 @@ def name_runs(task_input: str, stopwords: Iterable[str] = ()) -> tuple[str, ...]
     run: list[str] = []
     prev = ""
     for w in [*words(_TAG.sub("", split_task(task_input)[1])), "."]:
-        if _named(w, prev, stop):
+        if is_name(w, prev, stop):
             run.append(w)
         elif run:
             out.append("_".join(run[:3]))
@@ -205,7 +217,7 @@ def moves(task_input: str, stopwords: Iterable[str], verbs: Iterable[str]) -> tu
             continue
         elif w in _BREAK:
             flush(True)
-        elif _named(w, ws[i - 1] if i else "", stop):
+        elif is_name(w, ws[i - 1] if i else "", stop):
             run.append(w)
         else:  # a function word, an article, "and", a comma: the noun phrase so far ends, the role stays
             np()

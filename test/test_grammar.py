@@ -33,7 +33,8 @@ TASKS = {"drone": [t.task_input for t in TEMPLATES if t.robot_type == "drone"]
                      "Scene: [shed_2 x:0.1 y:0.2] Task: [E] a wasp is attacking me",
                      "Scene: [] Task: hover here",  # names nothing: no perception call fits
                      "Scene: [] Task: [A] Turn right in three steps, then take two photos of the kite.",  # loops
-                     "Scene: [] Task: [A] If you meet the postman, say good morning to him twice."],
+                     "Scene: [] Task: [A] If you meet the postman, say good morning to him twice.",
+                     "Scene: [roof_1 x:0.5] Task: [Q] Is there a kite on the roof?"],  # a capped question
          "arm": [t.task_input for t in TEMPLATES if t.robot_type == "arm"]
                 + [ex["input"] for ex in LIBRARY["arm"]]
                 + ["Scene: [], Task: Pick up the teapot and put it next to the kettle.",
@@ -127,6 +128,20 @@ def test_the_arm_grammar_takes_roles_from_the_sentence_and_the_drone_grammar_cou
     assert not re.fullmatch(r, "4{tc(90);};tp();")  # no loop count the task does not ask for
     assert grammar.task_names("Scene: [] Task: [Q] Is the garage door shut?") == ("garage_door",)
     assert grammar.task_names("Scene: [] Task: [A] Spin around on the spot twice.") == ("spot",)
+
+
+def test_no_movement_by_an_amount_unless_asked_and_a_question_ends_once_answered():
+    photo = "Scene: [window_1 x:0.6] Task: [A] Look for a kite near the window and take a photo of it."
+    r = grammar.plan_regex(DRONE, photo)
+    assert re.fullmatch(r, "?s('kite')==True{g('kite');tp();}")
+    assert not re.fullmatch(r, "md(100);?s('kite')==True{tp();}")
+    assert re.fullmatch(grammar.plan_regex(DRONE, "Scene: [] Task: [A] Fly up and take a photo of the kite."),
+                        "mu(50);?iv('kite')==True{tp();}")
+    q = "Scene: [] Task: [Q] Is there a kite on the roof?"  # one object: two statements, one per outcome
+    r = grammar.plan_regex(DRONE, q)
+    yes_no = "?iv('kite')==True{l('a kite is on the roof');};?iv('kite')==False{l('no kite on the roof');}"
+    assert re.fullmatch(r, yes_no) and not re.fullmatch(r, yes_no + ";?iv('kite')==False{l('no kite');}")
+    assert grammar.continuation_regex(DRONE, yes_no + ";", q) == "(?:)"
 
 
 def test_the_arm_grammar_takes_the_task_s_objects_in_the_order_it_mentions_them():

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from timelyllm_ros.skills import task_analysis as ta
 from timelyllm_ros.skills.lexer import Lexer
 from timelyllm_ros.skills.minispec import SkillParseError
-from timelyllm_ros.skills.schema import SkillArg, SkillSet
+from timelyllm_ros.skills.schema import PlanStructure, SkillArg, SkillSet
 
 _STR_BODY = "[a-z][a-z0-9_ ]"
 MAX_NAMES = 32  # names offered per task: bounds the regex (and the model's choice)
@@ -312,6 +312,7 @@ class _Grammar:
     unit_plan: bool = False  # the plan is made of plan_structure units (else free calls: no unit fits the task's names)
     head_skills: tuple[str, ...] = ()  # the skills the plan must begin with (first_by_tag, leading_skills)
     after_head: str = ""  # the regex of the plan after its first statement
+    ps: PlanStructure | None = None  # the task's plan structure (its bounds: _task_skill_set)
 
 
 _CACHE: OrderedDict[tuple[int, str | None], _Grammar] = OrderedDict()
@@ -338,12 +339,34 @@ def _grammar(ss: SkillSet, task: str | None) -> _Grammar:
             first = leading_skills(ss, task)
         need = asked_skill(ss, task) if task is not None else None
         loops = tuple(sorted({k for k in ta.counts(task) if 2 <= k <= ss.max_loop_count})) if task else ()
-        g = _CACHE[key] = _build(ss, names, units, mentions, first, None if need in first else need, loops)
+        tss = _task_skill_set(ss, task, names) if task is not None else ss
+        g = _CACHE[key] = _build(tss, names, units, mentions, first, None if need in first else need, loops)
+        g = _CACHE[key] = dataclasses.replace(g, ps=tss.plan_structure)
         while len(_CACHE) > _CACHE_LEN:
             _CACHE.popitem(last=False)
     else:
         _CACHE.move_to_end(key)
     return g
+
+
+def _task_skill_set(ss: SkillSet, task: str, names: TaskNames | None) -> SkillSet:
+    """The skills and bounds of a MiniSpec plan for this task: a normal task that asks for no movement
+    (:func:`task_analysis.asks_to_move`) gets no movement by an amount (``md(100)`` before the asked-for photo;
+    going to a named object stays); a ``[Q]`` question gets at most two statements per object it asks about
+    (one per outcome), so an answered plan ends rather than saying it again."""
+    if ss.grammar != "minispec":
+        return ss
+    ps = ss.plan_structure
+    if ta.tag(task) != "E" and not ta.asks_to_move(task, [p for sk in ss.skills for p in sk.phrases]):
+        ss = _only(ss, [sk.name for sk in ss.skills if not (sk.kind == "movement" and _numeric(sk))])
+    if ta.tag(task) == "Q" and ps.max_statements is not None and names is not None:
+        cap = max(2, min(ps.max_statements, 2 * len(names.objects)))
+        ss = dataclasses.replace(ss, plan_structure=dataclasses.replace(ps, max_statements=cap))
+    return ss
+
+
+def _numeric(sk) -> bool:
+    return any(a.type in ("int", "float") for sig in sk.signatures for a in sig)
 
 
 def _only(ss: SkillSet, skills: Sequence[str]) -> SkillSet:
@@ -580,7 +603,7 @@ def _continuation(ss: SkillSet, plan_so_far: str, g: _Grammar) -> str:
     done = plan_so_far.rstrip()
     if not done:
         return g.top
-    ps = ss.plan_structure
+    ps = g.ps or ss.plan_structure
     cut = done.endswith(")")  # cut at a call's ')': its ';' comes next
     if ss.grammar == "minispec":
         top, depth, block = _progress(done)

@@ -337,15 +337,11 @@ def strict_failures(prog: Program, ss: SkillSet, task: str) -> list[str]:
                 execs[n.text] = execs.get(n.text, 0) + times
         if not any(isinstance(n.stmt, Loop) and n.stmt.count == k for n, _, _, _ in walked) and k not in execs.values():
             out.append(f"count: the task asks for {k}: no loop of {k}, no call made {k} times")
-    if ta.tag(task) != "E":
-        said = set(ta.words(ta.split_task(task)[1]))
-        motion = {p.split()[0] for s in ss.skills for p in s.phrases} | {"spin", "circle", "turn", "rotate"}
-        if not said & motion:
-            for c in prog.calls:
-                spec = ss[c.name]
-                if spec.kind == "movement" and any(_is_number(a) for a in c.args):
-                    out.append(f"unasked: {c.raw} moves the robot by an amount the task does not ask for")
-                    break
+    if ta.tag(task) != "E" and not ta.asks_to_move(task, [p for s in ss.skills for p in s.phrases]):
+        for c in prog.calls:
+            if ss[c.name].kind == "movement" and any(_is_number(a) for a in c.args):
+                out.append(f"unasked: {c.raw} moves the robot by an amount the task does not ask for")
+                break
     return out
 
 

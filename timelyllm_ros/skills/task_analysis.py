@@ -80,6 +80,16 @@ def is_question(task_input: str) -> bool:
     return tag(task_input) == "Q" or "?" in text or "whether" in words(text)
 
 
+MOTION_VERBS = frozenset("move fly go turn rotate rise ascend climb descend spin circle lower raise".split())
+
+
+def asks_to_move(task_input: str, phrases: Iterable[str] = ()) -> bool:
+    """The task asks the robot to move by its own words: a motion verb, or the first word of a skill's
+    ``phrases`` (``move up``, ``turn left``)."""
+    said = set(words(split_task(task_input)[1]))
+    return bool(said & (MOTION_VERBS | {p.split()[0] for p in phrases if p.strip()}))
+
+
 def counts(task_input: str) -> tuple[int, ...]:
     """The counts the task text asks for, in order: ``twice`` (2), ``three times``, ``in four steps``,
     ``snap three pictures`` (3: a number word before a thing, not before a unit: ``30 cm`` is an amount)."""

@@ -142,6 +142,12 @@ def test_no_movement_by_an_amount_unless_asked_and_a_question_ends_once_answered
     yes_no = "?iv('kite')==True{l('a kite is on the roof');};?iv('kite')==False{l('no kite on the roof');}"
     assert re.fullmatch(r, yes_no) and not re.fullmatch(r, yes_no + ";?iv('kite')==False{l('no kite');}")
     assert grammar.continuation_regex(DRONE, yes_no + ";", q) == "(?:)"
+    two = "Scene: [countertop_1 x:0.48] Task: [Q] Are there keys and a wallet on the countertop?"
+    r = grammar.plan_regex(DRONE, two)  # an answer under a test names the object tested, no other
+    assert re.fullmatch(r, "?iv('keys')==True{l('the keys are here');};?iv('wallet')==False{l('no wallet here');}")
+    assert not re.fullmatch(r, "?iv('keys')==False{l('no wallet on the countertop');}")
+    rest = grammar.continuation_regex(DRONE, "?iv('keys')==False{", two)
+    assert re.fullmatch(rest, "l('no keys here');}") and not re.fullmatch(rest, "l('no wallet here');}")
 
 
 def test_the_arm_grammar_takes_the_task_s_objects_in_the_order_it_mentions_them():

@@ -313,6 +313,9 @@ class _Grammar:
     head_skills: tuple[str, ...] = ()  # the skills the plan must begin with (first_by_tag, leading_skills)
     after_head: str = ""  # the regex of the plan after its first statement
     ps: PlanStructure | None = None  # the task's plan structure (its bounds: _task_skill_set)
+    # a [Q] question's answers: per object, the calls a block that tests it takes (its logs name that object)
+    # and its log calls alone
+    answer_calls: tuple[tuple[str, str, str], ...] = ()
 
 
 _CACHE: OrderedDict[tuple[int, str | None], _Grammar] = OrderedDict()
@@ -340,7 +343,9 @@ def _grammar(ss: SkillSet, task: str | None) -> _Grammar:
         need = asked_skill(ss, task) if task is not None else None
         loops = tuple(sorted({k for k in ta.counts(task) if 2 <= k <= ss.max_loop_count})) if task else ()
         tss = _task_skill_set(ss, task, names) if task is not None else ss
-        g = _CACHE[key] = _build(tss, names, units, mentions, first, None if need in first else need, loops)
+        answers = tuple(names.objects) if task is not None and names is not None and ta.tag(task) == "Q" else ()
+        g = _CACHE[key] = _build(tss, names, units, mentions, first, None if need in first else need, loops,
+                                 answers)
         g = _CACHE[key] = dataclasses.replace(g, ps=tss.plan_structure)
         while len(_CACHE) > _CACHE_LEN:
             _CACHE.popitem(last=False)
@@ -365,6 +370,32 @@ def _task_skill_set(ss: SkillSet, task: str, names: TaskNames | None) -> SkillSe
     return ss
 
 
+_MAX_ANSWERED = 4  # objects of a question whose blocks get answers of their own (the regex grows with them)
+
+
+def _answer_calls(ss: SkillSet, names: Sequence[str] | None, answers: tuple[str, ...],
+                  need: str | None) -> tuple[tuple[str, str, str], ...]:
+    """For a ``[Q]`` question about a few objects: per object, (its name, the calls of a block that tests it,
+    its logs), where a log begins by naming that object (``no wallet on the countertop`` under
+    ``?iv('wallet')``), never another the question asks about. () where the rule does not apply."""
+    logs = [sk for sk in ss.skills if sk.op == "log" and len(sk.args) == 1 and sk.args[0].type == "str"]
+    if not answers or len(answers) > _MAX_ANSWERED or not logs or (need is not None and need != logs[0].name):
+        return ()
+    log = logs[0]
+    others = call_regex(_only(ss, [sk.name for sk in ss.skills if sk.name != log.name]), names=names)
+    n_max = min(int(log.args[0].max_length or 32), 32)
+    out = []
+    for n in answers:
+        said = n.replace("_", " ")
+        rest = n_max - len(said) - 4  # "'no " and the name within the free strings' length
+        if rest < 0 or not re.fullmatch(f"{_STR_BODY}*", said):
+            return ()
+        text = f"'(?:(?:the|a|an|no) )?{re.escape(said)}[a-z0-9_ ]{{0,{rest}}}'"
+        lg = re.escape(log.name) + r"\(" + text + r"\)"
+        out.append((n, f"(?:{others}|{lg})" if others else lg, lg))
+    return tuple(out)
+
+
 def _numeric(sk) -> bool:
     return any(a.type in ("int", "float") for sig in sk.signatures for a in sig)
 
@@ -375,7 +406,7 @@ def _only(ss: SkillSet, skills: Sequence[str]) -> SkillSet:
 
 def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
            mentions: tuple[str, ...] | None = None, first: tuple[str, ...] = (), need: str | None = None,
-           loops: tuple[int, ...] = ()) -> _Grammar:
+           loops: tuple[int, ...] = (), answers: tuple[str, ...] = ()) -> _Grammar:
     ps = ss.plan_structure
     # a count of the task (task_analysis.counts: "twice", "in four steps") may be a loop of that count, one level
     # deep like a conditional; no other loop count
@@ -394,7 +425,12 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
         return _Grammar(call, f"{call};", _rep(f"{call};", 1, ps.max_statements), names, units)
     stmt = f"{call};"
     boolcall = call_regex(ss, ("bool",), names)
-    if boolcall:
+    answer_calls = _answer_calls(ss, names, answers, need)
+    if answer_calls:  # a question: a block that tests an object answers about that object
+        for n, body, _log in answer_calls:
+            stmt += (r"|\?" + call_regex(ss, ("bool",), [n]) + r"==(?:True|False)\{" + _rep(f"{body};", 1,
+                     ps.max_block_statements) + r"\};?")
+    elif boolcall:
         stmt += r"|\?" + boolcall + r"==(?:True|False)\{" + _rep(f"{call};", 1, ps.max_block_statements) + r"\};?"
     if loop:
         stmt += "|" + loop + _rep(f"{call};", 1, ps.max_block_statements) + r"\};?"
@@ -411,9 +447,16 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
         stmt_nn = f"{call_nn};"
         need_stmt = f"{need_call};"
         side = None if m is None else m - 1
-        for cond in ([r"|\?" + bool_nn + r"==(?:True|False)\{"] if bool_nn else []) + (["|" + loop] if loop else []):
+        conds = ([(r"|\?" + bool_nn + r"==(?:True|False)\{", True)] if bool_nn else []) + ([("|" + loop, False)]
+                                                                                         if loop else [])
+        for cond, is_if in conds:
             stmt_nn += cond + _rep(f"{call_nn};", 1, m) + r"\};?"
+            if is_if and answer_calls:
+                continue  # a question's blocks answer about what they test: below
             need_stmt += cond + _rep(f"{call_nn};", 0, side) + f"{need_call};" + _rep(f"{call};", 0, side) + r"\};?"
+        for n, body, log in answer_calls:
+            need_stmt += (r"|\?" + call_regex(_only(ss, others), ("bool",), [n]) + r"==(?:True|False)\{"
+                          + _rep(f"{call_nn};", 0, side) + f"{log};" + _rep(f"{body};", 0, side) + r"\};?")
     head = ""
     if first:
         head = f"{call_regex(_only(ss, first), names=names)};"
@@ -429,7 +472,8 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
         top = head + _rep(stmt, 0 if head else 1, n_max)
     return _Grammar(call, stmt, top, names, units, need_skill=need if need_call else None, need_call=need_call,
                     need_stmt=need_stmt, head=1 if head else 0, need_gap=gap_n, stmt_nn=stmt_nn, call_nn=call_nn,
-                    head_skills=first if head else (), after_head=top[len(head):] if head else "")
+                    head_skills=first if head else (), after_head=top[len(head):] if head else "",
+                    answer_calls=answer_calls)
 
 
 _MAX_ASSIGNMENTS = 400  # name assignments a unit enumerates before its variables are left untied
@@ -608,6 +652,11 @@ def _continuation(ss: SkillSet, plan_so_far: str, g: _Grammar) -> str:
     if ss.grammar == "minispec":
         top, depth, block = _progress(done)
         left = None if ps.max_statements is None else ps.max_statements - top
+        if depth > 0 and g.answer_calls:  # inside a question's block: its calls are those of the object it tests
+            tested = re.search(r"\?[a-z]+\('([^']*)'\)==(?:True|False)$", done[:done.rfind("{")])
+            for n, body, log in g.answer_calls:
+                if tested and tested[1] == n:
+                    g = dataclasses.replace(g, call=body, need_call=log if g.need_skill else g.need_call)
         if g.need_skill:
             return _need_rest(ps, g, done, cut)
         if depth <= 0:  # a call cut at its ')' ends the plan, or its ';' comes before the next statement

@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from timelyllm_ros.domain.plans import plan_templates
+from timelyllm_ros.engines.prompts import PromptConfig
 from timelyllm_ros.skills import task_analysis as ta
 from timelyllm_ros.skills.grammar import STOPWORDS
 from timelyllm_ros.skills.quality import judge, template_spec
@@ -34,6 +35,15 @@ def test_every_reference_plan_passes_the_strict_judge(path) -> None:
         ss = load_skill_set(t.robot_type)
         v = judge(t.plan, ss, template_spec(t, ss), task=t.task_input)
         assert v.acceptable, (t.name, v)
+
+
+@pytest.mark.parametrize("robot_type", ["drone", "arm"])
+def test_every_example_of_the_prompt_library_passes_the_strict_judge(robot_type: str) -> None:
+    """The small model copies its examples: none may show what the strict judge refuses."""
+    ss = load_skill_set(robot_type)
+    for ex in PromptConfig.load(robot_type).examples:
+        v = judge(ex["plan"], ss, None, task=ex["input"])
+        assert v.acceptable, (ex, v)
 
 
 def test_without_the_task_the_judge_is_the_old_one() -> None:

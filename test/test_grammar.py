@@ -142,6 +142,9 @@ def test_no_movement_by_an_amount_unless_asked_and_a_question_ends_once_answered
     yes_no = "?iv('kite')==True{l('a kite is on the roof');};?iv('kite')==False{l('no kite on the roof');}"
     assert re.fullmatch(r, yes_no) and not re.fullmatch(r, yes_no + ";?iv('kite')==False{l('no kite');}")
     assert grammar.continuation_regex(DRONE, yes_no + ";", q) == "(?:)"
+    down = "Scene: [chair_2 x:0.45] Task: [A] Fly down and look for a kite under the chair."  # move + 2 outcomes
+    r = grammar.plan_regex(DRONE, down)
+    assert re.fullmatch(r, "md(40);" + yes_no) and not re.fullmatch(r, "md(40);" + yes_no + ";tp();")
     two = "Scene: [countertop_1 x:0.48] Task: [Q] Are there keys and a wallet on the countertop?"
     r = grammar.plan_regex(DRONE, two)  # an answer under a test names the object tested, no other
     assert re.fullmatch(r, "?iv('keys')==True{l('the keys are here');};?iv('wallet')==False{l('no wallet here');}")

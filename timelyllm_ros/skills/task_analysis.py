@@ -7,8 +7,10 @@ roles of a manipulation task come from its prepositions and conjunctions (``from
 ``on``, ``to``, ``near`` ... a destination, ``and`` coordinates objects, a pronoun refers to the objects of the
 verb before it, a destination may come first: ``into the bin, drop the can``).
 
-No NLP library: none that ships its own parser fits the install (the planner's venv has no spaCy, NLTK or
-stanza, and the CPU image adds no packages). The word classes are small closed lists (number words,
+No NLP library (yet): the planner's venv has no spaCy, NLTK or stanza; spaCy's English pipelines are published
+outside the package index (on the index only as third parties' mirrors) and NLTK's tagger needs a data download
+of its own, so either is an install step the CPU image does not have; its cost per task is unmeasured.
+The word classes are small closed lists (number words,
 prepositions, pronouns) plus two open ones kept short on purpose (verbs of the skill sets' tasks, adjectives
 of state); a word they miss is read as part of a name, which the judge's noun-phrase check and the grammar's
 name list then still confine to words of the task.

@@ -110,20 +110,35 @@ def first_segment_times(engine: Engine, templates: list[PlanTemplate], *, constr
 
 
 def evaluate(templates: list[PlanTemplate], plans: dict[str, list[tuple[str, bool]]]) -> list[dict[str, Any]]:
-    """Per template: valid and acceptable counts, and every plan with its verdict."""
+    """Per template: valid and acceptable counts, and every plan with its verdict, by the declared checks
+    (``acceptable``) and by the strict judge, which adds the checks every plan must pass (``strict``)."""
     rows = []
     models: dict[str, ExecTimeModel] = {}
     for t in templates:
         spec = template_spec(t)
         model = models.setdefault(t.robot_type, ExecTimeModel(t.robot_type, learn=False))
         verdicts = [judge(p, model.skillset, spec, ended=ended, model=model) for p, ended in plans[t.name]]
+        strict = [judge(p, model.skillset, spec, ended=ended, model=model, task=t.task_input)
+                  for p, ended in plans[t.name]]
         rows.append({
             "template": t.name, "robot_type": t.robot_type, "level": t.level, "task_input": t.task_input,
             "n": len(verdicts), "valid": sum(v.valid for v in verdicts),
-            "acceptable": sum(v.acceptable for v in verdicts),
+            "acceptable": sum(v.acceptable for v in verdicts), "strict": sum(v.acceptable for v in strict),
             "greedy_valid": verdicts[0].valid, "greedy_acceptable": verdicts[0].acceptable,
+            "greedy_strict": strict[0].acceptable,
             "plans": [{"plan": v.plan, "valid": v.valid, "error": v.error, "failures": list(v.failures),
-                       "acceptable": v.acceptable} for v in verdicts]})
+                       "acceptable": v.acceptable, "strict_failures": list(w.failures), "strict": w.acceptable}
+                      for v, w in zip(verdicts, strict, strict=True)]})
+    return rows
+
+
+def rejudge(templates: list[PlanTemplate], run: dict[str, Any]) -> list[dict[str, Any]]:
+    """A stored run's rows judged again (both judges) on its stored plans: no engine."""
+    plans = {r["template"]: [(p["plan"], "did not end" not in p["error"]) for p in r["plans"]] for r in run["rows"]}
+    rows = evaluate([t for t in templates if t.name in plans], plans)
+    for old, new in zip(run["rows"], rows, strict=True):
+        if "first_segment_ms" in old:
+            new["first_segment_ms"] = old["first_segment_ms"]
     return rows
 
 
@@ -138,29 +153,33 @@ def _median(xs: list[float]) -> float:
 
 
 def _totals(rows: list[dict[str, Any]]) -> dict[str, int]:
-    return {k: sum(r[k] for r in rows) for k in ("n", "valid", "acceptable", "greedy_valid", "greedy_acceptable")}
+    return {k: sum(r.get(k, 0) for r in rows)
+            for k in ("n", "valid", "acceptable", "strict", "greedy_valid", "greedy_acceptable", "greedy_strict")}
 
 
 def write_report(out: Path, data: dict[str, Any]) -> None:
     """results.md (a table per run, then every greedy plan with why it fails) and plan_quality.png."""
     md = ["# Plan quality per task template\n",
           "valid = parses as the robot's skill set, arguments within bounds, generation ended; "
-          "acceptable = valid and passes the template's `quality:` checks (data/plans.yaml). "
+          "acceptable = valid and passes the template's `quality:` checks (data/plans.yaml); strict = acceptable "
+          "and passes the strict judge's checks (skills/quality.py: repeat, log, names, answer, count, unasked). "
           "greedy = sample 0 (temperature 0, what the planner serves); all = greedy + sampled plans.\n"]
     for key, run in data["runs"].items():
         md.append(f"\n## {key}\n\nCommand: `{run['command']}`  \n{run['engine']}; {run['samples']} plans per "
                   f"template (temperature {run['temperature']} after the greedy one), max {run['max_new_tokens']} "
                   f"new tokens; git {run['git']}; {run['wall_s']:.0f} s on {run['host']}\n\n")
-        md.append("| template | level | greedy valid | greedy acceptable | valid (all) | acceptable (all) |\n"
-                  "|---|---|---|---|---|---|\n")
+        md.append("| template | level | greedy valid | greedy acceptable | greedy strict | valid (all) | "
+                  "acceptable (all) | strict (all) |\n|---|---|---|---|---|---|---|---|\n")
+        yn = lambda b: "yes" if b else "NO"  # noqa: E731
         for r in run["rows"]:
-            md.append(f"| {r['template']} | {r['level']} | {'yes' if r['greedy_valid'] else 'NO'} | "
-                      f"{'yes' if r['greedy_acceptable'] else 'NO'} | {_pct(r['valid'], r['n'])} | "
-                      f"{_pct(r['acceptable'], r['n'])} |\n")
+            md.append(f"| {r['template']} | {r['level']} | {yn(r['greedy_valid'])} | {yn(r['greedy_acceptable'])} | "
+                      f"{yn(r.get('greedy_strict'))} | {_pct(r['valid'], r['n'])} | {_pct(r['acceptable'], r['n'])} "
+                      f"| {_pct(r.get('strict', 0), r['n'])} |\n")
         tot = _totals(run["rows"])
         k = len(run["rows"])
         md.append(f"| **all** | | {tot['greedy_valid']}/{k} | {tot['greedy_acceptable']}/{k} | "
-                  f"{_pct(tot['valid'], tot['n'])} | {_pct(tot['acceptable'], tot['n'])} |\n\n")
+                  f"{tot['greedy_strict']}/{k} | {_pct(tot['valid'], tot['n'])} | {_pct(tot['acceptable'], tot['n'])} "
+                  f"| {_pct(tot['strict'], tot['n'])} |\n\n")
         ms = [r["first_segment_ms"] for r in run["rows"] if "first_segment_ms" in r]
         if ms:
             md.append(f"Time to the first segment (greedy, each task alone after the planner's warm-up"
@@ -170,6 +189,8 @@ def write_report(out: Path, data: dict[str, Any]) -> None:
         for r in run["rows"]:
             p = r["plans"][0]
             why = p["error"] or "; ".join(p["failures"]) or "ok"
+            extra = [f for f in p.get("strict_failures", []) if f not in p["failures"]]
+            why += f" — strict: {'; '.join(extra)}" if extra else ""
             t = f" ({r['first_segment_ms']:.0f} ms to the first segment)" if "first_segment_ms" in r else ""
             md.append(f"- {r['template']}: `{p['plan']}` — {why}{t}\n")
     (out / "results.md").write_text("".join(md))
@@ -221,6 +242,19 @@ def cmd_plan_quality(args: argparse.Namespace) -> int:
 
     if args.samples < 1 or args.max_new_tokens < 1 or args.temperature < 0:
         raise SystemExit("--samples and --max-new-tokens must be >= 1, --temperature >= 0")
+    if args.rejudge:  # the stored plans judged again by both judges, no engine
+        path = Path(args.out) / "results.json"
+        data = json.loads(path.read_text())
+        known = list(plan_templates(args.templates).values())
+        for key, run in data["runs"].items():
+            run["rows"] = rejudge(known, run)
+            run["totals"] = _totals(run["rows"])
+            tot, k = run["totals"], len(run["rows"])
+            print(f"{key}: greedy acceptable {tot['greedy_acceptable']}/{k}, strict {tot['greedy_strict']}/{k}; "
+                  f"all acceptable {_pct(tot['acceptable'], tot['n'])}, strict {_pct(tot['strict'], tot['n'])}")
+        path.write_text(json.dumps(data, indent=1) + "\n")
+        write_report(Path(args.out), data)
+        return 0
     cfg = load_engine_config(args.engine)
     modes = MODES if args.decoding == "both" else (args.decoding,)
     if "constrained" in modes and cfg.get("backend") not in REGEX_BACKENDS:
@@ -322,6 +356,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         "warm-up (use --samples 1 to time the engine config as it is, speculation included)")
     p.add_argument("--no-align", action="store_true",
                    help="prompts not aligned to the engine's prefix-cache blocks (the planner aligns them)")
+    p.add_argument("--rejudge", action="store_true",
+                   help="judge the plans stored in --out's results.json again (both judges), generating none")
     p.add_argument("--out", default=str(DEFAULT_OUT), help=f"output folder (default {DEFAULT_OUT})")
     p.set_defaults(fn=cmd_plan_quality)
     return p

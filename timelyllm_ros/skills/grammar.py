@@ -31,9 +31,10 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from timelyllm_ros.skills import task_analysis as ta
 from timelyllm_ros.skills.lexer import Lexer
 from timelyllm_ros.skills.minispec import SkillParseError
-from timelyllm_ros.skills.schema import SkillArg, SkillSet
+from timelyllm_ros.skills.schema import PlanStructure, SkillArg, SkillSet
 
 _STR_BODY = "[a-z][a-z0-9_ ]"
 MAX_NAMES = 32  # names offered per task: bounds the regex (and the model's choice)
@@ -86,13 +87,18 @@ class TaskNames(tuple):
 
 def _scan(task: str) -> list[tuple[str, bool]]:
     """(name, introduced by a place word) for each run of words of a task text between function words,
-    verbs and punctuation, in order (``the red box`` is ``red_box``, three words at most)."""
+    verbs, adjectives of state, number words and punctuation, in order (``the red box`` is ``red_box``, three
+    words at most)."""
     out: list[tuple[str, bool]] = []
     run: list[str] = []
     before = ""  # the word before the run, articles skipped
+    prev = ""  # the word before this one
     for tok in [*_WORD.findall(_TAG.sub("", task)), "."]:
-        w = tok.lower()
-        if w[0].isalpha() and w not in STOPWORDS and len(w) > 1 and not any(c.isdigit() for c in w):
+        w, prev_w = tok.lower(), prev
+        prev = tok.lower()
+        # a name word (not a verb, an adjective of state or a number word: task_analysis), a function word only
+        # after an article ("the can")
+        if ta.is_name(w, prev_w, STOPWORDS):
             run.append(w)
             continue
         if run:
@@ -160,6 +166,16 @@ def task_units(ss: SkillSet, task_input: str) -> int:
         return ps.max_units
     words = [w.lower() for w in _WORD.findall(_split(task_input)[1])]
     return max(1, min(ps.max_units, sum(w in ps.unit_verbs for w in words)))
+
+
+def task_moves(ss: SkillSet, task_input: str) -> tuple[tuple[str, str], ...]:
+    """(object, destination) per object the task moves, from its sentence's structure
+    (:func:`task_analysis.moves`: ``put the A and the B in the C``, ``move the A from the X to the Y``,
+    ``into the C, drop the A``); () where it reads none, or the skill set moves no objects (no ``unit_verbs``)."""
+    verbs = ss.plan_structure.unit_verbs
+    if not verbs:
+        return ()
+    return ta.moves(task_input, STOPWORDS - ta.VERBS, set(verbs) | ta.VERBS)
 
 
 # -- pieces -------------------------------------------------------------------------------------------------
@@ -296,6 +312,10 @@ class _Grammar:
     unit_plan: bool = False  # the plan is made of plan_structure units (else free calls: no unit fits the task's names)
     head_skills: tuple[str, ...] = ()  # the skills the plan must begin with (first_by_tag, leading_skills)
     after_head: str = ""  # the regex of the plan after its first statement
+    ps: PlanStructure | None = None  # the task's plan structure (its bounds: _task_skill_set)
+    # a [Q] question's answers: per object, the calls a block that tests it takes (its logs name that object)
+    # and its log calls alone
+    answer_calls: tuple[tuple[str, str, str], ...] = ()
 
 
 _CACHE: OrderedDict[tuple[int, str | None], _Grammar] = OrderedDict()
@@ -313,12 +333,20 @@ def _grammar(ss: SkillSet, task: str | None) -> _Grammar:
         mentions = None
         if task is not None and ss.plan_structure.order == "task":
             mentions = tuple(n for n in task_mentions(task) if n not in ss) or None
+            pairs = task_moves(ss, task)
+            if pairs and names is not None and all(n in names for n in ta.flatten(pairs)):
+                mentions, units = ta.flatten(pairs), min(len(pairs), ss.plan_structure.max_units)
         tag = _TAG_LETTER.match(_split(task)[1]) if task is not None else None
         first = ss.plan_structure.first_by_tag.get(tag[1], ()) if tag else ()
         if task is not None and not first:
             first = leading_skills(ss, task)
         need = asked_skill(ss, task) if task is not None else None
-        g = _CACHE[key] = _build(ss, names, units, mentions, first, None if need in first else need)
+        loops = tuple(sorted({k for k in ta.counts(task) if 2 <= k <= ss.max_loop_count})) if task else ()
+        tss = _task_skill_set(ss, task, names) if task is not None else ss
+        answers = tuple(names.objects) if task is not None and names is not None and ta.tag(task) == "Q" else ()
+        g = _CACHE[key] = _build(tss, names, units, mentions, first, None if need in first else need, loops,
+                                 answers)
+        g = _CACHE[key] = dataclasses.replace(g, ps=tss.plan_structure)
         while len(_CACHE) > _CACHE_LEN:
             _CACHE.popitem(last=False)
     else:
@@ -326,14 +354,65 @@ def _grammar(ss: SkillSet, task: str | None) -> _Grammar:
     return g
 
 
+def _task_skill_set(ss: SkillSet, task: str, names: TaskNames | None) -> SkillSet:
+    """The skills and bounds of a MiniSpec plan for this task: a normal task that asks for no movement
+    (:func:`task_analysis.asks_to_move`) gets no movement by an amount (``md(100)`` before the asked-for photo;
+    going to a named object stays); a normal task gets at most as many statements as it has things to do: its
+    leading move, two per object it asks about (one per outcome of a test), one for the skill it asks for and
+    its counts, so a plan that has done them ends rather than saying them again."""
+    if ss.grammar != "minispec":
+        return ss
+    ps = ss.plan_structure
+    if ta.tag(task) != "E" and not ta.asks_to_move(task, [p for sk in ss.skills for p in sk.phrases]):
+        ss = _only(ss, [sk.name for sk in ss.skills if not (sk.kind == "movement" and _numeric(sk))])
+    if ta.tag(task) != "E" and ps.max_statements is not None and names is not None:
+        things = (len(leading_skills(ss, task)) > 0) + 2 * len(names.objects) + (asked_skill(ss, task) is not None)
+        cap = max(2, min(ps.max_statements, things + sum(ta.counts(task))))
+        ss = dataclasses.replace(ss, plan_structure=dataclasses.replace(ps, max_statements=cap))
+    return ss
+
+
+_MAX_ANSWERED = 4  # objects of a question whose blocks get answers of their own (the regex grows with them)
+
+
+def _answer_calls(ss: SkillSet, names: Sequence[str] | None, answers: tuple[str, ...],
+                  need: str | None) -> tuple[tuple[str, str, str], ...]:
+    """For a ``[Q]`` question about a few objects: per object, (its name, the calls of a block that tests it,
+    its logs), where a log begins by naming that object (``no wallet on the countertop`` under
+    ``?iv('wallet')``), never another the question asks about. () where the rule does not apply."""
+    logs = [sk for sk in ss.skills if sk.op == "log" and len(sk.args) == 1 and sk.args[0].type == "str"]
+    if not answers or len(answers) > _MAX_ANSWERED or not logs or (need is not None and need != logs[0].name):
+        return ()
+    log = logs[0]
+    others = call_regex(_only(ss, [sk.name for sk in ss.skills if sk.name != log.name]), names=names)
+    n_max = min(int(log.args[0].max_length or 32), 32)
+    out = []
+    for n in answers:
+        said = n.replace("_", " ")
+        rest = n_max - len(said) - 4  # "'no " and the name within the free strings' length
+        if rest < 0 or not re.fullmatch(f"{_STR_BODY}*", said):
+            return ()
+        text = f"'(?:(?:the|a|an|no) )?{re.escape(said)}[a-z0-9_ ]{{0,{rest}}}'"
+        lg = re.escape(log.name) + r"\(" + text + r"\)"
+        out.append((n, f"(?:{others}|{lg})" if others else lg, lg))
+    return tuple(out)
+
+
+def _numeric(sk) -> bool:
+    return any(a.type in ("int", "float") for sig in sk.signatures for a in sig)
+
+
 def _only(ss: SkillSet, skills: Sequence[str]) -> SkillSet:
     return dataclasses.replace(ss, skills=tuple(sk for sk in ss.skills if sk.name in skills))
 
 
 def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
-           mentions: tuple[str, ...] | None = None, first: tuple[str, ...] = (), need: str | None = None
-           ) -> _Grammar:
+           mentions: tuple[str, ...] | None = None, first: tuple[str, ...] = (), need: str | None = None,
+           loops: tuple[int, ...] = (), answers: tuple[str, ...] = ()) -> _Grammar:
     ps = ss.plan_structure
+    # a count of the task (task_analysis.counts: "twice", "in four steps") may be a loop of that count, one level
+    # deep like a conditional; no other loop count
+    loop = "(?:" + "|".join(str(k) for k in loops) + r")\{" if loops and ss.grammar == "minispec" else ""
     call = call_regex(ss, names=names)
     if ss.grammar != "minispec":
         if ps.unit and mentions:
@@ -348,8 +427,15 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
         return _Grammar(call, f"{call};", _rep(f"{call};", 1, ps.max_statements), names, units)
     stmt = f"{call};"
     boolcall = call_regex(ss, ("bool",), names)
-    if boolcall:
+    answer_calls = _answer_calls(ss, names, answers, need)
+    if answer_calls:  # a question: a block that tests an object answers about that object
+        for n, body, _log in answer_calls:
+            stmt += (r"|\?" + call_regex(ss, ("bool",), [n]) + r"==(?:True|False)\{" + _rep(f"{body};", 1,
+                     ps.max_block_statements) + r"\};?")
+    elif boolcall:
         stmt += r"|\?" + boolcall + r"==(?:True|False)\{" + _rep(f"{call};", 1, ps.max_block_statements) + r"\};?"
+    if loop:
+        stmt += "|" + loop + _rep(f"{call};", 1, ps.max_block_statements) + r"\};?"
     n_max = ps.max_statements
     need_call = call_regex(_only(ss, (need,)), names=names) if ss.grammar == "minispec" and need else ""
     need_stmt = stmt_nn = call_nn = ""
@@ -362,11 +448,17 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
         bool_nn = call_regex(_only(ss, others), ("bool",), names)
         stmt_nn = f"{call_nn};"
         need_stmt = f"{need_call};"
-        if bool_nn:
-            cond = r"|\?" + bool_nn + r"==(?:True|False)\{"
+        side = None if m is None else m - 1
+        conds = ([(r"|\?" + bool_nn + r"==(?:True|False)\{", True)] if bool_nn else []) + ([("|" + loop, False)]
+                                                                                         if loop else [])
+        for cond, is_if in conds:
             stmt_nn += cond + _rep(f"{call_nn};", 1, m) + r"\};?"
-            side = None if m is None else m - 1
+            if is_if and answer_calls:
+                continue  # a question's blocks answer about what they test: below
             need_stmt += cond + _rep(f"{call_nn};", 0, side) + f"{need_call};" + _rep(f"{call};", 0, side) + r"\};?"
+        for n, body, log in answer_calls:
+            need_stmt += (r"|\?" + call_regex(_only(ss, others), ("bool",), [n]) + r"==(?:True|False)\{"
+                          + _rep(f"{call_nn};", 0, side) + f"{log};" + _rep(f"{body};", 0, side) + r"\};?")
     head = ""
     if first:
         head = f"{call_regex(_only(ss, first), names=names)};"
@@ -382,7 +474,8 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
         top = head + _rep(stmt, 0 if head else 1, n_max)
     return _Grammar(call, stmt, top, names, units, need_skill=need if need_call else None, need_call=need_call,
                     need_stmt=need_stmt, head=1 if head else 0, need_gap=gap_n, stmt_nn=stmt_nn, call_nn=call_nn,
-                    head_skills=first if head else (), after_head=top[len(head):] if head else "")
+                    head_skills=first if head else (), after_head=top[len(head):] if head else "",
+                    answer_calls=answer_calls)
 
 
 _MAX_ASSIGNMENTS = 400  # name assignments a unit enumerates before its variables are left untied
@@ -556,11 +649,16 @@ def _continuation(ss: SkillSet, plan_so_far: str, g: _Grammar) -> str:
     done = plan_so_far.rstrip()
     if not done:
         return g.top
-    ps = ss.plan_structure
+    ps = g.ps or ss.plan_structure
     cut = done.endswith(")")  # cut at a call's ')': its ';' comes next
     if ss.grammar == "minispec":
         top, depth, block = _progress(done)
         left = None if ps.max_statements is None else ps.max_statements - top
+        if depth > 0 and g.answer_calls:  # inside a question's block: its calls are those of the object it tests
+            tested = re.search(r"\?[a-z]+\('([^']*)'\)==(?:True|False)$", done[:done.rfind("{")])
+            for n, body, log in g.answer_calls:
+                if tested and tested[1] == n:
+                    g = dataclasses.replace(g, call=body, need_call=log if g.need_skill else g.need_call)
         if g.need_skill:
             return _need_rest(ps, g, done, cut)
         if depth <= 0:  # a call cut at its ')' ends the plan, or its ';' comes before the next statement

@@ -20,6 +20,24 @@ Two levels, both judged by the skill set's one parser (:meth:`SkillSet.validate_
                 optionally, ``hover_s: [lo, hi]`` (hovering that long is itself the evasion, e.g. to let
                 a passer-by pass). Any other movement before the evasion fails the check.
 
+With the task's text (``judge(..., task=...)``), the **strict** judge also applies checks that every plan of
+every task must pass, read from the plan and the task's sentence (skills/task_analysis.py), none declared:
+
+  ``repeat``    no statement repeated back to back (the same call, or the same block) outside a loop, unless
+                the run is as long as a count the task asks for (``spin twice``: ``tc(360);tc(360);``);
+  ``log``       a log states something: not a one-word fragment (a bare yes/no answers a question, a greeting
+                is a whole utterance), not the same text twice, and an answer to a question names no object of
+                the task that the conditions it is under did not observe (``?iv('keys')==True{l('the wallet
+                is there')}``);
+  ``names``     every object or place argument is a noun phrase of the task or a name of its scene, never a verb,
+                an adjective of state or a number word (``door_closed``, ``spin_around``, ``both``);
+  ``answer``    a question the plan answers with logs is answered on every outcome of its conditions (every
+                truth assignment of the perception calls it tests logs something);
+  ``count``     each count in the task (``twice``, ``three pictures``, ``in four steps``) is a loop of that
+                count or one call made that many times;
+  ``unasked``   a normal task that asks for no movement gets no movement by a set amount (``mf(50)`` before the
+                asked-for photo); going to a named object (``g``, ``move_to``) is the task's own.
+
 Pure Python: no ROS, no engine. :func:`judge` is what the plan-quality benchmark calls.
 """
 
@@ -30,11 +48,29 @@ from dataclasses import dataclass
 from typing import Any
 
 from timelyllm_ros.domain.plans import PlanTemplate
+from timelyllm_ros.skills import task_analysis as ta
 from timelyllm_ros.skills.exec_model import ExecTimeModel
-from timelyllm_ros.skills.minispec import ArgValue, SkillCall, SkillParseError, Var
+from timelyllm_ros.skills.grammar import STOPWORDS
+from timelyllm_ros.skills.minispec import (
+    ArgValue,
+    Assign,
+    BinOp,
+    CallStatement,
+    EndBlock,
+    If,
+    Loop,
+    Not,
+    Program,
+    SkillCall,
+    SkillParseError,
+    Statement,
+    Var,
+    statement_calls,
+)
 from timelyllm_ros.skills.schema import SkillSet, load_skill_set
 
 CHECKS = ("require", "sequence", "numbers", "evasive")
+STRICT_CHECKS = ("repeat", "log", "names", "answer", "count", "unasked")
 _EVASIVE_KEYS = ("moves", "max_wait_s", "hover_s")
 WAIT_OP = "hover"  # the robot operation of a wait (drone `d`): waits count their own seconds
 
@@ -154,26 +190,239 @@ class Verdict:
 
 
 def judge(plan: str, ss: SkillSet, spec: QualitySpec | None, *, ended: bool = True,
-          model: ExecTimeModel | None = None) -> Verdict:
-    """Judge one plan. ``ended``: False when the generation stopped on its token budget (not a plan)."""
+          model: ExecTimeModel | None = None, task: str | None = None) -> Verdict:
+    """Judge one plan. ``ended``: False when the generation stopped on its token budget (not a plan).
+    ``task``: the task's input text, for the strict checks (:func:`strict_failures`); None: declared checks only."""
     if not ended:
         return Verdict(plan, False, "the generation did not end (token budget exhausted)")
     err = ss.validate_plan(plan)
     if err:
         return Verdict(plan, False, err)
-    if spec is None or ss.grammar == "text":
+    if (spec is None and task is None) or ss.grammar == "text":
         return Verdict(plan, True)
     try:
-        calls = ss.parse(plan, complete=True)
+        prog = ss.parse_program(plan, complete=True)
     except SkillParseError as e:  # validate_plan accepted it: cannot happen, but never judge what did not parse
         return Verdict(plan, False, str(e))
-    return Verdict(plan, True, failures=tuple(spec.failures(calls, ss, model)))
+    out = [] if spec is None else spec.failures(list(prog.calls), ss, model)
+    if task is not None:
+        out += strict_failures(prog, ss, task)
+    return Verdict(plan, True, failures=tuple(out))
 
 
 def template_spec(tpl: PlanTemplate, ss: SkillSet | None = None) -> QualitySpec:
     """The checks a task template declares (an empty spec when it declares none)."""
     ss = ss or load_skill_set(tpl.robot_type)
     return QualitySpec.from_dict(tpl.quality, ss, f"data/plans.yaml: task {tpl.name}: quality")
+
+
+# -- the strict checks --------------------------------------------------------------------------------------------
+@dataclass
+class _Node:
+    """A statement with its text, and for a block (If / Loop) the statements in it."""
+
+    stmt: Statement
+    text: str  # whitespace and the closing ';' left out: what "the same statement" compares
+    children: list[_Node]
+
+
+def _tree(prog: Program) -> list[_Node]:
+    text, stmts = prog.text, prog.statements
+    top: list[_Node] = []
+    stack: list[tuple[_Node, list[_Node]]] = []
+    for i, st in enumerate(stmts):
+        if isinstance(st, EndBlock):
+            if stack:
+                node, _ = stack.pop()
+                node.text = _clean(text[node.stmt.position:st.position + 1])
+            continue
+        siblings = stack[-1][1] if stack else top
+        end = stmts[i + 1].position if i + 1 < len(stmts) else len(text)
+        node = _Node(st, _clean(text[st.position:end]), [])
+        siblings.append(node)
+        if isinstance(st, If | Loop):
+            stack.append((node, node.children))
+    return top
+
+
+def _clean(t: str) -> str:
+    return " ".join(t.split()).rstrip(";").strip()
+
+
+def _walk(nodes: Sequence[_Node], conds: tuple[Any, ...] = (), times: int = 1, in_loop: bool = False):
+    """(node, enclosing If conditions, executions per run of the plan, inside a loop) for every statement."""
+    for n in nodes:
+        yield n, conds, times, in_loop
+        if isinstance(n.stmt, If):
+            yield from _walk(n.children, (*conds, n.stmt.condition), times, in_loop)
+        elif isinstance(n.stmt, Loop):
+            yield from _walk(n.children, conds, times * n.stmt.count, True)
+
+
+def _runs(nodes: Sequence[_Node], in_loop: bool = False):
+    """(text, length) of each run of identical statements back to back outside a loop, every block level."""
+    if not in_loop:
+        i = 0
+        while i < len(nodes):
+            j = i
+            while j + 1 < len(nodes) and nodes[j + 1].text == nodes[i].text:
+                j += 1
+            if j > i:
+                yield nodes[i].text, j - i + 1
+            i = j + 1
+    for n in nodes:
+        if n.children:
+            yield from _runs(n.children, in_loop or isinstance(n.stmt, Loop))
+
+
+def _log_skills(ss: SkillSet) -> frozenset[str]:
+    return frozenset(s.name for s in ss.skills if s.op == "log")
+
+
+def _name_words(name: str) -> frozenset[str]:
+    return frozenset(w.rstrip("s") for w in name.split("_") if w)
+
+
+# One-word logs that are whole utterances: an answer to a question, and (any task) a greeting or thanks.
+_YES_NO = frozenset({"yes", "no", "true", "false"})
+_INTERJECTIONS = frozenset({"hello", "hi", "hey", "goodbye", "bye", "thanks", "welcome"})
+
+
+def strict_failures(prog: Program, ss: SkillSet, task: str) -> list[str]:
+    """What a valid plan (its parsed program) fails of the strict checks (module docstring) for its task."""
+    out: list[str] = []
+    nodes = _tree(prog)
+    counts = ta.counts(task)
+    question = ta.is_question(task)
+    logs = _log_skills(ss)
+    phrases = ta.noun_phrases(task, STOPWORDS - ta.VERBS)
+    mentioned = [n for n in ta.name_runs(task, STOPWORDS - ta.VERBS) if n not in ta.scene_names(task)]
+    for text, k in _runs(nodes):
+        if k not in counts:
+            out.append(f"repeat: {text} {k} times in a row")
+    walked = list(_walk(nodes))
+    assigned = {n.stmt.var: n.stmt.value for n, _, _, _ in walked if isinstance(n.stmt, Assign)}
+    seen_logs: dict[str, int] = {}
+    for n, conds, _, _ in walked:
+        for c in statement_calls(n.stmt):
+            for arg_spec, v in zip(_sig(ss, c), c.args, strict=False):
+                if arg_spec is not None and arg_spec.from_task and isinstance(v, str) and _norm(v) not in phrases:
+                    out.append(f"names: {c.raw}: {v!r} is no noun phrase of the task or name of its scene")
+            if c.name not in logs or not c.args or not isinstance(c.args[0], str):
+                continue
+            said = c.args[0]
+            ws = [w for w in ta.words(said) if w[:1].isalpha()]
+            if not ws or (len(ws) == 1 and not (question and ws[0] in _YES_NO) and ws[0] not in _INTERJECTIONS):
+                out.append(f"log: {c.raw} is a fragment, not a statement")
+            key = " ".join(ws)
+            seen_logs[key] = seen_logs.get(key, 0) + 1
+            if seen_logs[key] == 2:
+                out.append(f"log: {c.raw} logged twice")
+            observed = [_name_words(x) for x in _observed(conds, assigned)]
+            if question and observed:  # an answer is about what its conditions observed
+                said_words = frozenset(w.rstrip("s") for w in ws)
+                for m in mentioned:
+                    mw = _name_words(m)
+                    if mw <= said_words and not any(mw <= o for o in observed):
+                        out.append(f"log: {c.raw} states the {m.replace('_', ' ')} where the plan observed "
+                                   f"{', '.join('_'.join(sorted(o)) for o in observed)}")
+    if question and any(c.name in logs for c in prog.calls):
+        miss = _unanswered(nodes, assigned, logs)
+        if miss:
+            out.append(f"answer: no log when {miss}")
+    for k in counts:
+        execs: dict[str, int] = {}
+        for n, _, times, _ in walked:
+            if isinstance(n.stmt, CallStatement):
+                execs[n.text] = execs.get(n.text, 0) + times
+        if not any(isinstance(n.stmt, Loop) and n.stmt.count == k for n, _, _, _ in walked) and k not in execs.values():
+            out.append(f"count: the task asks for {k}: no loop of {k}, no call made {k} times")
+    if ta.tag(task) != "E" and not ta.asks_to_move(task, [p for s in ss.skills for p in s.phrases]):
+        for c in prog.calls:
+            if ss[c.name].kind == "movement" and any(_is_number(a) for a in c.args):
+                out.append(f"unasked: {c.raw} moves the robot by an amount the task does not ask for")
+                break
+    return out
+
+
+def _sig(ss: SkillSet, c: SkillCall):
+    """The argument specs of the signature a call was bound to (by its argument names)."""
+    for sig in ss[c.name].signatures:
+        if tuple(a.name for a in sig) == tuple(c.arg_names):
+            return list(sig)
+    return [None] * len(c.args)
+
+
+def _observed(conds: Sequence[Any], assigned: Mapping[str, Any]) -> list[str]:
+    """The object names the perception calls of these conditions test (variables read through their value)."""
+    out: list[str] = []
+    stack = list(conds)
+    seen: set[str] = set()
+    while stack:
+        e = stack.pop()
+        if isinstance(e, SkillCall):
+            out += [a for a in e.args if isinstance(a, str)]
+        elif isinstance(e, Var) and e.name in assigned and e.name not in seen:
+            seen.add(e.name)
+            stack.append(assigned[e.name])
+        elif isinstance(e, Not):
+            stack.append(e.operand)
+        elif isinstance(e, BinOp):
+            stack += (e.left, e.right)
+    return out
+
+
+_MAX_ATOMS = 6
+
+
+def _unanswered(nodes: Sequence[_Node], assigned: Mapping[str, Any], logs: frozenset[str]) -> str | None:
+    """None if every truth assignment of the conditions' tests runs a log, else one that runs none (in words)."""
+    atoms: dict[str, None] = {}
+
+    def ev(e: Any, val: Mapping[str, bool] | None, depth: int = 0) -> Any:
+        if isinstance(e, bool) or (not isinstance(e, SkillCall | Var | Not | BinOp)):
+            return e
+        if isinstance(e, Var):
+            if e.name in assigned and depth < 8:
+                return ev(assigned[e.name], val, depth + 1)
+            return _atom(e.name, val)
+        if isinstance(e, Not):
+            return not ev(e.operand, val, depth)
+        if isinstance(e, SkillCall):
+            return _atom(e.raw, val)
+        if e.op in ("&", "|"):
+            a, b = bool(ev(e.left, val, depth)), bool(ev(e.right, val, depth))
+            return (a and b) if e.op == "&" else (a or b)
+        if e.op in ("==", "!=") and (isinstance(e.right, bool) or isinstance(e.left, bool)):
+            lit, other = (e.right, e.left) if isinstance(e.right, bool) else (e.left, e.right)
+            same = bool(ev(other, val, depth)) == lit
+            return same if e.op == "==" else not same
+        return _atom(repr(e), val)
+
+    def _atom(key: str, val: Mapping[str, bool] | None) -> bool:
+        atoms.setdefault(key)
+        return True if val is None else val.get(key, True)
+
+    def logs_in(ns: Sequence[_Node], val: Mapping[str, bool] | None) -> bool:
+        hit = False
+        for n in ns:
+            st = n.stmt
+            if isinstance(st, If):
+                if ev(st.condition, val) and logs_in(n.children, val):
+                    hit = True
+            elif isinstance(st, Loop):
+                hit = logs_in(n.children, val) or hit
+            elif any(c.name in logs for c in statement_calls(st)):
+                hit = True
+        return hit
+
+    logs_in(nodes, None)  # collects the atoms
+    keys = list(atoms)[:_MAX_ATOMS]
+    for bits in range(2 ** len(keys)):
+        val = {k: bool(bits >> i & 1) for i, k in enumerate(keys)}
+        if not logs_in(nodes, val):
+            return ", ".join(f"{k} is {v}" for k, v in val.items()) or "the plan runs"
+    return None
 
 
 # -- helpers -------------------------------------------------------------------------------------------------------

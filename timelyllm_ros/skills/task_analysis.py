@@ -1,0 +1,241 @@
+"""What a task's sentence says, read from its structure: its counts, whether it is a question, its names that
+are noun phrases, and (for a robot that moves objects) which object goes where.
+
+Word classes, not phrasings: a name is a run of content words, never a verb, an adjective of state or a number
+word; a count is a number word before ``times``/``steps`` or a thing (``three pictures``), or ``twice``; the
+roles of a manipulation task come from its prepositions and conjunctions (``from`` marks a source, ``in``,
+``on``, ``to``, ``near`` ... a destination, ``and`` coordinates objects, a pronoun refers to the objects of the
+verb before it, a destination may come first: ``into the bin, drop the can``).
+
+No NLP library (yet): the planner's venv has no spaCy, NLTK or stanza; spaCy's English pipelines are published
+outside the package index (on the index only as third parties' mirrors) and NLTK's tagger needs a data download
+of its own, so either is an install step the CPU image does not have; its cost per task is unmeasured.
+The word classes are small closed lists (number words,
+prepositions, pronouns) plus two open ones kept short on purpose (verbs of the skill sets' tasks, adjectives
+of state); a word they miss is read as part of a name, which the judge's noun-phrase check and the grammar's
+name list then still confine to words of the task.
+
+Pure Python: the grammar (skills/grammar.py) and the judge (skills/quality.py) both read tasks through it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+_WORD = re.compile(r"[A-Za-z][A-Za-z0-9]*|[0-9]+|[^A-Za-z0-9\s]")
+_SCENE = re.compile(r"Scene:\s*\[(?P<scene>.*?)\]\s*,?\s*Task:\s*(?P<task>.*)$", re.S)
+_TAG = re.compile(r"^\s*\[([A-Z])\]\s*")
+_TASK_LABEL = re.compile(r"^\s*Task:\s*")
+
+NUMBER_WORDS = {"two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9,
+                "ten": 10, "twice": 2, "thrice": 3}
+NUMBER_ONLY = frozenset({"one", "once", "zero", "none", "both", "pair", "couple", "half", "times", "time",
+                         "steps", "step", "first", "second", "third", "fourth", "last", "every", "each"})
+# Adjectives and participles of state: what a yes/no question asks about an object, never part of its name
+# ("is the door closed?": the door).
+STATE_WORDS = frozenset("""
+open opened closed shut locked unlocked lit unlit dark bright empty full broken clean dirty wet dry running
+working plugged unplugged switched turned ready upright tidy messy hot cold warm charged dead alive off
+""".split())
+# Verbs of the tasks the skill sets serve (imperatives and speech acts), never part of a name.
+VERBS = frozenset("""
+find look search locate seek check see try go fly move turn rise climb approach come pick drop put place take
+grab bring get lift set leave tell report say answer show photograph snap shoot spin rotate circle hover wait
+land greet thank welcome ask warn stack transfer carry insert return lay make track count inspect scan capture
+record follow watch comes appears shows enters gets
+""".split())
+UNITS = frozenset("cm centimetres centimeters m metres meters mm degrees degree deg seconds second s".split())
+PRONOUNS = frozenset("it them one ones".split())  # what a verb phrase's object may be instead of a noun
+# Words that stand for a person or thing without naming it, interjections and adverbs of direction: never an
+# object's name.
+NOT_NAMES = frozenset("""
+him her them they he she someone somebody something anyone anybody anything everyone everybody everything
+hello hi hey goodbye bye thanks please around away about along across through
+""".split())
+_SOURCE = frozenset({"from", "off"})
+_DEST = frozenset("in into on onto near to beside inside over above under behind by next atop".split())
+_SIDE = frozenset("top front side middle centre center end back left right".split())  # "on top of the X"
+_BREAK = frozenset({".", ";", "!", "?", ":", "then", "finally", "afterwards", "next", "after"})
+
+
+def split_task(task_input: str) -> tuple[str, str]:
+    """(scene, task text) of "Scene: [...] Task: ..." (LRTrace's form), "Task: ..." or a bare task."""
+    m = _SCENE.match(task_input.strip())
+    return (m["scene"], m["task"]) if m else ("", _TASK_LABEL.sub("", task_input))
+
+
+def tag(task_input: str) -> str | None:
+    """The task's tag letter ("[Q] ...": Q), None without one."""
+    m = _TAG.match(split_task(task_input)[1])
+    return m[1] if m else None
+
+
+def words(text: str) -> list[str]:
+    """Lower-case words, numbers and punctuation marks, in order."""
+    return [w.lower() for w in _WORD.findall(text)]
+
+
+def is_question(task_input: str) -> bool:
+    """The task asks for an answer: a ``[Q]`` task, or its text asks one (``?``, ``whether``)."""
+    text = split_task(task_input)[1]
+    return tag(task_input) == "Q" or "?" in text or "whether" in words(text)
+
+
+MOTION_VERBS = frozenset("move fly go turn rotate rise ascend climb descend spin circle lower raise".split())
+
+
+def asks_to_move(task_input: str, phrases: Iterable[str] = ()) -> bool:
+    """The task asks the robot to move by its own words: a motion verb, or the first word of a skill's
+    ``phrases`` (``move up``, ``turn left``)."""
+    said = set(words(split_task(task_input)[1]))
+    return bool(said & (MOTION_VERBS | {p.split()[0] for p in phrases if p.strip()}))
+
+
+def counts(task_input: str) -> tuple[int, ...]:
+    """The counts the task text asks for, in order: ``twice`` (2), ``three times``, ``in four steps``,
+    ``snap three pictures`` (3: a number word before a thing, not before a unit: ``30 cm`` is an amount)."""
+    ws = words(_TAG.sub("", split_task(task_input)[1]))
+    out: list[int] = []
+    for i, w in enumerate(ws):
+        nxt = ws[i + 1] if i + 1 < len(ws) else ""
+        if w in ("twice", "thrice"):
+            out.append(NUMBER_WORDS[w])
+        elif w in NUMBER_WORDS and nxt[:1].isalpha() and nxt not in UNITS:
+            out.append(NUMBER_WORDS[w])
+        elif w.isdigit() and nxt in ("times", "steps") and int(w) > 1:
+            out.append(int(w))
+    return tuple(out)
+
+
+def is_name_word(w: str) -> bool:
+    """A word that may be part of an object's name: a content word of two letters or more, not a verb, an
+    adjective of state, a number word or a unit."""
+    return (len(w) > 1 and w[0].isalpha() and not any(c.isdigit() for c in w) and w not in VERBS
+            and w not in STATE_WORDS and w not in NUMBER_WORDS and w not in NUMBER_ONLY and w not in UNITS
+            and w not in NOT_NAMES)
+
+
+def scene_names(task_input: str) -> tuple[str, ...]:
+    """The scene's object names (``countertop_1`` is ``countertop``)."""
+    out = []
+    for entry in split_task(task_input)[0].split(","):
+        m = re.match(r"^\s*([A-Za-z][A-Za-z0-9_]*?)(?:_\d+)?(?=[\s:]|$)", entry)
+        if m:
+            out.append(m[1].lower())
+    return tuple(out)
+
+
+ARTICLES = frozenset("the a an my your his her their our this that these those".split())
+
+
+MODALS = frozenset("can could will would shall should may might must".split())
+
+
+def is_name(w: str, prev: str, stop: frozenset[str]) -> bool:
+    """``w`` (after ``prev``) is part of a name: a name word, not a function word (``stop``) or its plural,
+    unless it is a modal verb that an article makes a noun (``the can``)."""
+    if w.endswith("s") and w[:-1] in stop:  # the plural of a function word of the tasks ("pictures")
+        return False
+    return is_name_word(w) and (w not in stop or (prev in ARTICLES and w in MODALS))
+
+
+def name_runs(task_input: str, stopwords: Iterable[str] = ()) -> tuple[str, ...]:
+    """The names of the task text in order, repeats kept: each run of consecutive name words (three at most:
+    ``the red box`` is ``red_box``). Words in ``stopwords`` (function words) break runs."""
+    stop = frozenset(stopwords)
+    out: list[str] = []
+    run: list[str] = []
+    prev = ""
+    for w in [*words(_TAG.sub("", split_task(task_input)[1])), "."]:
+        if is_name(w, prev, stop):
+            run.append(w)
+        elif run:
+            out.append("_".join(run[:3]))
+            run = []
+        prev = w
+    return tuple(out)
+
+
+def noun_phrases(task_input: str, stopwords: Iterable[str] = ()) -> frozenset[str]:
+    """Every name the task can mean by its words: each run of up to three consecutive name words of its text
+    (``the fruit bowl``: fruit, bowl, fruit_bowl), joined by ``_``, and its scene's names."""
+    out = set(scene_names(task_input))
+    for run in name_runs(task_input, stopwords):
+        ws = run.split("_")
+        out.update("_".join(ws[i:j]) for i in range(len(ws)) for j in range(i + 1, len(ws) + 1))
+    return frozenset(out)
+
+
+def moves(task_input: str, stopwords: Iterable[str], verbs: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """(object, destination) for each object a manipulation task moves, in the order it is to be moved.
+
+    Read clause by clause: a verb of ``verbs`` opens a verb phrase; the noun phrases after it are its objects
+    (coordinated by ``and`` / ``,``), one after ``from`` its source (not a destination), one after a
+    destination preposition its destination; a pronoun (``drop it``) or a verb phrase without objects takes the
+    objects of the one before; a destination before the verb (``into the bin, drop the can``) is the next verb
+    phrase's. Each object goes to its verb phrase's destination, so ``put the A and the B in the C`` is
+    (A, C), (B, C) and ``move the A from the X to the Y`` is (A, Y). () when the task moves nothing it can
+    place: the caller falls back on the task's order of mention."""
+    stop, vb = frozenset(stopwords), frozenset(verbs)
+    out: list[tuple[str, str]] = []
+    objs: list[str] = []
+    dest: str | None = None
+    carried: list[str] = []  # objects of an earlier verb phrase without a destination (for a pronoun)
+    role: str | None = None  # what the next noun phrase is: object, source, dest, None (not a role)
+    has_verb = False
+    run: list[str] = []
+
+    def np() -> None:
+        nonlocal run, dest
+        if run:
+            name = "_".join(run[:3])
+            if role == "object":
+                objs.append(name)
+            elif role == "dest":
+                dest = name
+            run = []
+
+    def flush(end: bool) -> None:
+        nonlocal objs, dest, carried, has_verb, role
+        np()
+        if objs and dest:
+            out.extend((o, dest) for o in objs)
+            objs, dest, carried = [], None, []
+        elif objs:
+            carried, objs = objs, []
+        if end and has_verb:  # a destination before its verb waits for it; one after a verb ends with its sentence
+            dest = None
+        has_verb, role = False, None
+
+    ws = words(_TAG.sub("", split_task(task_input)[1]))
+    for i, w in enumerate([*ws, "."]):
+        nxt = ws[i + 1] if i + 1 < len(ws) else ""
+        if w in vb:
+            if has_verb:
+                flush(False)
+            np()
+            has_verb, role = True, "object"
+        elif w in PRONOUNS and has_verb and role == "object":
+            np()
+            objs.extend(o for o in carried if o not in objs)
+        elif w in _SOURCE:
+            np()
+            role = "source"
+        elif w in _DEST:
+            np()
+            role = "dest"
+        elif role == "dest" and w in _SIDE and nxt == "of":  # "on top of", "in front of": the place follows
+            continue
+        elif w in _BREAK:
+            flush(True)
+        elif is_name(w, ws[i - 1] if i else "", stop):
+            run.append(w)
+        else:  # a function word, an article, "and", a comma: the noun phrase so far ends, the role stays
+            np()
+    return tuple(out)
+
+
+def flatten(pairs: Sequence[tuple[str, str]]) -> tuple[str, ...]:
+    """The names of ``pairs`` in order (object, destination, object, destination, ...)."""
+    return tuple(n for p in pairs for n in p)

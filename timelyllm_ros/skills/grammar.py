@@ -34,9 +34,17 @@ from dataclasses import dataclass
 from timelyllm_ros.skills import task_analysis as ta
 from timelyllm_ros.skills.lexer import Lexer
 from timelyllm_ros.skills.minispec import SkillParseError
+from timelyllm_ros.skills.regex_pieces import (  # noqa: F401 (int_range_regex, arg_regex: public here too)
+    STR_BODY,
+    arg_regex,
+    args_regex,
+    call_regex,
+    int_range_regex,
+    names_regex,
+    rep,
+)
 from timelyllm_ros.skills.schema import PlanStructure, SkillArg, SkillSet
 
-_STR_BODY = "[a-z][a-z0-9_ ]"
 MAX_NAMES = 32  # names offered per task: bounds the regex (and the model's choice)
 NEED_GAP = 1  # statements allowed before, and after, the statement that makes an asked-for call
 _CACHE_LEN = 256  # grammars kept (per skill set and task names)
@@ -178,120 +186,6 @@ def task_moves(ss: SkillSet, task_input: str) -> tuple[tuple[str, str], ...]:
     return ta.moves(task_input, STOPWORDS - ta.VERBS, set(verbs) | ta.VERBS)
 
 
-# -- pieces -------------------------------------------------------------------------------------------------
-def int_range_regex(lo: int, hi: int) -> str:
-    """Regex matching exactly the decimal integers lo..hi (no leading zeros)."""
-    if lo > hi:
-        raise ValueError(f"empty range {lo}..{hi}")
-    if lo < 0:
-        parts = []
-        if hi >= 0:
-            parts.append(int_range_regex(0, hi))
-        parts.append("-(?:" + int_range_regex(max(1, -hi) if hi < 0 else 1, -lo) + ")")
-        return "(?:" + "|".join(parts) + ")"
-    alts = []
-    for n in range(len(str(lo)), len(str(hi)) + 1):
-        a, b = max(lo, 10 ** (n - 1) if n > 1 else 0), min(hi, 10**n - 1)
-        if a <= b:
-            alts.append(_same_len(str(a), str(b)))
-    return "(?:" + "|".join(alts) + ")"
-
-
-def _same_len(a: str, b: str) -> str:
-    if a == b:
-        return a
-    if len(a) == 1:
-        return f"[{a}-{b}]"
-    if a[0] == b[0]:
-        return a[0] + "(?:" + _same_len(a[1:], b[1:]) + ")"
-    n = len(a) - 1
-    parts = [a[0] + "(?:" + _same_len(a[1:], "9" * n) + ")"]
-    if int(a[0]) + 1 <= int(b[0]) - 1:
-        parts.append(f"[{int(a[0]) + 1}-{int(b[0]) - 1}][0-9]{{{n}}}")
-    parts.append(b[0] + "(?:" + _same_len("0" * n, b[1:]) + ")")
-    return "(?:" + "|".join(parts) + ")"
-
-
-def _float_regex(lo: float | None, hi: float | None) -> str:
-    lo = 0.0 if lo is None else lo
-    hi = 999.0 if hi is None else hi
-    if lo >= 0 and float(lo).is_integer() and float(hi).is_integer():
-        lo_i, hi_i = int(lo), int(hi)
-        frac = r"(?:\.[0-9]{1,2})?"
-        if hi_i > lo_i:
-            return f"(?:{int_range_regex(lo_i, hi_i - 1)}{frac}|{hi_i}(?:\\.0)?)"
-        return f"{hi_i}(?:\\.0)?"
-    # Non-integer bounds (arm coordinates): enumerate a 0.05 grid, exact and small.
-    steps = round((hi - lo) / 0.05)
-    vals = sorted({f"{lo + 0.05 * i:.2f}".rstrip("0").rstrip(".") for i in range(steps + 1)}, key=len, reverse=True)
-    vals = [("0" if v in ("-0", "") else v) for v in vals]
-    return "(?:" + "|".join(re.escape(v) for v in dict.fromkeys(vals)) + ")"
-
-
-def _names_regex(a: SkillArg, names: Sequence[str]) -> str | None:
-    """The names this argument accepts, as a quoted alternation (None: none of them fits it)."""
-    ok = []
-    for n in names:
-        try:
-            a.check(n, "grammar")
-        except ValueError:
-            continue
-        if re.fullmatch(f"{_STR_BODY}*", n):
-            ok.append(n)
-    if not ok:
-        return None
-    return "'(?:" + "|".join(re.escape(n) for n in sorted(ok, key=len, reverse=True)) + ")'"
-
-
-def arg_regex(a: SkillArg, names: Sequence[str] | None = None) -> str | None:
-    """Regex of one argument; None when it is ``from_task`` and the task names nothing that fits it."""
-    if a.type == "int":
-        return int_range_regex(int(a.min if a.min is not None else 0), int(a.max if a.max is not None else 999))
-    if a.type == "float":
-        return _float_regex(a.min, a.max)
-    if a.type == "bool":
-        return "(?:True|False)"
-    if a.from_task and names is not None:
-        return _names_regex(a, getattr(names, "objects", names) if a.from_task == "object" else names)
-    n = min(int(getattr(a, "max_length", None) or 32), 32)
-    return f"'{_STR_BODY}{{0,{n - 1}}}'"
-
-
-def call_regex(ss: SkillSet, returns: tuple[str, ...] | None = None, names: Sequence[str] | None = None) -> str:
-    """Any call of the skill set (of those returning ``returns``); "" when there is none. Skills with the
-    same argument regex share one alternative (``(?:s|iv|g)\\('(?:cat|dog)'\\)``): a task's names appear once."""
-    by_args: dict[str, list[str]] = {}
-    for s in sorted(ss.skills, key=lambda s: len(s.name), reverse=True):
-        if returns is not None and s.returns not in returns:
-            continue
-        for sig in s.signatures:
-            parts = [arg_regex(a, names) for a in sig]
-            if any(p is None for p in parts):
-                continue  # names an object, and the task names none
-            by_args.setdefault(",".join(parts), []).append(re.escape(s.name))  # type: ignore[arg-type]
-    alts = [(f"(?:{'|'.join(ns)})" if len(ns) > 1 else ns[0]) + r"\(" + args + r"\)" for args, ns in by_args.items()]
-    return "(?:" + "|".join(alts) + ")" if alts else ""
-
-
-def _args_regex(ss: SkillSet, skill: str, names: Sequence[str] | None) -> str:
-    """The parenthesised arguments of any call of ``skill`` (``call_regex`` of it less its name); "" when no
-    signature of it can be called (it names an object, and the task names none)."""
-    alts = []
-    for sig in ss[skill].signatures:
-        parts = [arg_regex(a, names) for a in sig]
-        if all(p is not None for p in parts):
-            alts.append(r"\(" + ",".join(parts) + r"\)")  # type: ignore[arg-type]
-    return "(?:" + "|".join(alts) + ")" if alts else ""
-
-
-def _rep(x: str, lo: int, hi: int | None) -> str:
-    if hi is None:
-        return f"(?:{x})" + ("*" if lo == 0 else "+" if lo == 1 else f"{{{lo},}}")
-    if hi <= 0:
-        return ""
-    return f"(?:{x}){{{lo},{hi}}}"
-
-
 # -- grammars -------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Grammar:
@@ -390,7 +284,7 @@ def _answer_calls(ss: SkillSet, names: Sequence[str] | None, answers: tuple[str,
     for n in answers:
         said = n.replace("_", " ")
         rest = n_max - len(said) - 4  # "'no " and the name within the free strings' length
-        if rest < 0 or not re.fullmatch(f"{_STR_BODY}*", said):
+        if rest < 0 or not re.fullmatch(f"{STR_BODY}*", said):
             return ()
         text = f"'(?:(?:the|a|an|no) )?{re.escape(said)}[a-z0-9_ ]{{0,{rest}}}'"
         lg = re.escape(log.name) + r"\(" + text + r"\)"
@@ -423,19 +317,19 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
         if ps.unit:
             unit = _unit_regex(ss, ps.unit, names)
             if unit:
-                return _Grammar(call, unit, _rep(unit, 1, units), names, units, unit_plan=True)
-        return _Grammar(call, f"{call};", _rep(f"{call};", 1, ps.max_statements), names, units)
+                return _Grammar(call, unit, rep(unit, 1, units), names, units, unit_plan=True)
+        return _Grammar(call, f"{call};", rep(f"{call};", 1, ps.max_statements), names, units)
     stmt = f"{call};"
     boolcall = call_regex(ss, ("bool",), names)
     answer_calls = _answer_calls(ss, names, answers, need)
     if answer_calls:  # a question: a block that tests an object answers about that object
         for n, body, _log in answer_calls:
-            stmt += (r"|\?" + call_regex(ss, ("bool",), [n]) + r"==(?:True|False)\{" + _rep(f"{body};", 1,
+            stmt += (r"|\?" + call_regex(ss, ("bool",), [n]) + r"==(?:True|False)\{" + rep(f"{body};", 1,
                      ps.max_block_statements) + r"\};?")
     elif boolcall:
-        stmt += r"|\?" + boolcall + r"==(?:True|False)\{" + _rep(f"{call};", 1, ps.max_block_statements) + r"\};?"
+        stmt += r"|\?" + boolcall + r"==(?:True|False)\{" + rep(f"{call};", 1, ps.max_block_statements) + r"\};?"
     if loop:
-        stmt += "|" + loop + _rep(f"{call};", 1, ps.max_block_statements) + r"\};?"
+        stmt += "|" + loop + rep(f"{call};", 1, ps.max_block_statements) + r"\};?"
     n_max = ps.max_statements
     need_call = call_regex(_only(ss, (need,)), names=names) if ss.grammar == "minispec" and need else ""
     need_stmt = stmt_nn = call_nn = ""
@@ -452,26 +346,26 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
         conds = ([(r"|\?" + bool_nn + r"==(?:True|False)\{", True)] if bool_nn else []) + ([("|" + loop, False)]
                                                                                          if loop else [])
         for cond, is_if in conds:
-            stmt_nn += cond + _rep(f"{call_nn};", 1, m) + r"\};?"
+            stmt_nn += cond + rep(f"{call_nn};", 1, m) + r"\};?"
             if is_if and answer_calls:
                 continue  # a question's blocks answer about what they test: below
-            need_stmt += cond + _rep(f"{call_nn};", 0, side) + f"{need_call};" + _rep(f"{call};", 0, side) + r"\};?"
+            need_stmt += cond + rep(f"{call_nn};", 0, side) + f"{need_call};" + rep(f"{call};", 0, side) + r"\};?"
         for n, body, log in answer_calls:
             need_stmt += (r"|\?" + call_regex(_only(ss, others), ("bool",), [n]) + r"==(?:True|False)\{"
-                          + _rep(f"{call_nn};", 0, side) + f"{log};" + _rep(f"{body};", 0, side) + r"\};?")
+                          + rep(f"{call_nn};", 0, side) + f"{log};" + rep(f"{body};", 0, side) + r"\};?")
     head = ""
     if first:
         head = f"{call_regex(_only(ss, first), names=names)};"
-        first = tuple(sk for sk in first if _args_regex(ss, sk, names))
+        first = tuple(sk for sk in first if args_regex(ss, sk, names))
         n_max = None if n_max is None else n_max - 1
     gap_n = None if n_max is None else max(0, n_max - 1)
     if need_stmt:
         # Close to the start, and the plan ends soon after it: with the whole bound on each side, a model that
         # left the call out of its first statements wandered (20 segments of scans) before it was made to.
         gap_n = NEED_GAP if gap_n is None else min(gap_n, NEED_GAP)
-        top = head + _rep(stmt_nn, 0, gap_n) + f"(?:{need_stmt})" + _rep(stmt, 0, gap_n)
+        top = head + rep(stmt_nn, 0, gap_n) + f"(?:{need_stmt})" + rep(stmt, 0, gap_n)
     else:
-        top = head + _rep(stmt, 0 if head else 1, n_max)
+        top = head + rep(stmt, 0 if head else 1, n_max)
     return _Grammar(call, stmt, top, names, units, need_skill=need if need_call else None, need_call=need_call,
                     need_stmt=need_stmt, head=1 if head else 0, need_gap=gap_n, stmt_nn=stmt_nn, call_nn=call_nn,
                     head_skills=first if head else (), after_head=top[len(head):] if head else "",
@@ -500,7 +394,7 @@ def _unit_regex(ss: SkillSet, unit: Sequence[tuple[str, str | None]], names: Seq
                 if len(set(combo)) < len(combo):
                     continue
                 val = dict(zip(variables, combo, strict=True))
-                if all(args[s] is not None and _names_regex(args[s], [val[v]]) for s, v in unit if v is not None):
+                if all(args[s] is not None and names_regex(args[s], [val[v]]) for s, v in unit if v is not None):
                     alts.append("".join(re.escape(s) + (f"\\('{re.escape(val[v])}'\\);" if v else r"\(\);")
                                         for s, v in unit))
             return "(?:" + "|".join(alts) + ")" if alts else ""
@@ -537,7 +431,7 @@ class _Ordered:
         return "".join(f"{re.escape(c)}\\('{re.escape(name)}'\\);" for c in calls)
 
     def _fits(self, r: int, name: str) -> bool:
-        return all((a := _name_arg(self.ss, c)) is not None and _names_regex(a, [name]) for c in self.runs[r][1])
+        return all((a := _name_arg(self.ss, c)) is not None and names_regex(a, [name]) for c in self.runs[r][1])
 
     def _unit(self, from_run: int, first_call: int, names: dict[int, str]) -> str | None:
         if len(set(names.values())) < len(names) or not all(self._fits(r, n) for r, n in names.items()):
@@ -633,7 +527,7 @@ def plan_head(ss: SkillSet, task: str) -> tuple[tuple[str, str], ...]:
     if ss.grammar == "text":
         return ()
     g = _grammar(ss, task)
-    return tuple((sk, _args_regex(ss, sk, g.names) + ";" + g.after_head) for sk in g.head_skills)
+    return tuple((sk, args_regex(ss, sk, g.names) + ";" + g.after_head) for sk in g.head_skills)
 
 
 def continuation_regex(ss: SkillSet, plan_so_far: str, task: str | None = None) -> str | None:
@@ -662,14 +556,14 @@ def _continuation(ss: SkillSet, plan_so_far: str, g: _Grammar) -> str:
         if g.need_skill:
             return _need_rest(ps, g, done, cut)
         if depth <= 0:  # a call cut at its ')' ends the plan, or its ';' comes before the next statement
-            more = _rep(g.stmt, 0, left)
+            more = rep(g.stmt, 0, left)
             return (f"(?:;{more})?" if more else ";?") if cut else more
         lead = ";" if cut else ""
         # inside a block: its calls left, its '}', then the statements left after it
         blk = None if ps.max_block_statements is None else ps.max_block_statements - block
         close = r"\};?" * depth
         after = None if left is None else left - 1
-        return lead + _rep(f"{g.call};", 0 if block else 1, blk) + close + _rep(g.stmt, 0, after)
+        return lead + rep(f"{g.call};", 0 if block else 1, blk) + close + rep(g.stmt, 0, after)
     lead = ";" if cut else ""
     if g.unit_plan:  # the rest of the units; a plan of free calls goes on with free calls, whatever it began with
         tail = _unit_tail(ss, done, g)
@@ -677,7 +571,7 @@ def _continuation(ss: SkillSet, plan_so_far: str, g: _Grammar) -> str:
             return lead + tail
     n = _calls(ss, done)
     left = None if ps.max_statements is None or n is None else ps.max_statements - len(n)
-    return lead + _rep(f"{g.call};", 0, left)
+    return lead + rep(f"{g.call};", 0, left)
 
 
 def _need_rest(ps, g: _Grammar, done: str, cut: bool) -> str:
@@ -686,26 +580,26 @@ def _need_rest(ps, g: _Grammar, done: str, cut: bool) -> str:
     stmts, p, depth, b, in_blk, after_need = _need_scan(done, g.need_skill or "", g.head)
     G, m = g.need_gap, ps.max_block_statements
     dec = lambda x, k: None if x is None else x - k  # noqa: E731
-    post_any = _rep(g.stmt, 0, G)
+    post_any = rep(g.stmt, 0, G)
     if depth <= 0:
         if p is not None:  # written: the statements after it are the rest of the gap after it
-            more = _rep(g.stmt, 0, dec(G, stmts - p - 1))
+            more = rep(g.stmt, 0, dec(G, stmts - p - 1))
             return (f"(?:;{more})?" if more else ";?") if cut else more
-        rest = _rep(g.stmt_nn, 0, dec(G, stmts)) + f"(?:{g.need_stmt})" + post_any
+        rest = rep(g.stmt_nn, 0, dec(G, stmts)) + f"(?:{g.need_stmt})" + post_any
         return (";" if cut else "") + rest
     lead = ";" if cut else ""
     close = r"\}" + r";?"
     if p is not None:  # the open block is one more statement after it
-        return (lead + _rep(f"{g.call};", 0 if b else 1, dec(m, b)) + close
-                + _rep(g.stmt, 0, dec(G, stmts - p)))
+        return (lead + rep(f"{g.call};", 0 if b else 1, dec(m, b)) + close
+                + rep(g.stmt, 0, dec(G, stmts - p)))
     if in_blk:  # the open block calls it: it is the need statement
-        return lead + _rep(f"{g.call};", 0, dec(m, 1 + after_need)) + close + post_any
+        return lead + rep(f"{g.call};", 0, dec(m, 1 + after_need)) + close + post_any
     alts = []
     if m is None or b <= m - 1:  # the block calls it before it closes
-        alts.append(_rep(f"{g.call_nn};", 0, dec(m, 1 + b)) + f"{g.need_call};" + _rep(f"{g.call};", 0, dec(m, 1))
+        alts.append(rep(f"{g.call_nn};", 0, dec(m, 1 + b)) + f"{g.need_call};" + rep(f"{g.call};", 0, dec(m, 1))
                     + close + post_any)
     if G is None or stmts + 1 <= G:  # or it closes without it, and a later statement calls it
-        alts.append(_rep(f"{g.call_nn};", 0 if b else 1, dec(m, b)) + close + _rep(g.stmt_nn, 0, dec(G, stmts + 1))
+        alts.append(rep(f"{g.call_nn};", 0 if b else 1, dec(m, b)) + close + rep(g.stmt_nn, 0, dec(G, stmts + 1))
                     + f"(?:{g.need_stmt})" + post_any)
     return lead + "(?:" + "|".join(alts) + ")"
 
@@ -778,7 +672,7 @@ def _unit_tail(ss: SkillSet, done: str, g: _Grammar) -> str | None:
             return ordered
     unit = _unit_regex(ss, u, names)
     if pos == 0:
-        return _rep(unit, 0, g.max_units - units) if unit else ""
+        return rep(unit, 0, g.max_units - units) if unit else ""
     bound = None
     var = u[pos][1]
     if var is not None and u[pos - 1][1] == var and calls[-1].args and isinstance(calls[-1].args[0], str):
@@ -786,7 +680,7 @@ def _unit_tail(ss: SkillSet, done: str, g: _Grammar) -> str | None:
     tail = _unit_regex(ss, u[pos:], names, bound=bound)
     if not tail:
         return None
-    return tail + (_rep(unit, 0, g.max_units - units - 1) if unit else "")
+    return tail + (rep(unit, 0, g.max_units - units - 1) if unit else "")
 
 
 def _progress(text: str) -> tuple[int, int, int]:

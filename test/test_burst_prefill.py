@@ -6,6 +6,7 @@ task's own turn behind its cached examples costs ~30 ms per step plus ~1.4 ms a 
 bundled model, bench/results/urgent_burst/) and a simulated clock.
 """
 
+import dataclasses
 import math
 
 import pytest
@@ -255,6 +256,36 @@ def test_no_wait_when_a_goal_would_lose_utility_by_it_and_none_while_goals_are_s
     assert g.core.start_step() is None  # still inside the quiet gap after the last arrival
     g.clock.set(t0 + 0.05)
     assert g.core.start_step() is not None
+
+
+class _OnePrefillSlowed(SimEngine):
+    """A machine where another process takes the cores during one prefill step of the calibration."""
+
+    def __init__(self, cfg: SimEngineConfig, slowed: int, factor: float) -> None:
+        super().__init__(cfg)
+        self.prefills, self.slowed, self.factor = 0, slowed, factor
+
+    def step(self):
+        rep = super().step()
+        if rep.prefill_tokens:
+            self.prefills += 1
+            if self.prefills == self.slowed:
+                rep = dataclasses.replace(rep, duration_s=rep.duration_s * self.factor)
+        return rep
+
+
+@pytest.mark.parametrize("slowed", range(1, 14))  # every prefill step of the calibration, in turn
+def test_one_slowed_prefill_does_not_set_the_estimate(slowed):
+    """One prefill step of the calibration takes 5x (a busy machine for a moment): the fit keeps the engine's own
+    fixed cost and cost per token, so admission and shedding do not expect every later prefill to be slow."""
+    f = Fleet(CPU)
+    f.engine = _OnePrefillSlowed(CPU, slowed, 5.0)
+    f.core.engine = f.engine
+    f.engine.warm_prefix(SHARED + [7] * 40)
+    cal = calibrate(f.engine, sim_probe, f.core.hooks.stop_checker, ["drone"], {"drone"})
+    assert f.engine.prefills >= slowed
+    assert cal.prefill_step_s == pytest.approx(CPU.prefill_step_s, rel=0.05)
+    assert cal.prefill_s_per_token == pytest.approx(CPU.prefill_s_per_token, rel=0.05)
 
 
 def test_probe_tasks_come_from_the_robot_types_examples_with_a_turn_no_cache_holds():

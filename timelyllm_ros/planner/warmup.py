@@ -32,7 +32,9 @@ ProbeMaker = Callable[[str, int, int, bool], tuple[list[int], dict[str, Any]]]
 DECODE_BATCHES = (1, 2, 4, 8)  # batch sizes measured (up to the engine's max_batch)
 DECODE_STEPS = 6  # pure decode steps timed per batch size
 PREFILL_SIZES = (1, 6)  # scene objects of the two turn lengths the prefill fit is taken from
-REPEATS = 2  # of each prefill size and of each lone first segment (the median is kept)
+# Of each prefill size and of each lone first segment; the median is kept, so one sample slowed by another
+# process (a busy machine) does not set every later estimate: 2 repeats let one outlier move the fit by half.
+REPEATS = 3
 
 
 def warm_up(core: PlannerCore, prompts: list[tuple[str, list[int]]],
@@ -131,14 +133,19 @@ def calibrate(engine: Engine, make: ProbeMaker, stop_checker: Callable[[str], An
         raise RuntimeError("calibrate: no decode step could be timed (every probe ended at once)")
     step1 = decode.get(1, min(decode.values()))
     samples: list[tuple[int, float]] = []
+    points: list[tuple[float, float]] = []  # each turn length's median (tokens, cost)
     for objects in PREFILL_SIZES:
+        size: list[tuple[int, float]] = []
         for _ in range(REPEATS):
             engine.add(_request(engine, make, stop_checker, rt0, next(n), objects, False, 1, True))
             rep = engine.step()
             if rep.prefill_tokens > 0:
-                samples.append((rep.prefill_tokens, max(0.0, rep.duration_s - step1)))
+                size.append((rep.prefill_tokens, max(0.0, rep.duration_s - step1)))
             _drain(engine)
-    fixed, rate = _fit(samples)
+        if size:
+            points.append((statistics.median(t for t, _ in size), statistics.median(c for _, c in size)))
+        samples += size
+    fixed, rate = _fit(points)
     first: dict[str, float] = {}
     for rt in robot_types:
         urgent = rt in (urgent_types or set())
@@ -177,13 +184,15 @@ def calibrate_core(core: PlannerCore, make: ProbeMaker, robot_types: list[str], 
     return cal
 
 
-def _fit(samples: list[tuple[int, float]]) -> tuple[float, float]:
-    """(fixed, per token) through the prefill samples: a least-squares line where the sizes differ, else all of
-    it per token."""
-    if not samples:
+def _fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(fixed, per token) through (tokens, cost) points, each a turn length's median over its repeats (one
+    slowed sample stays out of the fit: a least-squares line through raw samples gave a 136 ms fixed cost,
+    against 0-24 ms, in a demo run beside another process): a least-squares line where the lengths differ, else
+    all of it per token."""
+    if not points:
         return 0.0, 0.0
-    xs = [float(t) for t, _ in samples]
-    ys = [c for _, c in samples]
+    xs = [float(t) for t, _ in points]
+    ys = [c for _, c in points]
     if max(xs) >= 1.5 * min(xs):
         mx, my = statistics.mean(xs), statistics.mean(ys)
         sxx = sum((x - mx) ** 2 for x in xs)

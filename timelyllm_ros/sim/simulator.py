@@ -60,7 +60,7 @@ class SimConfig:
     # would mean ~1170; see bench/results/README.md for the sensitivity).
     prompt_shared_tokens: int = 2734
     prompt_context_tokens: int = 150
-    # The planner prefills each robot type's shared prompt once before it serves (PlannerCore.warm_up).
+    # The planner prefills each robot type's shared prompt once before it serves (``planner.warmup.warm_up``).
     warm_prefix: bool = True
 
 

@@ -26,7 +26,7 @@ class RankContext:
 
     comm_s: float  # one network hop planner -> robot
     per_token_s: float  # estimated decode time per token at the batch size the generation would join
-    slack_floor_s: float = 0.001  # L(s_k) is clamped to this (design §4)
+    slack_floor_s: float  # L(s_k) is clamped to this (design §4; CoreConfig.slack_floor_s)
 
 
 class GenView(Protocol):  # documentation of the fields policies read

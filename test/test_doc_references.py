@@ -77,13 +77,12 @@ def classes() -> dict[str, list[type]]:
 
 @cache
 def assigned(cls: type) -> frozenset[str]:
-    """What the class's own methods assign on ``self`` (instance attributes), and what it annotates."""
+    """What the class annotates and, for a class of ours, what its methods assign on ``self`` (instance
+    attributes)."""
     names = set(vars(cls).get("__annotations__", {}))
-    try:
-        tree = ast.parse(inspect.getsource(cls).lstrip() if cls.__module__.startswith("timelyllm_ros") else "")
-    except (OSError, TypeError, SyntaxError):
+    if not cls.__module__.startswith("timelyllm_ros."):
         return frozenset(names)
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(inspect.getsource(cls).lstrip())):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
             if isinstance(node, ast.AnnAssign | ast.AugAssign) else []
         for t in targets:
@@ -135,16 +134,18 @@ def check(ref: str) -> bool | None:
     if ref.rsplit(".", 1)[-1] in FILE_SUFFIXES:  # ``core.py``: a file, not a name
         return None
     parts = ref.split(".")
-    if parts[0] == "timelyllm_ros":  # a full path (every module imported: each is an attribute of its package)
-        return bool(modules()) and resolves(timelyllm_ros, parts[1:])
+    if parts[0] == "timelyllm_ros":  # a full path
+        modules()  # every module imported: each is then an attribute of its package
+        return resolves(timelyllm_ros, parts[1:])
     if (readings := starts(parts)) is None:
         return None
     return any(resolves(obj, rest) for obj, rest in readings)
 
 
 def check_single(name: str, mod: ModuleType) -> bool:
-    if hasattr(mod, name) or hasattr(builtins, name) or any(member(c, name) is not MISSING for c in vars(mod).values()
-                                 if inspect.isclass(c) and c.__module__ == mod.__name__):
+    """An undotted name in a role: something of ``mod`` (or a builtin), else anything of the package so named."""
+    own_classes = [c for c in vars(mod).values() if inspect.isclass(c) and c.__module__ == mod.__name__]
+    if hasattr(mod, name) or hasattr(builtins, name) or any(member(c, name) is not MISSING for c in own_classes):
         return True
     return name in classes() or any(hasattr(m, name) or p.split(".")[-1] == name for p, m in modules().items())
 

@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, SetParametersResult
 from rclpy.exceptions import InvalidParameterTypeException, InvalidParameterValueException
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 
-from timelyllm_ros.planner.settings import Setting
+if TYPE_CHECKING:  # only its fields are read: the executors' nodes need not import the planner
+    from timelyllm_ros.planner.settings import Setting
 
 Check = Callable[[Any], "str | None"]  # a value -> why it is refused, or None
 

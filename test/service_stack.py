@@ -15,7 +15,7 @@ from timelyllm_ros.domain.types import TaskResult
 from timelyllm_ros.planner.robot_links import RobotLinks
 from timelyllm_ros.planner.service import PlannerService
 from timelyllm_ros.planner.service_io import GoalError, PlanRequest
-from timelyllm_ros.planner.settings import SETTINGS
+from timelyllm_ros.planner.settings import PARAMETERS
 from timelyllm_ros.transport.delivery import RejectedMessages, SegmentDelivery
 
 
@@ -96,7 +96,7 @@ class ServiceStack:
     made so far (robot id -> a token standing for its DDS writer), released ones removed."""
 
     def __init__(self, policy: str = "pud-shed", **params: Any) -> None:
-        p = {st.name: st.default for st in SETTINGS}
+        p = {st.name: st.fresh_default() for st in PARAMETERS}
         p.update(engine_config="engine_sim.yaml", warm_up=False)
         p.update(params)
         self.log = Lines()

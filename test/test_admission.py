@@ -109,7 +109,7 @@ def test_a_prefill_budget_spreads_new_prompts_over_steps_but_never_holds_back_on
 
 
 def test_the_core_config_sets_the_prefill_budget_of_the_admission_it_builds():
-    cfg = CoreConfig(prefill_step_s=0.05)
+    cfg = CoreConfig(prefill_step_ms=50.0)
     for spec in ("auto", "latency", None):
         core = PlannerCore(SimEngine(), make_policy("pud-shed"), SimClock(), admission=spec, config=cfg)
         assert core.admission.prefill_step_s == 0.05
@@ -119,8 +119,8 @@ def test_the_core_config_sets_the_prefill_budget_of_the_admission_it_builds():
         is None  # off by default
     core = PlannerCore(SimEngine(), make_policy("fcfs"), SimClock(), admission="auto", config=cfg)
     assert not isinstance(core.admission, LatencyGuided)  # vLLM's own admission for the baseline: no budget
-    with pytest.raises(ValueError, match="prefill_step_s"):
-        CoreConfig(prefill_step_s=-1.0)
+    with pytest.raises(ValueError, match="prefill_step_ms"):
+        CoreConfig(prefill_step_ms=-1.0)
 
 
 def test_resumed_segment_with_tight_slack_is_not_starved():

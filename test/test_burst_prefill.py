@@ -55,7 +55,7 @@ class Fleet:
         est = LatencyEstimator.from_step_model((seed_model or engine_cfg).step_model("test seed"),
                                                prefill_step_s=(seed_model or engine_cfg).prefill_step_s)
         self.core = PlannerCore(self.engine, make_policy(policy), self.clock, admission=admission,
-                                config=CoreConfig(gather_s=gather_s), estimator=est,
+                                config=CoreConfig(gather_ms=gather_s * 1000), estimator=est,
                                 on_segment=lambda r, s: self.first.setdefault(r.task_id, self.clock.now()),
                                 on_result=lambda r: self.ended.setdefault(r.task_id, r.status.value))
         self.engine.warm_prefix(SHARED + [7] * 40)

@@ -162,7 +162,7 @@ class Generation:
         self.enqueued_at = arrival
         self.eligible_at = arrival
         self.tok_est = 8.0  # tokens of the next segment (the scheduler's length estimate, see CoreConfig.length_model)
-        self.rem_tok_est = 8.0  # tokens left in the plan, the next segment included (PlannerCore.queue_view)
+        self.rem_tok_est = 8.0  # tokens left in the plan, the next segment included (telemetry.queue_view)
         self.prefill_est_s = 0.0  # its prompt's prefill in a step of its own (k == 0; PrefillModel.price)
         self.prompt_blocks: tuple[int, list[int]] | None = None  # (block size, its prompt's block hashes), kept
         # prompt tokens the prefix cache holds from a warmed prompt (PlannerCore); None: no warmed prompt known

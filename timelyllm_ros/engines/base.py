@@ -1,7 +1,7 @@
 """Engine interface shared by every backend (vLLM, transformers, simulated).
 
 The scheduler talks to an engine only through :class:`Engine`. A backend
-implements the raw iteration (:meth:`Engine._decode_step`); the segmentation
+implements the raw iteration (:meth:`Engine._backend_step`); the segmentation
 logic that every backend must share lives here, so that a simulated
 generation and a real one are cut into segments by the very same code:
 
@@ -280,7 +280,7 @@ class Engine(abc.ABC):
         return list(live.seg_token_ids) if live is not None else []
 
     def warm_up_targets(self) -> list[Engine]:
-        """The engines a warm-up must reach (:meth:`PlannerCore.warm_up`): this one; a pool, each member."""
+        """The engines a warm-up must reach (:func:`planner.warmup.warm_up`): this one; a pool, each member."""
         return [self]
 
     def latency_estimator(self) -> LatencyEstimator | None:

@@ -412,7 +412,7 @@ class PromptRenderer:
 
     def warm_up_prompts(self, robot_types: list[str], burst: int = 8,
                         ) -> tuple[list[tuple[str, list[int]]], list[tuple[str, list[int]]]]:
-        """Throw-away prompts for :meth:`PlannerCore.warm_up`: per robot type, one for each example set a task
+        """Throw-away prompts for :func:`planner.warmup.warm_up`: per robot type, one for each example set a task
         can draw (:meth:`ExampleLibrary.combinations`: the skill catalogue and those examples then sit in the
         prefix cache), and a burst of up to ``burst`` (never more than the engine's batch) of the first robot
         type, of different lengths. None for a simulated engine: it has no prompt to warm."""

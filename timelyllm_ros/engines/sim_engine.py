@@ -153,7 +153,7 @@ class SimEngine(Engine):
 
     def warm_prefix(self, token_ids: Sequence[int]) -> int:
         """Put the full blocks of ``token_ids`` in the prefix cache, as the planner's warm-up generation
-        does before it serves (PlannerCore.warm_up); takes no modelled time. Returns the blocks added."""
+        does before it serves (``planner.warmup.warm_up``); takes no modelled time. Returns the blocks added."""
         if not self.cfg.prefix_caching:
             return 0
         hashes = self._block_hashes(EngineRequest("warm-prefix", list(token_ids), None))

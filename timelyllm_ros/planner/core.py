@@ -233,7 +233,7 @@ class PlannerCore:
         it never received, so such a segment is not its silence: delivery re-sends it and, past its own
         bound, fails the task naming the segment (else, on a lossy link, a healthy robot that runs one task at
         a time and lost a segment was failed as silent)."""
-        timeout = self.cfg.robot_timeout_s
+        timeout = self.cfg.silence_timeout_s
         if timeout is None:
             return []
         with self.lock:
@@ -251,12 +251,12 @@ class PlannerCore:
     def unreported(self, now: float | None = None) -> list[tuple[str, str, str, Segment]]:
         """(task id, robot id, robot type, segment) of dispatched segments to ask the robot about again
         (:meth:`SilenceWatchdog.to_probe`), each once."""
-        if self.cfg.robot_timeout_s is None:
+        if self.cfg.silence_timeout_s is None:
             return []
         with self.lock:
             now = self.clock.now() if now is None else now
             probes = [(t, s, self._tasks.get(t) or self.results.get(t)) for t, s in
-                      self.watchdog.to_probe(now, self.cfg.robot_timeout_s)]
+                      self.watchdog.to_probe(now, self.cfg.silence_timeout_s)]
             return [(t, o.robot_id, o.robot_type, s) for t, s, o in probes if o is not None]
 
     def fail_all(self, reason: str, status: TaskStatus = TaskStatus.FAILED) -> int:

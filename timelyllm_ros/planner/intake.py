@@ -53,12 +53,13 @@ class TokenBucket:
 
 @dataclass(frozen=True)
 class IntakeLimits:
-    """The planner's intake parameters (``planner/settings.py``); a rate of 0 means no limit."""
+    """The planner's intake parameters (``planner/settings.py``, whose defaults they have: none here); a rate of 0
+    means no limit."""
 
-    goals_per_robot_s: float = 10.0
-    goals_burst_per_robot: int = 50
-    new_robots_per_s: float = 5.0
-    new_robots_burst: int = 20
+    goals_per_robot_s: float
+    goals_burst_per_robot: int
+    new_robots_per_s: float
+    new_robots_burst: int
     robot_ids: frozenset[str] = frozenset()  # empty: any
 
 

@@ -266,8 +266,8 @@ class SegmentLengths:
 
     Both learn under either model, so a run-time switch keeps what was learned."""
 
-    def __init__(self, model: str, prior: dict[str, float], *, quantile_urgent: float = 0.9,
-                 urgent_beta: float = 1.5, max_keys: int = 1024) -> None:
+    def __init__(self, model: str, prior: dict[str, float], *, quantile_urgent: float, urgent_beta: float,
+                 max_keys: int) -> None:  # no defaults: the core's settings (planner/settings.py) give them
         self.model, self.quantile_urgent, self.urgent_beta = model, quantile_urgent, urgent_beta
         self._mean = dict(prior)  # robot type -> tokens of a skill-bearing segment (EWMA)
         self.learned = PlanLengths(prior, max_keys=max_keys)

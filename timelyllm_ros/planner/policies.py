@@ -26,7 +26,7 @@ class RankContext:
 
     comm_s: float  # one network hop planner -> robot
     per_token_s: float  # estimated decode time per token at the batch size the generation would join
-    slack_floor_s: float = 0.001  # L(s_k) is clamped to this (design §4)
+    slack_floor_s: float  # L(s_k) is clamped to this (design §4; CoreConfig.slack_floor_s)
 
 
 class GenView(Protocol):  # documentation of the fields policies read
@@ -54,7 +54,7 @@ class Policy:
     eager: bool = False
     # (eager) only where that first segment would lose utility by waiting for the later one (pushed past its ERT)
     at_risk: bool = True
-    # (segmented) suspend at a boundary only when it pays, else write on in place (PlannerCore._decide_boundaries)
+    # (segmented) suspend at a boundary only when it pays, else write on in place (SegmentOrStream.decide)
     adaptive: bool = False
 
     def gen_time(self, g: Generation, ctx: RankContext) -> float:
@@ -126,7 +126,7 @@ class PUDShed(PUD):
     no longer earn positive utility.
 
     At every decision the scheduler estimates, for each first segment s_0 queued or in the batch, its best
-    case given the work the policy runs before it (``PlannerCore._shed``): the fewest tokens a first segment
+    case given the work the policy runs before it (``Overload.shed``): the fewest tokens a first segment
     of its robot type has taken, its prompt's prefill less the largest prefix-cache hit seen, and for a
     queued one the prefill still ahead of it in admission order (the running prompts and the first segments
     ranked above it). If even then TUF_0(now - arrival + left + comm) <= 0, the task is ended OVERDUE (the
@@ -140,7 +140,7 @@ class PUDShed(PUD):
 
     Segment when it pays, stream when it does not: a generation suspends at a boundary only when a
     waiting generation gains more from its place than the resume costs, and otherwise writes on in place, each
-    segment still sent as it is written (``PlannerCore._decide_boundaries``). Resumes come back alone, a step per
+    segment still sent as it is written (``SegmentOrStream.decide``). Resumes come back alone, a step per
     token: suspending at every boundary halved the engine's batching on the 12-step arm trace under overload and
     lost to streaming whole plans there (bench/results/load_sweep/segment-or-stream). ``pud-shed-seg`` suspends at
     every boundary, to compare.

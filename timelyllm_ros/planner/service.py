@@ -156,12 +156,7 @@ class PlannerService:
             engine_factory = engine_factory or (lambda: planner_engine(p["engine_config"])[0])
         self.engine = engine
         self._engine_factory = engine_factory or self._reuse_engine
-        robot_timeout = p["robot_timeout_s"] if p["robot_timeout_s"] > 0 else None
-        prefill_step = p["prefill_step_ms"] / 1000 if p["prefill_step_ms"] > 0 else None
-        cfg = core_config or CoreConfig(comm_s=p["comm_s"], overdue=p["overdue"], slack_floor_s=p["slack_floor_s"],
-                                        resume_lead_s=p["resume_lead_s"], keep_results_s=p["keep_results_s"],
-                                        keep_results_max=p["keep_results_max"], robot_timeout_s=robot_timeout,
-                                        prefill_step_s=prefill_step, gather_s=p["gather_ms"] / 1000)
+        cfg = core_config or CoreConfig.from_params(p)
         self.core = PlannerCore(engine, make_policy(policy), RealClock(), admission=p["admission"],
                                 config=cfg, on_segment=self._on_segment, on_result=self._on_result)
         self.delivery = delivery

@@ -137,7 +137,7 @@ class PlannerHealth:
 
     lifecycle_state: str | None
     engine: Any | None  # engines.base.Engine
-    core: Any | None  # sched.scheduler.PlannerCore
+    core: Any | None  # planner.core.PlannerCore
     engine_error: str | None  # set while the engine is down and restarting (goals are refused)
     engine_restarts: int
     engine_thread_alive: bool | None  # None: the engine thread was never started

@@ -88,7 +88,7 @@ class ClockBridge(WallOffset):
 
 
 def status_code(status: TaskStatus) -> int:
-    """The STATUS_* code of PlanResult / PlanTask.Result for a terminal status (model.types.STATUS_CODE);
+    """The STATUS_* code of PlanResult / PlanTask.Result for a terminal status (domain.types.STATUS_CODE);
     a status that is not terminal never reaches a robot as success: it reads as FAILED."""
     return STATUS_CODE.get(status, STATUS_CODE[TaskStatus.FAILED])
 

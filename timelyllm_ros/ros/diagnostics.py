@@ -291,7 +291,7 @@ class _Events:
 # -- planner ---------------------------------------------------------------------------------------------------------
 
 class PlannerDiagnostics:
-    """The planner's statuses (see the module doc), from ``planner.health()`` (a ``sched.service.PlannerHealth``):
+    """The planner's statuses (see the module doc), from ``planner.health()`` (a ``planner.service_io.PlannerHealth``):
     the same sources as EngineState / SchedulerState; a planner still being configured (no engine or core yet)
     reports STALE."""
 
@@ -629,7 +629,7 @@ def executor_status(node: Any, state: ExecutorState, link: RobotLink | None) -> 
 
 def attach_executor_diagnostics(node: Any) -> DiagnosticsPublisher:
     """Publish ``node.diagnostic_status()`` on /diagnostics (a RobotExecutorNode; its subclasses extend the
-    method or :meth:`robot_link`). Declares the link and battery thresholds."""
+    method or :meth:`RobotExecutorNode.robot_link`). Declares the link and battery thresholds."""
     declare_threshold(node, "diagnostics_link_warn_s", 2.0,
                       "/diagnostics WARN when the connected robot was silent longer than this, s", 0.0, 3600.0)
     declare_threshold(node, "diagnostics_link_error_s", 5.0,

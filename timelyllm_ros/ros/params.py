@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, SetParametersResult
 from rclpy.exceptions import InvalidParameterTypeException, InvalidParameterValueException
 from rclpy.node import Node
 from rclpy.parameter import Parameter
+
+if TYPE_CHECKING:  # only its fields are read: the executors' nodes need not import the planner
+    from timelyllm_ros.planner.settings import Setting
 
 Check = Callable[[Any], "str | None"]  # a value -> why it is refused, or None
 
@@ -105,6 +108,13 @@ def declare(node: Node, name: str, default: Any, description: str, *, read_only:
     return value
 
 
+def declare_setting(node: Node, st: Setting) -> Any:
+    """Declare a planner setting (``planner/settings.py``) on ``node``, read-only: its description and range,
+    checked by the setting's own rule (:meth:`Setting.problem`), the one the service and the core apply."""
+    return declare(node, st.name, st.default, st.description, read_only=True, min=st.min, max=st.max,
+                   above=st.above, check=st.problem, constraints=st.constraints)
+
+
 def on_change(node: Node, handlers: dict[str, Callable[[Any], None]]) -> None:
     """Apply accepted run-time values: ``handlers[name](value)`` after each successful set.
 
@@ -148,5 +158,5 @@ def _reason(e: Exception, name: str) -> str:
     return text.split("Reason: ", 1)[-1]
 
 
-__all__ = ["RCLPY_PARAMETERS", "all_of", "declare", "descriptors", "distinct", "non_empty", "not_blank",
-           "on_change", "refuse"]
+__all__ = ["RCLPY_PARAMETERS", "all_of", "declare", "declare_setting", "descriptors", "distinct", "non_empty",
+           "not_blank", "on_change", "refuse"]

@@ -42,7 +42,7 @@ from timelyllm_ros.planner.policies import DEFAULT_POLICY
 from timelyllm_ros.planner.robot_links import RobotLinks
 from timelyllm_ros.planner.service import PlannerService
 from timelyllm_ros.planner.service_io import GoalError, PlannerHealth
-from timelyllm_ros.planner.settings import SETTINGS
+from timelyllm_ros.planner.settings import PARAMETERS
 from timelyllm_ros.ros import convert, params, topics
 from timelyllm_ros.ros.actions import BatchedActionServer, complete_goal
 from timelyllm_ros.ros.diagnostics import attach_planner_diagnostics
@@ -85,8 +85,7 @@ class PlannerNode(LifecycleNode):
         try:
             # The planner's parameters, each read-only: read once (construction or configure), so a set at run time
             # is refused with a reason instead of silently doing nothing.
-            self._p = p = {st.name: params.declare(self, st.name, st.default, st.description, read_only=True,
-                                                   min=st.min, max=st.max) for st in SETTINGS}
+            self._p = p = {st.name: params.declare_setting(self, st) for st in PARAMETERS}
             p["policy"] = policy
             self._scheduler = scheduler
             self._bridge = convert.ClockBridge()

@@ -15,8 +15,9 @@ from timelyllm_ros.msg import QueuedGeneration, SchedulerState
 from timelyllm_ros.planner import telemetry
 from timelyllm_ros.planner.core import PlannerCore
 from timelyllm_ros.planner.policies import DEFAULT_POLICY, POLICIES, make_policy
+from timelyllm_ros.planner.settings import BY_NAME
 from timelyllm_ros.ros import topics
-from timelyllm_ros.ros.params import declare, on_change, refuse
+from timelyllm_ros.ros.params import declare, declare_setting, on_change, refuse
 
 
 class SchedulerNode(Node):
@@ -29,8 +30,7 @@ class SchedulerNode(Node):
         try:
             self.policy_name = declare(self, "policy", DEFAULT_POLICY, "the scheduling policy; settable at run time",
                                        check=_known_policy, constraints=f"one of {sorted(POLICIES)}")
-            self._period = declare(self, "state_period_s", 0.5, "SchedulerState period, s", read_only=True,
-                                   min=0.01, max=3600.0)
+            self._period = declare_setting(self, BY_NAME["state_period_s"])  # the planner's too: one setting
         except ValueError:
             self.destroy_node()  # not left on the graph (PlannerNode.__init__)
             raise

@@ -58,7 +58,7 @@ MAX_GOAL_ATTEMPTS = 4
 
 
 class WorkloadClient(Node):
-    """Sends jobs at ``arrival / speed`` seconds after :meth:`start`; collects TaskRecords."""
+    """Sends jobs at ``arrival / speed`` seconds after :meth:`run` starts; collects TaskRecords."""
 
     def __init__(self, jobs: list[Job], *, speed: float = 1.0, action: str = in_fleet(PLAN_TASK_ACTION),
                  on_segment: Callable[[TaskRecord, SegRecord], None] | None = None,

@@ -42,13 +42,15 @@ from timelyllm_ros.planner.admission import Admission, make_admission
 from timelyllm_ros.planner.config import CoreConfig
 from timelyllm_ros.planner.core import PlannerCore
 from timelyllm_ros.planner.policies import Policy, make_policy
+from timelyllm_ros.planner.settings import BY_NAME
 from timelyllm_ros.sim.workloads import Job, Workload
 
 
 @dataclass
 class SimConfig:
     policy: str = "pud"
-    admission: str | int = "auto"  # see make_admission: latency-guided, or vLLM's cap for the baselines
+    # the planner's (see make_admission: latency-guided, or vLLM's cap for the baselines)
+    admission: str | int = BY_NAME["admission"].default
     hop_s: float = 0.008
     seed: int = 0
     core: CoreConfig = field(default_factory=CoreConfig)
@@ -60,7 +62,7 @@ class SimConfig:
     # would mean ~1170; see bench/results/README.md for the sensitivity).
     prompt_shared_tokens: int = 2734
     prompt_context_tokens: int = 150
-    # The planner prefills each robot type's shared prompt once before it serves (PlannerCore.warm_up).
+    # The planner prefills each robot type's shared prompt once before it serves (``planner.warmup.warm_up``).
     warm_prefix: bool = True
 
 

@@ -171,6 +171,43 @@ def test_graph_names_have_one_home():
     assert not offenders, offenders
 
 
+def _package_modules(*, besides: str) -> list[tuple[str, ast.Module]]:
+    """(path under timelyllm_ros/, parsed source) of every module of the package but ``besides``."""
+    pkg = ROOT / "timelyllm_ros"
+    return [(py.relative_to(pkg).as_posix(), ast.parse(py.read_text())) for py in sorted(pkg.rglob("*.py"))
+            if py.relative_to(pkg).as_posix() != besides]
+
+
+# Where an endpoint's QoS goes among the arguments (rclpy's own order), for a depth given as a bare int.
+QOS_ARGUMENT = {"create_publisher": 2, "create_subscription": 3}
+
+
+def test_qos_profiles_have_one_home():
+    """QoS profiles are built once, in ros/topics.py: no other module of the package constructs one, takes a
+    policy or one of rclpy's predefined profiles, or gives a bare depth (an implicit profile), so the QoS of every
+    endpoint is read in one place and a reader cannot drift from its writer."""
+    offenders = []
+    for rel, tree in _package_modules(besides="ros/topics.py"):
+        for node in ast.walk(tree):
+            where = f"{rel}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.ImportFrom) and node.module == "rclpy.qos":
+                # the type itself may be named (an annotation); a policy or a predefined profile builds one
+                offenders += [f"{where} imports {a.name}" for a in node.names if a.name != "QoSProfile"]
+            elif isinstance(node, ast.Attribute) and (node.attr.startswith("qos_profile_")
+                                                      or node.attr.endswith("Policy")):
+                offenders.append(f"{where} {ast.unparse(node)}")
+            elif isinstance(node, ast.Call):
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                if name == "QoSProfile":
+                    offenders.append(f"{where} {ast.unparse(node)}")
+                at = QOS_ARGUMENT.get(name)
+                given = [node.args[at]] if at is not None and len(node.args) > at else []
+                given += [k.value for k in node.keywords if at is not None and k.arg == "qos_profile"]
+                if any(isinstance(v, ast.Constant) and isinstance(v.value, int) for v in given):
+                    offenders.append(f"{where} a bare depth: {ast.unparse(node)}")
+    assert not offenders, offenders
+
+
 def test_installed_interfaces_match_sources():
     share = ROOT / "install" / "share" / "timelyllm_ros"
     for kind in ("msg", "srv", "action"):

@@ -62,7 +62,6 @@ from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.clock import Clock, ClockType
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
-from rclpy.qos import QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
 from rclpy.utilities import remove_ros_args
 
 from timelyllm_ros.action import PlanTask
@@ -96,9 +95,6 @@ __all__ = [
     "SOURCE_RESULTS_TOPIC", "SOURCE_SERVICE", "PlanClient", "PlanClientError", "PlanHandle", "PlanTimeoutError",
     "check_goal", "main", "send_task",
 ]
-
-# Deep queues on the client side too: a burst of hundreds of goals must not overflow a reader's history.
-_DEEP = QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE, history=QoSHistoryPolicy.KEEP_LAST)
 
 # Where a terminal result came from.
 SOURCE_ACTION = "action"
@@ -149,9 +145,11 @@ class PlanClient:
         self._group = callback_group or ReentrantCallbackGroup()
         self._own_action = action_client is None
         self._action = action_client or SafeActionClient(
-            node, PlanTask, action_name, callback_group=self._group, goal_service_qos_profile=_DEEP,
-            result_service_qos_profile=_DEEP, cancel_service_qos_profile=_DEEP, feedback_sub_qos_profile=_DEEP)
-        self._srv = node.create_client(GetPlanResult, result_service, qos_profile=_DEEP, callback_group=self._group)
+            node, PlanTask, action_name, callback_group=self._group, goal_service_qos_profile=topics.DEEP,
+            result_service_qos_profile=topics.DEEP, cancel_service_qos_profile=topics.DEEP,
+            feedback_sub_qos_profile=topics.DEEP)
+        self._srv = node.create_client(GetPlanResult, result_service, qos_profile=topics.DEEP,
+                                       callback_group=self._group)
         self._lock = threading.RLock()
         self._open: dict[int, PlanHandle] = {}           # id(handle) -> handle, until done
         self._by_task: dict[str, list[PlanHandle]] = {}  # task_id -> open handles

@@ -30,7 +30,6 @@ from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallb
 from rclpy.event_handler import PublisherEventCallbacks
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.parameter import Parameter
-from rclpy.qos import QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
 
 from timelyllm_ros.action import PlanTask
 from timelyllm_ros.domain.types import Segment, TaskResult, TaskStatus
@@ -53,9 +52,6 @@ from timelyllm_ros.ros.spin import destroy_entities, ros_args_without_node_renam
 from timelyllm_ros.ros.topics import in_fleet
 from timelyllm_ros.srv import GetPlanResult, Plan
 from timelyllm_ros.transport.delivery import RejectedMessages, SegmentDelivery
-
-# Goal and result requests a planner's reader holds before it takes them: a flood is answered, not lost.
-INTAKE_DEPTH = 16_384
 
 
 class PlannerNode(LifecycleNode):
@@ -214,19 +210,15 @@ class PlannerNode(LifecycleNode):
     def _open_servers(self) -> None:
         p = self._p
         goals = ReentrantCallbackGroup()
-        deep = QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE, history=QoSHistoryPolicy.KEEP_LAST)
         # A burst of goals must not overflow the goal service's request queue (rclpy's default depth is 10), nor
         # a flood the goal and result queues: what overflows is lost unanswered (issue 39: 10,000 goals in 7.4 s).
-        flood = QoSProfile(depth=INTAKE_DEPTH, reliability=QoSReliabilityPolicy.RELIABLE,
-                           history=QoSHistoryPolicy.KEEP_LAST)
         self._action = BatchedActionServer(self, PlanTask, in_fleet(topics.PLAN_TASK_ACTION),
                                     execute_callback=_execute_noop,
                                     goal_callback=self._goal_cb, handle_accepted_callback=self._accepted,
                                     cancel_callback=self._cancel_cb, callback_group=goals,
                                     screen=self.intake.screen, order=self.intake.order,
-                                    goal_service_qos_profile=flood, result_service_qos_profile=flood,
-                                    cancel_service_qos_profile=deep,
-                                    feedback_pub_qos_profile=QoSProfile(depth=1000),
+                                    goal_service_qos_profile=topics.INTAKE, result_service_qos_profile=topics.INTAKE,
+                                    cancel_service_qos_profile=topics.DEEP, feedback_pub_qos_profile=topics.DEEP,
                                     result_timeout=int(p["action_result_timeout_s"]))
         self._servers = [
             self._action,

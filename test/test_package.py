@@ -208,6 +208,37 @@ def test_qos_profiles_have_one_home():
     assert not offenders, offenders
 
 
+INTERFACES = ("msg", "srv", "action")  # our generated types, timelyllm_ros.<kind>
+
+
+def test_messages_and_status_codes_have_one_home():
+    """Our messages, services' requests and responses and the action's goals, results and feedback are built, and
+    their STATUS_* / STATE_* codes read, only in ros/convert.py: a field added or a code renumbered has one place to
+    change, and every sender fills a message alike."""
+    offenders = []
+    for rel, tree in _package_modules(besides="ros/convert.py"):
+        ours = set()  # the names this module gives our types (``from timelyllm_ros import msg`` too), lazily too
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module in [f"timelyllm_ros.{k}" for k in INTERFACES]:
+                ours |= {a.asname or a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module == "timelyllm_ros":
+                ours |= {a.asname or a.name for a in node.names if a.name in INTERFACES}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                root = node.func
+                while isinstance(root, ast.Attribute):
+                    root = root.value
+                if isinstance(root, ast.Name) and root.id in ours:
+                    offenders.append(f"{rel}:{node.lineno} builds {ast.unparse(node.func)}")
+            elif isinstance(node, ast.Attribute) and re.fullmatch(r"(STATUS|STATE)_[A-Z_]+", node.attr):
+                root = node.value
+                while isinstance(root, ast.Attribute):
+                    root = root.value
+                if isinstance(root, ast.Name) and root.id in ours:
+                    offenders.append(f"{rel}:{node.lineno} maps {ast.unparse(node)}")
+    assert not offenders, offenders
+
+
 def test_installed_interfaces_match_sources():
     share = ROOT / "install" / "share" / "timelyllm_ros"
     for kind in ("msg", "srv", "action"):

@@ -332,13 +332,9 @@ class PlannerDiagnostics:
             self.diag.add(fn, what)
 
     def _status_codes(self) -> None:
-        from timelyllm_ros.msg import PlanResult
+        from timelyllm_ros.ros.convert import outcome_kind
 
-        self._done = PlanResult.STATUS_SUCCEEDED
-        self._cancelled = PlanResult.STATUS_CANCELED
-        self._kind = {PlanResult.STATUS_OVERDUE: "overdue", PlanResult.STATUS_FAILED: "failed",
-                      PlanResult.STATUS_ROBOT_FAILED: "robot_failed", PlanResult.STATUS_REJECTED: "rejected",
-                      PlanResult.STATUS_BUSY: "busy"}
+        self._outcome_kind = outcome_kind  # the status mapping lives in convert.py, with the others
 
     # -- inputs (subscription callbacks) -------------------------------------------------------------------
     def _on_request(self, msg) -> None:
@@ -361,14 +357,7 @@ class PlannerDiagnostics:
             ert = self._erts.pop(msg.task_id, None)
             if ert is not None:  # a revision of this result may still come: keep the ERT (LRU-bounded)
                 self._erts[msg.task_id] = ert
-        if msg.status == self._cancelled:
-            kind = "cancelled"
-        elif msg.status == self._done:
-            rt = msg.response_time.sec + msg.response_time.nanosec * 1e-9
-            kind = "late" if ert is not None and rt > ert else "on_time"
-        else:
-            kind = self._kind.get(msg.status, "failed")
-        self.outcomes.add(msg.task_id, kind, time.monotonic())
+        self.outcomes.add(msg.task_id, self._outcome_kind(msg, ert), time.monotonic())
 
     # -- statuses ------------------------------------------------------------------------------------------
     def engine_status(self) -> Status:

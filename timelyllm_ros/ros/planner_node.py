@@ -299,22 +299,17 @@ class PlannerNode(LifecycleNode):
 
     def _plan_srv(self, req: Plan.Request, resp: Plan.Response) -> Plan.Response:
         if not self._oneshot.acquire(blocking=False):
-            resp.status, resp.error = Plan.Response.STATUS_BUSY, (
-                "planner busy: too many one-shot /plan calls in progress (max_oneshot_calls); "
-                "use the PlanTask action")
-            return resp
+            return convert.plan_refusal(resp, TaskStatus.BUSY,
+                                        "planner busy: too many one-shot /plan calls in progress "
+                                        "(max_oneshot_calls); use the PlanTask action")
         try:
             box: queue.Queue = queue.Queue(maxsize=1)
             try:
                 acc = self.intake.accept("", req.robot_id, req.robot_type, req.task, req.tuf, waiter=box)
             except GoalError as e:
-                busy = e.status is TaskStatus.BUSY
-                resp.status = Plan.Response.STATUS_BUSY if busy else Plan.Response.STATUS_REJECTED
-                resp.error = str(e)
-                return resp
+                return convert.plan_refusal(resp, e.status, str(e))
             except Exception as e:  # noqa: BLE001
-                resp.status, resp.error = Plan.Response.STATUS_FAILED, f"planner error: {e}"
-                return resp
+                return convert.plan_refusal(resp, TaskStatus.FAILED, f"planner error: {e}")
             res: TaskResult = acc.result or box.get()
             return convert.fill_plan_response(resp, res, self._bridge, self.service.skillset_id(res.robot_type))
         finally:

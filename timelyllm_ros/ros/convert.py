@@ -11,7 +11,7 @@ from builtin_interfaces.msg import Duration, Time
 from timelyllm_ros.action import PlanTask
 from timelyllm_ros.domain.clock import WallOffset
 from timelyllm_ros.domain.tuf import LEVELS, TimeUtility, TufRequest
-from timelyllm_ros.domain.types import STATUS_CODE, STATUS_FROM_CODE, TaskResult, TaskStatus
+from timelyllm_ros.domain.types import STATUS_CODE, STATUS_FROM_CODE, Segment, TaskResult, TaskStatus
 from timelyllm_ros.engines.base import EngineInfo, EngineStats
 from timelyllm_ros.engines.pool import MemberStats, PoolStats
 from timelyllm_ros.measure.records import result_robot_waiting
@@ -32,7 +32,6 @@ from timelyllm_ros.planner.journal_records import status_of_record
 from timelyllm_ros.srv import GetPlanResult, Plan
 
 if TYPE_CHECKING:  # annotations only: executors import this module, not the planner's
-    from timelyllm_ros.planner.journal import JournaledSegment
     from timelyllm_ros.planner.service_io import TaskLookup
 
 
@@ -152,32 +151,25 @@ def _arg_text(a) -> str:
     return repr(a) if isinstance(a, str) else str(a)
 
 
-def segment_msg(task_id: str, robot_id: str, seg, bridge: ClockBridge, skillset_id: str) -> PlanSegment:
-    """A core Segment as a PlanSegment message."""
-    return PlanSegment(
-        task_id=task_id, robot_id=robot_id, segment_index=seg.index, text=seg.text,
-        skills=[skill_call_msg(c, skillset_id) for c in seg.calls], is_final=bool(seg.final),
-        stamp_generated=bridge.to_msg(seg.ready), predicted_execution=duration_msg(seg.est_exec_s),
-        next_segment_deadline=bridge.to_msg(seg.pred_end),
-    )
-
-
-def journaled_segment_msg(task_id: str, robot_id: str, js: JournaledSegment, calls: list, skillset_id: str
-                           ) -> PlanSegment:
-    """A journaled segment (or end marker) as the PlanSegment that was sent; ``calls``: its skills parsed again
-    with the task's own skill set (none for a marker)."""
-    msg = PlanSegment(task_id=task_id, robot_id=robot_id, segment_index=js.index, text=js.text,
-                      is_final=bool(js.is_final or js.marker))
-    if not js.marker:
-        msg.skills = [skill_call_msg(c, skillset_id) for c in calls]
-        msg.predicted_execution = duration_msg(js.est_exec_s)
-    return msg
+def segment_msg(task_id: str, robot_id: str, seg: Segment, bridge: ClockBridge, skillset_id: str) -> PlanSegment:
+    """A core Segment as a PlanSegment message: live, re-sent, in a result, or journaled by a planner that died
+    (restored as the core's, planner/service.py ``_restored_segments``), every segment is sent alike."""
+    return _plan_segment(task_id, robot_id, seg.index, seg.text, [skill_call_msg(c, skillset_id) for c in seg.calls],
+                         bool(seg.final), bridge.to_msg(seg.ready), duration_msg(seg.est_exec_s),
+                         bridge.to_msg(seg.pred_end))
 
 
 def end_marker_msg(task_id: str, robot_id: str, index: int, generated: Time) -> PlanSegment:
     """The end of a plan on its robot's topic: an empty final segment after the last one sent."""
-    return PlanSegment(task_id=task_id, robot_id=robot_id, segment_index=index, text="", is_final=True,
-                       stamp_generated=generated)
+    return _plan_segment(task_id, robot_id, index, "", [], True, generated, Duration(), Time())
+
+
+def _plan_segment(task_id: str, robot_id: str, index: int, text: str, skills: list[SkillCall], is_final: bool,
+                  generated: Time, predicted: Duration, deadline: Time) -> PlanSegment:
+    """The one place a PlanSegment is made (test_convert): a segment and an end marker fill the same fields."""
+    return PlanSegment(task_id=task_id, robot_id=robot_id, segment_index=index, text=text, skills=skills,
+                       is_final=is_final, stamp_generated=generated, predicted_execution=predicted,
+                       next_segment_deadline=deadline)
 
 
 def feedback_msg(segment: PlanSegment) -> PlanTask.Feedback:
@@ -291,8 +283,7 @@ def fill_plan_result(resp: GetPlanResult.Response, task_id: str, found: TaskLook
         resp.segments = [segment_msg(task_id, res.robot_id, sg, bridge, found.skillset_id) for sg in res.segments]
     elif found.record is not None:
         resp.state, resp.result = GetPlanResult.Response.STATE_DONE, plan_result_from_record(found.record)
-        resp.segments = [journaled_segment_msg(task_id, found.robot_id, js, calls, found.skillset_id)
-                         for js, calls in found.journaled]
+        resp.segments = [segment_msg(task_id, found.robot_id, sg, bridge, found.skillset_id) for sg in found.journaled]
     else:
         active = found.state == "active"
         resp.state = GetPlanResult.Response.STATE_ACTIVE if active else GetPlanResult.Response.STATE_UNKNOWN

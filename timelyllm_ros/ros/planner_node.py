@@ -36,11 +36,10 @@ from timelyllm_ros.domain.types import Segment, TaskResult, TaskStatus
 from timelyllm_ros.msg import EngineState, PlanResult, PlanSegment, SegmentAck, SegmentDone, TaskRequest
 from timelyllm_ros.planner.config import CoreConfig
 from timelyllm_ros.planner.core import PlannerCore
-from timelyllm_ros.planner.journal import JournaledSegment
 from timelyllm_ros.planner.policies import DEFAULT_POLICY
 from timelyllm_ros.planner.robot_links import RobotLinks
 from timelyllm_ros.planner.service import PlannerService
-from timelyllm_ros.planner.service_io import GoalError, PlannerHealth
+from timelyllm_ros.planner.service_io import EndMarker, GoalError, PlannerHealth
 from timelyllm_ros.planner.settings import SETTINGS
 from timelyllm_ros.ros import convert, params, topics
 from timelyllm_ros.ros.actions import BatchedActionServer, complete_goal
@@ -337,9 +336,11 @@ class PlannerNode(LifecycleNode):
     def send_end_marker(self, task_id: str, robot_id: str, index: int, generated: float) -> None:
         self._deliver(robot_id, convert.end_marker_msg(task_id, robot_id, index, self._bridge.to_msg(generated)))
 
-    def resend_journaled(self, task_id: str, robot_id: str, js: JournaledSegment, calls: list[Any],
-                         skillset_id: str) -> None:
-        msg = convert.journaled_segment_msg(task_id, robot_id, js, calls, skillset_id)
+    def resend_journaled(self, task_id: str, robot_id: str, seg: Segment | EndMarker, skillset_id: str) -> None:
+        if isinstance(seg, EndMarker):
+            msg = convert.end_marker_msg(task_id, robot_id, seg.index, self._bridge.to_msg(seg.generated))
+        else:
+            msg = convert.segment_msg(task_id, robot_id, seg, self._bridge, skillset_id)
         self.delivery.send(robot_id, msg, time.monotonic())
 
     def finish_goals(self, goals: list[Any], res: TaskResult) -> None:

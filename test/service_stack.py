@@ -11,10 +11,10 @@ from typing import Any
 
 from timelyllm_ros.domain.clock import WallOffset
 from timelyllm_ros.domain.tuf import TufRequest
-from timelyllm_ros.domain.types import TaskResult
+from timelyllm_ros.domain.types import Segment, TaskResult
 from timelyllm_ros.planner.robot_links import RobotLinks
 from timelyllm_ros.planner.service import PlannerService
-from timelyllm_ros.planner.service_io import GoalError, PlanRequest
+from timelyllm_ros.planner.service_io import EndMarker, GoalError, PlanRequest
 from timelyllm_ros.planner.settings import PARAMETERS
 from timelyllm_ros.transport.delivery import RejectedMessages, SegmentDelivery
 
@@ -58,6 +58,11 @@ class Sender:
         self.results: list[TaskResult] = []
         self.goal_results: dict[Any, TaskResult] = {}
         self.first_segment_at: dict[str, float] = {}  # task -> monotonic time its segment 0 went out
+        # (task, segment, skill set id): what the node builds its PlanSegment from (the core's own segment, not a
+        # copy: a flood must not slow the engine thread; a later report may move its predictions)
+        self.sent: list[tuple[str, Segment, str]] = []
+        self.resent_journaled: list[tuple[str, Segment | EndMarker, str]] = []
+        self.end_markers: list[tuple[str, int, float]] = []  # (task, index, core time it was generated)
 
     def _msg(self, task_id: str, robot_id: str, index: int, text: str, final: bool) -> SimpleNamespace:
         return SimpleNamespace(task_id=task_id, robot_id=robot_id, segment_index=index, text=text, is_final=final)
@@ -66,6 +71,7 @@ class Sender:
         if seg.index == 0:
             self.first_segment_at.setdefault(task_id, time.monotonic())
         self.segments.append((task_id, robot_id, seg.index, seg.text))
+        self.sent.append((task_id, seg, skillset_id))
         self.delivery.send(robot_id, self._msg(task_id, robot_id, seg.index, seg.text, bool(seg.final)),
                            time.monotonic(), matched=True)
 
@@ -74,11 +80,14 @@ class Sender:
                            time.monotonic(), matched=True)
 
     def send_end_marker(self, task_id, robot_id, index, generated) -> None:
+        self.end_markers.append((task_id, index, generated))
         self.delivery.send(robot_id, self._msg(task_id, robot_id, index, "", True), time.monotonic(), matched=True)
 
-    def resend_journaled(self, task_id, robot_id, js, calls, skillset_id) -> None:
-        self.delivery.send(robot_id, self._msg(task_id, robot_id, js.index, js.text, js.is_final), time.monotonic(),
-                           matched=True)
+    def resend_journaled(self, task_id, robot_id, seg, skillset_id) -> None:
+        self.resent_journaled.append((task_id, seg, skillset_id))
+        marker = isinstance(seg, EndMarker)
+        self.delivery.send(robot_id, self._msg(task_id, robot_id, seg.index, "" if marker else seg.text,
+                                               marker or bool(seg.final)), time.monotonic(), matched=True)
 
     def finish_goals(self, goals, res: TaskResult) -> None:
         for g in goals:
@@ -95,7 +104,7 @@ class ServiceStack:
     """A configured, started, active PlannerService (simulated engine, real time). ``links``: the robots' links
     made so far (robot id -> a token standing for its DDS writer), released ones removed."""
 
-    def __init__(self, policy: str = "pud-shed", **params: Any) -> None:
+    def __init__(self, policy: str = "pud-shed", bridge: WallOffset | None = None, **params: Any) -> None:
         p = {st.name: st.fresh_default() for st in PARAMETERS}
         p.update(engine_config="engine_sim.yaml", warm_up=False)
         p.update(params)
@@ -105,7 +114,8 @@ class ServiceStack:
         self.links: dict[str, object] = {}
         self.present: set[str] = set()  # robots whose executor would be on the graph (a reader of their segments)
         self.robots = RobotLinks(self._make_link, self._destroy_link, lambda link: True, self.present.__contains__)
-        self.service = PlannerService(p, self.sender, self.log, self.rejected, self.robots, WallOffset())
+        self.bridge = bridge if bridge is not None else WallOffset()  # core <-> wall time, as the node's
+        self.service = PlannerService(p, self.sender, self.log, self.rejected, self.robots, self.bridge)
         self.delivery = SegmentDelivery(lambda robot, msg: None, period_s=p["resend_period_s"],
                                         max_period_s=p["resend_max_period_s"], give_up_s=p["delivery_timeout_s"])
         self.sender.delivery = self.delivery

@@ -171,6 +171,74 @@ def test_graph_names_have_one_home():
     assert not offenders, offenders
 
 
+def _package_modules(*, besides: str) -> list[tuple[str, ast.Module]]:
+    """(path under timelyllm_ros/, parsed source) of every module of the package but ``besides``."""
+    pkg = ROOT / "timelyllm_ros"
+    return [(py.relative_to(pkg).as_posix(), ast.parse(py.read_text())) for py in sorted(pkg.rglob("*.py"))
+            if py.relative_to(pkg).as_posix() != besides]
+
+
+# Where an endpoint's QoS goes among the arguments (rclpy's own order), for a depth given as a bare int.
+QOS_ARGUMENT = {"create_publisher": 2, "create_subscription": 3}
+
+
+def test_qos_profiles_have_one_home():
+    """QoS profiles are built once, in ros/topics.py: no other module of the package constructs one, takes a
+    policy or one of rclpy's predefined profiles, or gives a bare depth (an implicit profile), so the QoS of every
+    endpoint is read in one place and a reader cannot drift from its writer."""
+    offenders = []
+    for rel, tree in _package_modules(besides="ros/topics.py"):
+        for node in ast.walk(tree):
+            where = f"{rel}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.ImportFrom) and node.module == "rclpy.qos":
+                # the type itself may be named (an annotation); a policy or a predefined profile builds one
+                offenders += [f"{where} imports {a.name}" for a in node.names if a.name != "QoSProfile"]
+            elif isinstance(node, ast.Attribute) and (node.attr.startswith("qos_profile_")
+                                                      or node.attr.endswith("Policy")):
+                offenders.append(f"{where} {ast.unparse(node)}")
+            elif isinstance(node, ast.Call):
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                if name == "QoSProfile":
+                    offenders.append(f"{where} {ast.unparse(node)}")
+                at = QOS_ARGUMENT.get(name)
+                given = [node.args[at]] if at is not None and len(node.args) > at else []
+                given += [k.value for k in node.keywords if at is not None and k.arg == "qos_profile"]
+                if any(isinstance(v, ast.Constant) and isinstance(v.value, int) for v in given):
+                    offenders.append(f"{where} a bare depth: {ast.unparse(node)}")
+    assert not offenders, offenders
+
+
+INTERFACES = ("msg", "srv", "action")  # our generated types, timelyllm_ros.<kind>
+
+
+def test_messages_and_status_codes_have_one_home():
+    """Our messages, services' requests and responses and the action's goals, results and feedback are built, and
+    their STATUS_* / STATE_* codes read, only in ros/convert.py: a field added or a code renumbered has one place to
+    change, and every sender fills a message alike."""
+    offenders = []
+    for rel, tree in _package_modules(besides="ros/convert.py"):
+        ours = set()  # the names this module gives our types (``from timelyllm_ros import msg`` too), lazily too
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module in [f"timelyllm_ros.{k}" for k in INTERFACES]:
+                ours |= {a.asname or a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module == "timelyllm_ros":
+                ours |= {a.asname or a.name for a in node.names if a.name in INTERFACES}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                root = node.func
+                while isinstance(root, ast.Attribute):
+                    root = root.value
+                if isinstance(root, ast.Name) and root.id in ours:
+                    offenders.append(f"{rel}:{node.lineno} builds {ast.unparse(node.func)}")
+            elif isinstance(node, ast.Attribute) and re.fullmatch(r"(STATUS|STATE)_[A-Z_]+", node.attr):
+                root = node.value
+                while isinstance(root, ast.Attribute):
+                    root = root.value
+                if isinstance(root, ast.Name) and root.id in ours:
+                    offenders.append(f"{rel}:{node.lineno} maps {ast.unparse(node)}")
+    assert not offenders, offenders
+
+
 def test_installed_interfaces_match_sources():
     share = ROOT / "install" / "share" / "timelyllm_ros"
     for kind in ("msg", "srv", "action"):

@@ -40,6 +40,7 @@ from timelyllm_ros.planner.robot_links import RobotLinks
 from timelyllm_ros.planner.service_io import (
     Accepted,
     Delivery,
+    EndMarker,
     GoalError,
     Log,
     PlannerHealth,
@@ -446,8 +447,7 @@ class PlannerService:
             jt = self.journal.task(task_id)  # finished before a restart: the segments as journaled when sent
             if jt is None:
                 return TaskLookup("done", record=rec)
-            sent = tuple((js, self.parse(jt.robot_type, js.text)) for js in jt.segments if not js.marker)
-            return TaskLookup("done", record=rec, robot_id=jt.robot_id, journaled=sent,
+            return TaskLookup("done", record=rec, robot_id=jt.robot_id, journaled=tuple(self._restored_segments(jt)),
                               skillset_id=self.skillset_id(jt.robot_type))
         return TaskLookup("unknown")
 
@@ -502,7 +502,7 @@ class PlannerService:
         if op is not None and op.sent and not op.final_sent:
             # The robot's topic carries the end of the plan itself: a marker after the last segment sent.
             marker_at = self.core.clock.now()
-            self._jot("end_marker_sent", res.task_id, op.sent)
+            self._jot("end_marker_sent", res.task_id, op.sent, self._bridge.to_wall(marker_at))  # its stamp
         self._jot("task_finished", res.task_id, res.status.value, result_record(res), time.time())
         if res.status is not TaskStatus.DONE:  # (or revised) a segment still in flight must not start it later
             self.delivery.forget_plan(res.task_id)
@@ -705,6 +705,15 @@ class PlannerService:
             self.core.restore(spec, segs, final=marker)
             resumed += 1
         readopted = self._readopt(now_wall)
+        sent: dict[str, dict[int, Segment]] = {}
+
+        def as_sent(tid: str) -> dict[int, Segment]:
+            """A task's journaled segments as restored (the stamp and deadline they went out with), by index."""
+            if tid not in sent:
+                jt = self.journal.task(tid)
+                sent[tid] = {} if jt is None else {s.index: s for s in self._restored_segments(jt)}
+            return sent[tid]
+
         resend = {(tid, js.index): (tid, robot_id, js) for tid, robot_id, js in self.journal.unacked()}
         for jt in self.journal.unfinished():  # also what was acknowledged but never reported: the robot
             for js in jt.segments:            # answers a copy of a finished segment with its report again
@@ -718,8 +727,11 @@ class PlannerService:
             else:  # finished before the restart: its own robot type, as journaled
                 jt = self.journal.task(tid)
                 rt = jt.robot_type if jt is not None else ""
-            calls = [] if js.marker else self.parse(rt, js.text)
-            self._sender.resend_journaled(tid, robot_id, js, calls, "" if js.marker else self.skillset_id(rt))
+            if js.marker:
+                at = None if js.dispatch_wall is None else self._bridge.to_core_s(js.dispatch_wall)
+                self._sender.resend_journaled(tid, robot_id, EndMarker(js.index, at), "")
+            elif (seg := as_sent(tid).get(js.index)) is not None:
+                self._sender.resend_journaled(tid, robot_id, seg, self.skillset_id(rt))
         if resumed or ended or readopted:
             self._log.warning(f"journal: resumed {resumed} unfinished tasks, ended {ended}, re-adopted {readopted} "
                               "finished ones whose robots may still run them")

@@ -11,7 +11,6 @@ from typing import Any, NamedTuple, Protocol
 
 from timelyllm_ros.domain.tuf import TufRequest
 from timelyllm_ros.domain.types import Segment, TaskResult, TaskStatus
-from timelyllm_ros.planner.journal import JournaledSegment
 
 
 class Log(Protocol):
@@ -62,10 +61,9 @@ class PlannerSender(Protocol):
     def send_end_marker(self, task_id: str, robot_id: str, index: int, generated: float) -> None:
         """The end of a plan (core time ``generated``) to its robot, after the last segment sent."""
 
-    def resend_journaled(self, task_id: str, robot_id: str, js: JournaledSegment, calls: list[Any],
-                         skillset_id: str) -> None:
-        """A segment (or end marker) journaled by a planner that died, to its robot again; ``calls``: its skills
-        parsed again (none for a marker)."""
+    def resend_journaled(self, task_id: str, robot_id: str, seg: Segment | EndMarker, skillset_id: str) -> None:
+        """A segment (as the core restores it, so with the stamp and deadline of the live message) or end marker
+        journaled by a planner that died, to its robot again."""
 
     def finish_goals(self, goals: list[Any], res: TaskResult) -> None:
         """Complete each goal with the task's result."""
@@ -75,6 +73,15 @@ class PlannerSender(Protocol):
 
     def publish_journaled_result(self, rec: dict[str, Any]) -> None:
         """How a journaled task ended (a result record), for everyone."""
+
+
+@dataclass(frozen=True)
+class EndMarker:
+    """A journaled end of plan: after segment ``index - 1``, first sent at ``generated`` (core time; None: a
+    journal from before it was recorded)."""
+
+    index: int
+    generated: float | None
 
 
 class GoalError(ValueError):
@@ -120,13 +127,14 @@ class Accepted(NamedTuple):
 class TaskLookup(NamedTuple):
     """What the planner knows of a task: ``state`` 'done', 'active' or 'unknown'. One done in this run has its
     ``result``; one done before a restart its journaled ``record``, its ``robot_id`` and the ``journaled``
-    segments it was sent, each with its skills parsed again. ``skillset_id``: its robot type's skill set."""
+    segments it was sent, as the core restores them (skills parsed again). ``skillset_id``: its robot type's skill
+    set."""
 
     state: str
     result: TaskResult | None = None
     record: dict[str, Any] | None = None
     robot_id: str = ""
-    journaled: tuple[tuple[JournaledSegment, list[Any]], ...] = ()
+    journaled: tuple[Segment, ...] = ()
     skillset_id: str = ""
 
 

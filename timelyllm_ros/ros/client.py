@@ -62,16 +62,26 @@ from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.clock import Clock, ClockType
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
-from rclpy.qos import QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
 from rclpy.utilities import remove_ros_args
 
 from timelyllm_ros.action import PlanTask
 from timelyllm_ros.domain.types import TaskStatus
-from timelyllm_ros.msg import PlanResult, PlanSegment, TimeUtility
+from timelyllm_ros.msg import PlanResult, PlanSegment
 from timelyllm_ros.planner.hygiene import check_text
 from timelyllm_ros.ros import topics
 from timelyllm_ros.ros.actions import ActionServerWatch, SafeActionClient
-from timelyllm_ros.ros.convert import duration_s, status_from_code, status_name, time_msg
+from timelyllm_ros.ros.convert import (
+    duration_s,
+    feedback_msg,
+    goal_msg,
+    lookup_state,
+    result_from_plan_result,
+    result_request,
+    status_from_code,
+    status_name,
+    time_msg,
+    tuf_msg,
+)
 from timelyllm_ros.ros.plan_handle import (  # the errors and the handle are part of this module's API too
     ERR_CLOSED,
     ERR_LOST,
@@ -96,9 +106,6 @@ __all__ = [
     "SOURCE_RESULTS_TOPIC", "SOURCE_SERVICE", "PlanClient", "PlanClientError", "PlanHandle", "PlanTimeoutError",
     "check_goal", "main", "send_task",
 ]
-
-# Deep queues on the client side too: a burst of hundreds of goals must not overflow a reader's history.
-_DEEP = QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE, history=QoSHistoryPolicy.KEEP_LAST)
 
 # Where a terminal result came from.
 SOURCE_ACTION = "action"
@@ -149,9 +156,11 @@ class PlanClient:
         self._group = callback_group or ReentrantCallbackGroup()
         self._own_action = action_client is None
         self._action = action_client or SafeActionClient(
-            node, PlanTask, action_name, callback_group=self._group, goal_service_qos_profile=_DEEP,
-            result_service_qos_profile=_DEEP, cancel_service_qos_profile=_DEEP, feedback_sub_qos_profile=_DEEP)
-        self._srv = node.create_client(GetPlanResult, result_service, qos_profile=_DEEP, callback_group=self._group)
+            node, PlanTask, action_name, callback_group=self._group, goal_service_qos_profile=topics.DEEP,
+            result_service_qos_profile=topics.DEEP, cancel_service_qos_profile=topics.DEEP,
+            feedback_sub_qos_profile=topics.DEEP)
+        self._srv = node.create_client(GetPlanResult, result_service, qos_profile=topics.DEEP,
+                                       callback_group=self._group)
         self._lock = threading.RLock()
         self._open: dict[int, PlanHandle] = {}           # id(handle) -> handle, until done
         self._by_task: dict[str, list[PlanHandle]] = {}  # task_id -> open handles
@@ -171,8 +180,7 @@ class PlanClient:
 
     def prepare(self, goal: PlanTask.Goal) -> PlanTask.Goal:
         """A copy of ``goal`` with a task_id (uuid if empty) and a send stamp (now, if zero)."""
-        g = PlanTask.Goal(task_id=goal.task_id, robot_id=goal.robot_id, robot_type=goal.robot_type, task=goal.task,
-                          tuf=goal.tuf, stamp=goal.stamp)
+        g = goal_msg(goal.task_id, goal.robot_id, goal.robot_type, goal.task, goal.tuf, goal.stamp)
         if not g.task_id:
             g.task_id = f"{g.robot_id[:64]}-{uuid.uuid4().hex}"
         if not (g.stamp.sec or g.stamp.nanosec):
@@ -206,7 +214,7 @@ class PlanClient:
               robot_id: str = "") -> PlanHandle:
         """Follow a task sent earlier (e.g. by this robot before it restarted) by its id alone, through
         /plan_results, /get_plan_result and /plan_segments. Segments sent before this call are not seen."""
-        goal = PlanTask.Goal(task_id=task_id, robot_id=robot_id)
+        goal = goal_msg(task_id, robot_id)
         h = PlanHandle(self, goal, on_segment, on_done, self.default_timeout if timeout is None else float(timeout))
         h.sent_wall = math.nan
         with self._lock:
@@ -551,7 +559,7 @@ class PlanClient:
 
     def _finish_from(self, h: PlanHandle, msg: PlanResult, source: str) -> None:
         h.tracking.candidate_n = int(msg.num_segments)
-        self._finish(h, _result_from_plan_result(msg), source)
+        self._finish(h, result_from_plan_result(msg), source)
 
     # -- fallback ------------------------------------------------------------------------------------
     def _enter_fallback(self, h: PlanHandle, why: str, now: float) -> None:
@@ -585,7 +593,7 @@ class PlanClient:
         h.tracking.poll_sent_at = now
         h.polls += 1
         self._count("polls")
-        fut = self._srv.call_async(GetPlanResult.Request(task_id=h.task_id))
+        fut = self._srv.call_async(result_request(h.task_id))
         h.tracking.poll_future = fut
         fut.add_done_callback(lambda f, h=h: self._on_poll(h, f))
 
@@ -600,7 +608,8 @@ class PlanClient:
             if h.tracking.phase == PHASE_DONE or resp is None:
                 return
             now = time.monotonic()
-            if resp.state == GetPlanResult.Response.STATE_DONE:
+            state = lookup_state(resp)
+            if state == "done":
                 h.tracking.unknown = 0
                 for seg in resp.segments:  # every segment the planner sent: the fallback's gaps close here
                     if seg.segment_index >= max(h.tracking.next, 0) and seg.segment_index not in h.tracking.held:
@@ -613,7 +622,7 @@ class PlanClient:
                 self._offer_result(h, resp.result, SOURCE_SERVICE)
                 h.tracking.poll_due = now + self.poll_period
                 return
-            if resp.state == GetPlanResult.Response.STATE_ACTIVE:
+            if state == "active":
                 h.tracking.unknown = 0
                 h.tracking.last_progress = now
                 if h.tracking.phase == PHASE_ACCEPTED:
@@ -622,7 +631,7 @@ class PlanClient:
                     self._maybe_rejoin(h, now)
                     h.tracking.poll_due = now + self.poll_period
                 return
-            # STATE_UNKNOWN
+            # "unknown"
             if h.tracking.phase == PHASE_ACCEPTED:  # the planner forgot a goal its action server accepted: restarted
                 self._enter_fallback(h, "the planner does not know the task (restarted?)", now)
                 h.tracking.unknown = 1
@@ -699,12 +708,6 @@ class PlanClient:
             self._poll(h, now)
 
 
-def _result_from_plan_result(msg: PlanResult) -> PlanTask.Result:
-    return PlanTask.Result(status=msg.status, message=msg.message, task_id=msg.task_id, plan_text=msg.plan_text,
-                           response_time=msg.response_time, response_time_from_send=msg.response_time_from_send,
-                           utility=msg.utility)
-
-
 def send_task(node: Node, client: ActionClient, goal: PlanTask.Goal, *, timeout: float = 120.0,
               on_feedback=None) -> PlanTask.Result:
     """Send one goal and wait for its result (spinning ``node``): the compatible wrapper of
@@ -714,7 +717,7 @@ def send_task(node: Node, client: ActionClient, goal: PlanTask.Goal, *, timeout:
     try:
         on_segment = None
         if on_feedback is not None:
-            on_segment = lambda s: on_feedback(PlanTask.Feedback(segment=s, utility_estimate=math.nan))
+            on_segment = lambda s: on_feedback(feedback_msg(s))
         return pc.plan(goal, timeout=timeout, on_segment=on_segment)
     finally:
         pc.destroy()
@@ -764,8 +767,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.monotonic() - t0:7.3f}s] {s.robot_id} {s.task_id} #{s.segment_index}: {s.text!r}"
               f"{'  (final)' if s.is_final else ''}", flush=True)
 
-    goal = PlanTask.Goal(task_id=args.task_id, robot_id=args.robot_id, robot_type=args.robot_type, task=args.task,
-                         tuf=TimeUtility(level=args.urgency, alpha=args.alpha, beta=args.beta, ert=args.ert))
+    goal = goal_msg(args.task_id, args.robot_id, args.robot_type, args.task,
+                    tuf_msg(args.urgency, args.alpha, args.beta, args.ert))
     try:
         try:
             r = pc.plan(goal, timeout=args.timeout, on_segment=show)

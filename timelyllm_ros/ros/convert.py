@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from builtin_interfaces.msg import Duration, Time
@@ -10,7 +11,7 @@ from builtin_interfaces.msg import Duration, Time
 from timelyllm_ros.action import PlanTask
 from timelyllm_ros.domain.clock import WallOffset
 from timelyllm_ros.domain.tuf import LEVELS, TimeUtility, TufRequest
-from timelyllm_ros.domain.types import STATUS_CODE, STATUS_FROM_CODE, TaskResult, TaskStatus
+from timelyllm_ros.domain.types import STATUS_CODE, STATUS_FROM_CODE, Segment, TaskResult, TaskStatus
 from timelyllm_ros.engines.base import EngineInfo, EngineStats
 from timelyllm_ros.engines.pool import MemberStats, PoolStats
 from timelyllm_ros.measure.records import result_robot_waiting
@@ -19,6 +20,8 @@ from timelyllm_ros.msg import (
     EngineState,
     PlanResult,
     PlanSegment,
+    QueuedGeneration,
+    SchedulerState,
     SegmentAck,
     SegmentDone,
     SkillCall,
@@ -29,7 +32,6 @@ from timelyllm_ros.planner.journal_records import status_of_record
 from timelyllm_ros.srv import GetPlanResult, Plan
 
 if TYPE_CHECKING:  # annotations only: executors import this module, not the planner's
-    from timelyllm_ros.planner.journal import JournaledSegment
     from timelyllm_ros.planner.service_io import TaskLookup
 
 
@@ -117,9 +119,25 @@ def tuf_from_msg(msg: TimeUtilityMsg) -> TimeUtility:
     return tuf_request(msg).resolve()
 
 
+def tuf_msg(level: str, alpha: float, beta: float, ert: float) -> TimeUtilityMsg:
+    """A TimeUtility message as a robot asks for it (a named level, or custom alpha/beta/ert)."""
+    return TimeUtilityMsg(level=level, alpha=alpha, beta=beta, ert=ert)
+
+
 def tuf_to_msg(tuf: TimeUtility) -> TimeUtilityMsg:
-    return TimeUtilityMsg(level=tuf.level if tuf.level in LEVELS else "", alpha=tuf.alpha, beta=tuf.beta,
-                          ert=tuf.ert)
+    return tuf_msg(tuf.level if tuf.level in LEVELS else "", tuf.alpha, tuf.beta, tuf.ert)
+
+
+def goal_msg(task_id: str, robot_id: str, robot_type: str = "", task: str = "", tuf: TimeUtilityMsg | None = None,
+             stamp: Time | None = None) -> PlanTask.Goal:
+    """A PlanTask goal; ``task_id`` empty: the planner assigns one; ``stamp`` None: zero (no send stamp)."""
+    return PlanTask.Goal(task_id=task_id, robot_id=robot_id, robot_type=robot_type, task=task,
+                         tuf=TimeUtilityMsg() if tuf is None else tuf, stamp=Time() if stamp is None else stamp)
+
+
+def result_request(task_id: str) -> GetPlanResult.Request:
+    """/get_plan_result's request for ``task_id`` (empty: a probe that the service answers)."""
+    return GetPlanResult.Request(task_id=task_id)
 
 
 def skill_call_msg(call, skillset_id: str) -> SkillCall:
@@ -133,36 +151,48 @@ def _arg_text(a) -> str:
     return repr(a) if isinstance(a, str) else str(a)
 
 
-def segment_msg(task_id: str, robot_id: str, seg, bridge: ClockBridge, skillset_id: str) -> PlanSegment:
-    """A core Segment as a PlanSegment message."""
-    return PlanSegment(
-        task_id=task_id, robot_id=robot_id, segment_index=seg.index, text=seg.text,
-        skills=[skill_call_msg(c, skillset_id) for c in seg.calls], is_final=bool(seg.final),
-        stamp_generated=bridge.to_msg(seg.ready), predicted_execution=duration_msg(seg.est_exec_s),
-        next_segment_deadline=bridge.to_msg(seg.pred_end),
-    )
-
-
-def journaled_segment_msg(task_id: str, robot_id: str, js: JournaledSegment, calls: list, skillset_id: str
-                           ) -> PlanSegment:
-    """A journaled segment (or end marker) as the PlanSegment that was sent; ``calls``: its skills parsed again
-    with the task's own skill set (none for a marker)."""
-    msg = PlanSegment(task_id=task_id, robot_id=robot_id, segment_index=js.index, text=js.text,
-                      is_final=bool(js.is_final or js.marker))
-    if not js.marker:
-        msg.skills = [skill_call_msg(c, skillset_id) for c in calls]
-        msg.predicted_execution = duration_msg(js.est_exec_s)
-    return msg
+def segment_msg(task_id: str, robot_id: str, seg: Segment, bridge: ClockBridge, skillset_id: str) -> PlanSegment:
+    """A core Segment as a PlanSegment message: live, re-sent, in a result, or journaled by a planner that died
+    (restored as the core's, planner/service.py ``_restored_segments``), every segment is sent alike."""
+    return _plan_segment(task_id, robot_id, seg.index, seg.text, [skill_call_msg(c, skillset_id) for c in seg.calls],
+                         bool(seg.final), bridge.to_msg(seg.ready), duration_msg(seg.est_exec_s),
+                         bridge.to_msg(seg.pred_end))
 
 
 def end_marker_msg(task_id: str, robot_id: str, index: int, generated: Time) -> PlanSegment:
     """The end of a plan on its robot's topic: an empty final segment after the last one sent."""
-    return PlanSegment(task_id=task_id, robot_id=robot_id, segment_index=index, text="", is_final=True,
-                       stamp_generated=generated)
+    return _plan_segment(task_id, robot_id, index, "", [], True, generated, Duration(), Time())
+
+
+def _plan_segment(task_id: str, robot_id: str, index: int, text: str, skills: list[SkillCall], is_final: bool,
+                  generated: Time, predicted: Duration, deadline: Time) -> PlanSegment:
+    """The one place a PlanSegment is made (test_convert): a segment and an end marker fill the same fields."""
+    return PlanSegment(task_id=task_id, robot_id=robot_id, segment_index=index, text=text, skills=skills,
+                       is_final=is_final, stamp_generated=generated, predicted_execution=predicted,
+                       next_segment_deadline=deadline)
 
 
 def feedback_msg(segment: PlanSegment) -> PlanTask.Feedback:
     return PlanTask.Feedback(segment=segment, utility_estimate=math.nan)
+
+
+def scheduler_state_msg(stamp: Time, policy: str, queue: list[dict], running_task_ids: list[str], snapshot: dict,
+                        decision_times: Sequence[float]) -> SchedulerState:
+    """SchedulerState from the core's ranked queue (planner/telemetry.py ``queue_view``), its running tasks and
+    ``snapshot()``; ``decision_times``: the scheduler's decision durations, the last one reported."""
+    return SchedulerState(
+        stamp=stamp, policy=policy,
+        queue=[QueuedGeneration(task_id=q["task_id"], robot_id=q["robot_id"], segment_index=q["k"],
+                                suspended=q["k"] > 0, priority=_finite(q["priority"]),
+                                slack_s=_finite(q["slack_s"]), waiting_s=_finite(q["waiting_s"]))
+               for q in queue],
+        running_task_ids=running_task_ids, tasks_active=snapshot["tasks"], tasks_done=snapshot["done"],
+        last_decision_time_s=decision_times[-1] if decision_times else 0.0)
+
+
+def _finite(x: float) -> float:
+    """0 for a figure that has none (an infinite slack): a message field must be finite for every reader."""
+    return float(x) if math.isfinite(x) else 0.0
 
 
 def pool_members(stats: EngineStats) -> tuple[MemberStats, ...]:
@@ -253,8 +283,7 @@ def fill_plan_result(resp: GetPlanResult.Response, task_id: str, found: TaskLook
         resp.segments = [segment_msg(task_id, res.robot_id, sg, bridge, found.skillset_id) for sg in res.segments]
     elif found.record is not None:
         resp.state, resp.result = GetPlanResult.Response.STATE_DONE, plan_result_from_record(found.record)
-        resp.segments = [journaled_segment_msg(task_id, found.robot_id, js, calls, found.skillset_id)
-                         for js, calls in found.journaled]
+        resp.segments = [segment_msg(task_id, found.robot_id, sg, bridge, found.skillset_id) for sg in found.journaled]
     else:
         active = found.state == "active"
         resp.state = GetPlanResult.Response.STATE_ACTIVE if active else GetPlanResult.Response.STATE_UNKNOWN
@@ -270,6 +299,42 @@ def fill_plan_response(resp: Plan.Response, res: TaskResult, bridge: ClockBridge
     resp.error = "" if ok else out.message
     resp.plan_text, resp.segments = out.plan_text, out.segments
     return resp
+
+
+def plan_refusal(resp: Plan.Response, status: TaskStatus, error: str) -> Plan.Response:
+    """/plan's answer when no plan is made: BUSY (try again later), FAILED (the planner broke) or REJECTED (what
+    the request asked was refused)."""
+    resp.status = {TaskStatus.BUSY: Plan.Response.STATUS_BUSY,
+                   TaskStatus.FAILED: Plan.Response.STATUS_FAILED}.get(status, Plan.Response.STATUS_REJECTED)
+    resp.error = error
+    return resp
+
+
+def result_from_plan_result(msg: PlanResult) -> PlanTask.Result:
+    """A /plan_results or /get_plan_result message as the PlanTask result it stands for (without segments)."""
+    return PlanTask.Result(status=msg.status, message=msg.message, task_id=msg.task_id, plan_text=msg.plan_text,
+                           response_time=msg.response_time, response_time_from_send=msg.response_time_from_send,
+                           utility=msg.utility)
+
+
+def lookup_state(resp: GetPlanResult.Response) -> str:
+    """/get_plan_result's state as the planner names it (TaskLookup.state): 'done', 'active' or 'unknown'."""
+    return {GetPlanResult.Response.STATE_DONE: "done",
+            GetPlanResult.Response.STATE_ACTIVE: "active"}.get(resp.state, "unknown")
+
+
+# How /diagnostics counts a result that is not DONE (a DONE one is on time or late by its ERT).
+_OUTCOME_KIND = {TaskStatus.CANCELLED: "cancelled", TaskStatus.OVERDUE: "overdue", TaskStatus.FAILED: "failed",
+                 TaskStatus.ROBOT_FAILED: "robot_failed", TaskStatus.INVALID: "rejected", TaskStatus.BUSY: "busy"}
+
+
+def outcome_kind(msg: PlanResult, ert: float | None) -> str:
+    """A /plan_results message as /diagnostics counts it: 'on_time' or 'late' (after ``ert``; None: unknown) when
+    DONE, else its status ('rejected' for INVALID; an unknown code counts as 'failed')."""
+    status = status_from_code(msg.status)
+    if status is TaskStatus.DONE:
+        return "late" if ert is not None and duration_s(msg.response_time) > ert else "on_time"
+    return _OUTCOME_KIND.get(status, "failed")
 
 
 def refused_result(task_id: str, status: TaskStatus, message: str) -> PlanTask.Result:

@@ -57,18 +57,14 @@ from typing import Any
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.node import Node
-from rclpy.qos import QoSDurabilityPolicy, QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
 
 from timelyllm_ros.engines.pool import PoolStats
 from timelyllm_ros.interfaces import DIAGNOSTICS as DIAGNOSTICS_TOPIC
 from timelyllm_ros.ros.params import declare
+from timelyllm_ros.ros.topics import DIAGNOSTICS_QOS
 
 OK, WARN, ERROR, STALE = 0, 1, 2, 3
 LEVEL_NAMES = {OK: "OK", WARN: "WARN", ERROR: "ERROR", STALE: "STALE"}
-
-# RELIABLE + VOLATILE: what diagnostic_updater publishes with; readers of either reliability match.
-DIAGNOSTICS_QOS = QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE,
-                             history=QoSHistoryPolicy.KEEP_LAST, durability=QoSDurabilityPolicy.VOLATILE)
 
 WINDOW_MAX_RESULTS = 100_000  # results kept in the rolling window at most (a burst beyond: the newest ones)
 ERT_CACHE_MAX = 20_000  # accepted requests whose ERT is remembered until their result arrives
@@ -323,12 +319,10 @@ class PlannerDiagnostics:
         self._status_codes()
         # Volatile readers of the planner's own topics: the transient-local history of /plan_results (results
         # from before this reader existed) must not count as results of the last minute.
-        volatile = QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE,
-                              history=QoSHistoryPolicy.KEEP_LAST, durability=QoSDurabilityPolicy.VOLATILE)
         self._subs = [
-            n.create_subscription(TaskRequest, topics.in_fleet(topics.PLAN_REQUESTS), self._on_request, volatile,
+            n.create_subscription(TaskRequest, topics.in_fleet(topics.PLAN_REQUESTS), self._on_request, topics.DEEP,
                                   callback_group=self.diag.group),
-            n.create_subscription(PlanResult, topics.in_fleet(topics.PLAN_RESULTS), self._on_result, volatile,
+            n.create_subscription(PlanResult, topics.in_fleet(topics.PLAN_RESULTS), self._on_result, topics.DEEP,
                                   callback_group=self.diag.group),
         ]
         self._rejections = _Events()
@@ -338,13 +332,9 @@ class PlannerDiagnostics:
             self.diag.add(fn, what)
 
     def _status_codes(self) -> None:
-        from timelyllm_ros.msg import PlanResult
+        from timelyllm_ros.ros.convert import outcome_kind
 
-        self._done = PlanResult.STATUS_SUCCEEDED
-        self._cancelled = PlanResult.STATUS_CANCELED
-        self._kind = {PlanResult.STATUS_OVERDUE: "overdue", PlanResult.STATUS_FAILED: "failed",
-                      PlanResult.STATUS_ROBOT_FAILED: "robot_failed", PlanResult.STATUS_REJECTED: "rejected",
-                      PlanResult.STATUS_BUSY: "busy"}
+        self._outcome_kind = outcome_kind  # the status mapping lives in convert.py, with the others
 
     # -- inputs (subscription callbacks) -------------------------------------------------------------------
     def _on_request(self, msg) -> None:
@@ -367,14 +357,7 @@ class PlannerDiagnostics:
             ert = self._erts.pop(msg.task_id, None)
             if ert is not None:  # a revision of this result may still come: keep the ERT (LRU-bounded)
                 self._erts[msg.task_id] = ert
-        if msg.status == self._cancelled:
-            kind = "cancelled"
-        elif msg.status == self._done:
-            rt = msg.response_time.sec + msg.response_time.nanosec * 1e-9
-            kind = "late" if ert is not None and rt > ert else "on_time"
-        else:
-            kind = self._kind.get(msg.status, "failed")
-        self.outcomes.add(msg.task_id, kind, time.monotonic())
+        self.outcomes.add(msg.task_id, self._outcome_kind(msg, ert), time.monotonic())
 
     # -- statuses ------------------------------------------------------------------------------------------
     def engine_status(self) -> Status:

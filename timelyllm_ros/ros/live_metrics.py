@@ -11,16 +11,13 @@ import threading
 
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.node import Node
-from rclpy.qos import QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
 
 from timelyllm_ros.bags.records import RecordBuilder
 from timelyllm_ros.bags.typestore import REQUESTS, SEGMENT_DONE, SEGMENTS
 from timelyllm_ros.measure.metrics import Summary, summarize
 from timelyllm_ros.measure.records import TaskRecord
 from timelyllm_ros.msg import PlanSegment, SegmentDone, TaskRequest
-from timelyllm_ros.ros.topics import REPORTS_KEPT
-
-_QOS = QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE, history=QoSHistoryPolicy.KEEP_LAST)
+from timelyllm_ros.ros.topics import DEEP, REPORTS_KEPT
 
 
 class LiveMetrics:
@@ -35,7 +32,7 @@ class LiveMetrics:
         # Reports with the robots' kept history: a robot can run (and report) its first segment before its
         # report writer has matched this reader.
         self._subs = [node.create_subscription(t, spec.name, self._on_msg, qos, callback_group=group)
-                      for t, spec, qos in ((TaskRequest, REQUESTS, _QOS), (PlanSegment, SEGMENTS, _QOS),
+                      for t, spec, qos in ((TaskRequest, REQUESTS, DEEP), (PlanSegment, SEGMENTS, DEEP),
                                            (SegmentDone, SEGMENT_DONE, REPORTS_KEPT))]
 
     def _on_msg(self, msg) -> None:  # noqa: ANN001 - any of the three message types

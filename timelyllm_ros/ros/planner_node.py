@@ -30,18 +30,16 @@ from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallb
 from rclpy.event_handler import PublisherEventCallbacks
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.parameter import Parameter
-from rclpy.qos import QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
 
 from timelyllm_ros.action import PlanTask
 from timelyllm_ros.domain.types import Segment, TaskResult, TaskStatus
 from timelyllm_ros.msg import EngineState, PlanResult, PlanSegment, SegmentAck, SegmentDone, TaskRequest
 from timelyllm_ros.planner.config import CoreConfig
 from timelyllm_ros.planner.core import PlannerCore
-from timelyllm_ros.planner.journal import JournaledSegment
 from timelyllm_ros.planner.policies import DEFAULT_POLICY
 from timelyllm_ros.planner.robot_links import RobotLinks
 from timelyllm_ros.planner.service import PlannerService
-from timelyllm_ros.planner.service_io import GoalError, PlannerHealth
+from timelyllm_ros.planner.service_io import EndMarker, GoalError, PlannerHealth
 from timelyllm_ros.planner.settings import PARAMETERS
 from timelyllm_ros.ros import convert, params, topics
 from timelyllm_ros.ros.actions import BatchedActionServer, complete_goal
@@ -53,9 +51,6 @@ from timelyllm_ros.ros.spin import destroy_entities, ros_args_without_node_renam
 from timelyllm_ros.ros.topics import in_fleet
 from timelyllm_ros.srv import GetPlanResult, Plan
 from timelyllm_ros.transport.delivery import RejectedMessages, SegmentDelivery
-
-# Goal and result requests a planner's reader holds before it takes them: a flood is answered, not lost.
-INTAKE_DEPTH = 16_384
 
 
 class PlannerNode(LifecycleNode):
@@ -213,19 +208,15 @@ class PlannerNode(LifecycleNode):
     def _open_servers(self) -> None:
         p = self._p
         goals = ReentrantCallbackGroup()
-        deep = QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE, history=QoSHistoryPolicy.KEEP_LAST)
         # A burst of goals must not overflow the goal service's request queue (rclpy's default depth is 10), nor
         # a flood the goal and result queues: what overflows is lost unanswered (issue 39: 10,000 goals in 7.4 s).
-        flood = QoSProfile(depth=INTAKE_DEPTH, reliability=QoSReliabilityPolicy.RELIABLE,
-                           history=QoSHistoryPolicy.KEEP_LAST)
         self._action = BatchedActionServer(self, PlanTask, in_fleet(topics.PLAN_TASK_ACTION),
                                     execute_callback=_execute_noop,
                                     goal_callback=self._goal_cb, handle_accepted_callback=self._accepted,
                                     cancel_callback=self._cancel_cb, callback_group=goals,
                                     screen=self.intake.screen, order=self.intake.order,
-                                    goal_service_qos_profile=flood, result_service_qos_profile=flood,
-                                    cancel_service_qos_profile=deep,
-                                    feedback_pub_qos_profile=QoSProfile(depth=1000),
+                                    goal_service_qos_profile=topics.INTAKE, result_service_qos_profile=topics.INTAKE,
+                                    cancel_service_qos_profile=topics.DEEP, feedback_pub_qos_profile=topics.DEEP,
                                     result_timeout=int(p["action_result_timeout_s"]))
         self._servers = [
             self._action,
@@ -306,22 +297,17 @@ class PlannerNode(LifecycleNode):
 
     def _plan_srv(self, req: Plan.Request, resp: Plan.Response) -> Plan.Response:
         if not self._oneshot.acquire(blocking=False):
-            resp.status, resp.error = Plan.Response.STATUS_BUSY, (
-                "planner busy: too many one-shot /plan calls in progress (max_oneshot_calls); "
-                "use the PlanTask action")
-            return resp
+            return convert.plan_refusal(resp, TaskStatus.BUSY,
+                                        "planner busy: too many one-shot /plan calls in progress "
+                                        "(max_oneshot_calls); use the PlanTask action")
         try:
             box: queue.Queue = queue.Queue(maxsize=1)
             try:
                 acc = self.intake.accept("", req.robot_id, req.robot_type, req.task, req.tuf, waiter=box)
             except GoalError as e:
-                busy = e.status is TaskStatus.BUSY
-                resp.status = Plan.Response.STATUS_BUSY if busy else Plan.Response.STATUS_REJECTED
-                resp.error = str(e)
-                return resp
+                return convert.plan_refusal(resp, e.status, str(e))
             except Exception as e:  # noqa: BLE001
-                resp.status, resp.error = Plan.Response.STATUS_FAILED, f"planner error: {e}"
-                return resp
+                return convert.plan_refusal(resp, TaskStatus.FAILED, f"planner error: {e}")
             res: TaskResult = acc.result or box.get()
             return convert.fill_plan_response(resp, res, self._bridge, self.service.skillset_id(res.robot_type))
         finally:
@@ -349,9 +335,11 @@ class PlannerNode(LifecycleNode):
     def send_end_marker(self, task_id: str, robot_id: str, index: int, generated: float) -> None:
         self._deliver(robot_id, convert.end_marker_msg(task_id, robot_id, index, self._bridge.to_msg(generated)))
 
-    def resend_journaled(self, task_id: str, robot_id: str, js: JournaledSegment, calls: list[Any],
-                         skillset_id: str) -> None:
-        msg = convert.journaled_segment_msg(task_id, robot_id, js, calls, skillset_id)
+    def resend_journaled(self, task_id: str, robot_id: str, seg: Segment | EndMarker, skillset_id: str) -> None:
+        if isinstance(seg, EndMarker):
+            msg = convert.end_marker_msg(task_id, robot_id, seg.index, self._bridge.to_msg(seg.generated))
+        else:
+            msg = convert.segment_msg(task_id, robot_id, seg, self._bridge, skillset_id)
         self.delivery.send(robot_id, msg, time.monotonic())
 
     def finish_goals(self, goals: list[Any], res: TaskResult) -> None:

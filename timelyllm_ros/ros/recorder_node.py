@@ -31,7 +31,7 @@ from rclpy.context import Context
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.parameter import Parameter
-from rclpy.qos import QoSDurabilityPolicy, QoSHistoryPolicy, QoSProfile, QoSReliabilityPolicy
+from rclpy.qos import QoSProfile
 from std_msgs.msg import String
 from std_srvs.srv import SetBool
 
@@ -39,9 +39,7 @@ from timelyllm_ros.bags.io import BagError, BagWriter
 from timelyllm_ros.bags.typestore import DEFAULT_TOPICS, TopicSpec, topic_spec
 from timelyllm_ros.ros.params import all_of, declare, non_empty, not_blank, refuse
 from timelyllm_ros.ros.spin import Spinner, run_nodes
-
-LATCHED = QoSProfile(depth=1, reliability=QoSReliabilityPolicy.RELIABLE,
-                     durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
+from timelyllm_ros.ros.topics import DEEP, LATCHED, RECORD_BEST_EFFORT
 
 
 def default_bag_path(output_dir: str | Path = "bags", prefix: str = "timelyllm") -> Path:
@@ -61,9 +59,7 @@ def get_message(msgtype: str) -> type:
 
 def _sub_qos(spec: TopicSpec) -> QoSProfile:
     # Deep reliable queues: a burst of segments must not be dropped while the bag writes.
-    if spec.reliable:
-        return QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE, history=QoSHistoryPolicy.KEEP_LAST)
-    return QoSProfile(depth=50, reliability=QoSReliabilityPolicy.BEST_EFFORT, history=QoSHistoryPolicy.KEEP_LAST)
+    return DEEP if spec.reliable else RECORD_BEST_EFFORT
 
 
 class BagRecorder:

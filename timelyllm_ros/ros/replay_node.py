@@ -28,10 +28,9 @@ from rclpy.node import Node
 
 from timelyllm_ros.action import PlanTask
 from timelyllm_ros.bags.convert import DEFAULT_ROBOT_ID_FORMAT, ReplayRequest, load_requests
-from timelyllm_ros.msg import TimeUtility
 from timelyllm_ros.ros.actions import SafeActionClient
 from timelyllm_ros.ros.client import check_goal
-from timelyllm_ros.ros.convert import duration_s, status_name, time_msg
+from timelyllm_ros.ros.convert import duration_s, goal_msg, status_name, time_msg, tuf_msg
 from timelyllm_ros.ros.params import declare, not_blank
 from timelyllm_ros.ros.spin import PooledExecutor, Spinner
 from timelyllm_ros.ros.topics import PLAN_TASK_ACTION, in_fleet
@@ -81,10 +80,8 @@ class ReplayReport:
 
 
 def goal_of(req: ReplayRequest, keep_task_id: bool = False, task_id_suffix: str = "") -> PlanTask.Goal:
-    return PlanTask.Goal(task_id=(req.task_id + task_id_suffix) if keep_task_id and req.task_id else "",
-                         robot_id=req.robot_id, robot_type=req.robot_type, task=req.task,
-                         tuf=TimeUtility(level=req.level, alpha=float(req.alpha), beta=float(req.beta),
-                                         ert=float(req.ert)))
+    return goal_msg((req.task_id + task_id_suffix) if keep_task_id and req.task_id else "", req.robot_id,
+                    req.robot_type, req.task, tuf_msg(req.level, float(req.alpha), float(req.beta), float(req.ert)))
 
 
 class Replayer:

@@ -3,7 +3,6 @@ locked) and publishes SchedulerState."""
 
 from __future__ import annotations
 
-import math
 import threading
 
 from rcl_interfaces.msg import SetParametersResult
@@ -11,12 +10,12 @@ from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.timer import Timer
 
-from timelyllm_ros.msg import QueuedGeneration, SchedulerState
+from timelyllm_ros.msg import SchedulerState
 from timelyllm_ros.planner import telemetry
 from timelyllm_ros.planner.core import PlannerCore
 from timelyllm_ros.planner.policies import DEFAULT_POLICY, POLICIES, make_policy
 from timelyllm_ros.planner.settings import BY_NAME
-from timelyllm_ros.ros import topics
+from timelyllm_ros.ros import convert, topics
 from timelyllm_ros.ros.params import declare, declare_setting, on_change, refuse
 
 
@@ -92,18 +91,8 @@ class SchedulerNode(Node):
         ranked = telemetry.queue_view(core, now)
         snap = core.snapshot()
         dts = core.decision_times
-        self._pub.publish(SchedulerState(
-            stamp=self.get_clock().now().to_msg(), policy=core.policy.name,
-            queue=[QueuedGeneration(task_id=q["task_id"], robot_id=q["robot_id"], segment_index=q["k"],
-                                    suspended=q["k"] > 0, priority=_finite(q["priority"]),
-                                    slack_s=_finite(q["slack_s"]), waiting_s=_finite(q["waiting_s"]))
-                   for q in ranked],
-            running_task_ids=core.running_ids(), tasks_active=snap["tasks"], tasks_done=snap["done"],
-            last_decision_time_s=dts[-1] if dts else 0.0))
-
-
-def _finite(x: float) -> float:
-    return float(x) if math.isfinite(x) else 0.0
+        self._pub.publish(convert.scheduler_state_msg(self.get_clock().now().to_msg(), core.policy.name, ranked,
+                                                      core.running_ids(), snap, dts))
 
 
 def _known_policy(name: str) -> str | None:

@@ -67,6 +67,21 @@ SCENE_QOS = LATCHED  # a robot's scene: the latest one reaches an executor that 
 # read its result; late-joining TRANSIENT_LOCAL subscribers get the recent ones.
 RESULTS_QOS = QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE, history=QoSHistoryPolicy.KEEP_LAST,
                          durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
+# Deep VOLATILE queues where a burst of hundreds of goals passes: the action and result clients, the planner's
+# cancel service and feedback, recorders, live metrics, the diagnostics' readers of /plan_requests and
+# /plan_results (VOLATILE there on purpose: results from before the reader existed are not the last minute's).
+DEEP = QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE, history=QoSHistoryPolicy.KEEP_LAST,
+                  durability=QoSDurabilityPolicy.VOLATILE)
+# Goal and result requests a planner's reader holds before it takes them: a flood is answered, not lost (issue 39:
+# 10,000 goals in 7.4 s; rclpy's default depth of 10 dropped them unanswered).
+INTAKE_DEPTH = 16_384
+INTAKE = QoSProfile(depth=INTAKE_DEPTH, reliability=QoSReliabilityPolicy.RELIABLE, history=QoSHistoryPolicy.KEEP_LAST)
+# A recorder's reader of a best-effort topic (telemetry): what its publisher offers, a little deeper.
+RECORD_BEST_EFFORT = QoSProfile(depth=50, reliability=QoSReliabilityPolicy.BEST_EFFORT,
+                                history=QoSHistoryPolicy.KEEP_LAST)
+# /diagnostics: RELIABLE + VOLATILE, what diagnostic_updater publishes with; readers of either reliability match.
+DIAGNOSTICS_QOS = QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE, history=QoSHistoryPolicy.KEEP_LAST,
+                             durability=QoSDurabilityPolicy.VOLATILE)
 
 
 def publish_or_log(pub: Any, msg: Any, logger: Any, what: str) -> bool:

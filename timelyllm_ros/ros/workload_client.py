@@ -21,7 +21,15 @@ from timelyllm_ros.measure.records import SegRecord, TaskRecord
 from timelyllm_ros.msg import PlanResult, SegmentDone
 from timelyllm_ros.ros.actions import SafeActionClient
 from timelyllm_ros.ros.client import check_goal
-from timelyllm_ros.ros.convert import ClockBridge, started, status_from_code, tuf_to_msg
+from timelyllm_ros.ros.convert import (
+    ClockBridge,
+    feedback_msg,
+    goal_msg,
+    result_request,
+    started,
+    status_from_code,
+    tuf_to_msg,
+)
 from timelyllm_ros.ros.topics import (
     GET_PLAN_RESULT_SERVICE,
     PLAN_RESULTS,
@@ -116,7 +124,7 @@ class WorkloadClient(Node):
             if not self._probe.wait_for_service(timeout_sec=left):
                 return False
             answered = threading.Event()
-            fut = self._probe.call_async(GetPlanResult.Request(task_id=""))
+            fut = self._probe.call_async(result_request(""))
             fut.add_done_callback(lambda _f, ev=answered: ev.set())
             if answered.wait(min(0.5, max(0.0, end - time.monotonic()))):
                 return True
@@ -166,9 +174,8 @@ class WorkloadClient(Node):
         with self._lock:
             self._by_task[task_id] = rec
         rec.arrival = time.monotonic()
-        goal = PlanTask.Goal(task_id=task_id, robot_id=self._robot_ids.get(job.job_id) or robot_id_of(job),
-                             robot_type=rec.robot_type,
-                             task=job.task_input, tuf=tuf_to_msg(job.time_utility))
+        goal = goal_msg(task_id, self._robot_ids.get(job.job_id) or robot_id_of(job), rec.robot_type, job.task_input,
+                        tuf_to_msg(job.time_utility))
         try:
             check_goal(goal)  # a task with NUL would be planned cut short: refused, never sent
         except ValueError as e:
@@ -256,7 +263,7 @@ class WorkloadClient(Node):
         # arrives is dropped by the action client. The result lists every segment sent.
         for s in res.segments:
             if s.segment_index >= len(rec.segments) or rec.segments[s.segment_index] is None:
-                self._feedback(rec, PlanTask.Feedback(segment=s))
+                self._feedback(rec, feedback_msg(s))
         self._close(rec, status_from_code(res.status) or TaskStatus.FAILED, res.message)
 
     def _close(self, rec: TaskRecord, status: TaskStatus, reason: str) -> None:

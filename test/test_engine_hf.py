@@ -89,7 +89,11 @@ def test_aligned_prompts_start_the_task_turn_on_a_cache_block(tok, robot, task):
         return len(p) - common_prefix_len(b.token_ids(WARM_UP_TASK, examples=examples), p) // 32 * 32
 
     assert uncached(aligned, ids32) == len(ids32) - head <= turn + 10  # the turn, its header and the assistant's
-    assert uncached(aligned, ids32) < uncached(plain, ids)
+    # Unaligned, the block boundary falls anywhere in the examples' last block: up to 31 tokens of them prefilled
+    # again. Only where it falls inside the opening the task's turn shares with the warm-up's ("<|im_start|>user\n
+    # Scene: [") does the plain prompt cache those few tokens more (drone-task1 after issue 38's examples: 72 vs 74)
+    shared = common_prefix_len(aligned.token_ids(WARM_UP_TASK, examples=examples), ids32) - head
+    assert 0 <= shared < 32 and uncached(aligned, ids32) <= uncached(plain, ids) + shared
     with pytest.raises(ValueError, match="align_tokens"):
         PromptBuilder(tok, robot, align_tokens=0)
     assert PromptBuilder(tok, robot, align_tokens=1).token_ids(task) == ids

@@ -18,6 +18,7 @@ import pytest
 
 from timelyllm_ros import paths
 from timelyllm_ros.domain.plans import plan_templates
+from timelyllm_ros.domain.types import TaskSpec
 from timelyllm_ros.engines import driver, vllm_engine
 from timelyllm_ros.engines.base import EngineInfo, EngineRequest, FinishReason, concat_segments
 from timelyllm_ros.engines.factory import EngineConfigError, load_engine_config, make_engine
@@ -439,7 +440,11 @@ def test_lrtrace_tasks_all_parse_constrained(eng, pb):
     tasks = {}
     for j in jobs:
         tasks.setdefault(j["trace_id"], j["task_input"])
-    reqs = [_req(pb, f"trace-{t}", task=x, extra={"regex": pb.regex}) for t, x in sorted(tasks.items())]
+    # the planner's own token budget for a plan (TaskSpec.max_new_tokens): answers on both outcomes of a
+    # two-object question run past _req's 48 tokens
+    reqs = [EngineRequest(f"trace-{t}", pb.token_ids(x), make_stop_checker(pb.skillset),
+                          max_new_tokens=TaskSpec.max_new_tokens, extra={"regex": pb.regex})
+            for t, x in sorted(tasks.items())]
     events = driver.run(eng, reqs)  # 8 concurrent generations, suspended and resumed
     for r in reqs:
         plan = concat_segments(events[r.gen_id])

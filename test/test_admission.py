@@ -9,13 +9,14 @@ import pytest
 from timelyllm_ros import paths
 from timelyllm_ros.domain.clock import SimClock
 from timelyllm_ros.domain.tuf import LEVELS
-from timelyllm_ros.domain.types import Generation, TaskSpec
+from timelyllm_ros.domain.types import TaskSpec
 from timelyllm_ros.engines.base import StepModel
 from timelyllm_ros.engines.latency import PAPER_PRIOR, PREFILL_WINDOW, LatencyEstimator
 from timelyllm_ros.engines.sim_engine import SimEngine, SimEngineConfig
 from timelyllm_ros.planner.admission import VLLM_MAX_NUM_SEQS, AdmissionView, LatencyGuided, make_admission
 from timelyllm_ros.planner.config import CoreConfig
 from timelyllm_ros.planner.core import PlannerCore
+from timelyllm_ros.planner.generation import Generation
 from timelyllm_ros.planner.policies import make_policy
 
 

@@ -3,7 +3,8 @@ import math
 import pytest
 
 from timelyllm_ros.domain.tuf import LEVELS
-from timelyllm_ros.domain.types import Generation, TaskSpec
+from timelyllm_ros.domain.types import TaskSpec
+from timelyllm_ros.planner.generation import Generation
 from timelyllm_ros.planner.policies import POLICIES, RankContext, make_policy
 
 

@@ -8,9 +8,10 @@ from test_scheduler import drain, spec
 
 from timelyllm_ros.domain.clock import SimClock
 from timelyllm_ros.domain.tuf import LEVELS
-from timelyllm_ros.domain.types import Generation, TaskSpec, TaskStatus
+from timelyllm_ros.domain.types import TaskSpec, TaskStatus
 from timelyllm_ros.engines.sim_engine import SimEngine
 from timelyllm_ros.planner.core import PlannerCore
+from timelyllm_ros.planner.generation import Generation
 from timelyllm_ros.planner.policies import POLICIES, RankContext, make_policy
 
 CTX = RankContext(comm_s=0.008, per_token_s=0.02, slack_floor_s=0.001)

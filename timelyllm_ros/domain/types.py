@@ -1,5 +1,5 @@
-"""The domain types every layer shares: a task as submitted, its generation's scheduler-side state,
-the segments it produced, how it ended.
+"""The domain types every layer shares: a task as submitted, the segments it produced, how it ended.
+(Its generation's scheduler-side state is the planner's own: planner/generation.py.)
 
 Imports nothing from timelyllm_ros but the TUF, so the scheduler, policies, admission, simulator,
 metrics, bags and ROS nodes all read one definition.
@@ -8,15 +8,10 @@ metrics, bags and ROS nodes all read one definition.
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from timelyllm_ros.domain.tuf import TimeUtility
-
-if TYPE_CHECKING:  # annotations only: the engine layer sits above this one
-    from timelyllm_ros.engines.base import EngineRequest
-    from timelyllm_ros.skills.segmenter import StopChecker
 
 
 class TaskStatus(enum.StrEnum):
@@ -139,63 +134,3 @@ class TaskResult:
         overload (a degrading policy, planner/policies.py). Read from the status and reason, which every layer
         carries (the action result's and /plan_results' message, the journal), so no wire change is needed."""
         return self.status is TaskStatus.DONE and self.reason.startswith(DEGRADED_PREFIX)
-
-
-class Generation:
-    """Scheduler-side state of one task's generation (hot fields are plain slots)."""
-
-    __slots__ = (
-        "task_id", "robot_id", "robot_type", "spec", "tuf", "alpha", "beta", "ert", "arrival",
-        "k", "prev_end", "enqueued_at", "eligible_at", "tok_est", "prefill_est_s", "seq", "status",
-        "req", "segments", "seg_start_len", "gen_start", "wait_version", "reason", "pending_abort",
-        "held", "checker", "abort_status", "rem_tok_est", "warm_hit", "prompt_blocks",
-    )
-
-    def __init__(self, spec: TaskSpec, task_id: str, arrival: float, seq: int) -> None:
-        self.task_id, self.robot_id, self.robot_type = task_id, spec.robot_id, spec.robot_type
-        self.spec = spec
-        self.tuf = spec.tuf
-        self.alpha, self.beta, self.ert = spec.tuf.alpha, spec.tuf.beta, spec.tuf.ert
-        self.arrival = arrival
-        self.k = 0
-        self.prev_end = math.nan
-        self.enqueued_at = arrival
-        self.eligible_at = arrival
-        self.tok_est = 8.0  # tokens of the next segment (the scheduler's length estimate, see CoreConfig.length_model)
-        self.rem_tok_est = 8.0  # tokens left in the plan, the next segment included (telemetry.queue_view)
-        self.prefill_est_s = 0.0  # its prompt's prefill in a step of its own (k == 0; PrefillModel.price)
-        self.prompt_blocks: tuple[int, list[int]] | None = None  # (block size, its prompt's block hashes), kept
-        # prompt tokens the prefix cache holds from a warmed prompt (PlannerCore); None: no warmed prompt known
-        self.warm_hit: int | None = None
-        self.seq = seq
-        self.status = TaskStatus.QUEUED
-        self.req: EngineRequest | None = None
-        self.segments: list[Segment] = []
-        self.seg_start_len = 0  # len(output_token_ids) at the start of the current segment
-        self.gen_start = arrival
-        self.wait_version = 0
-        self.reason = ""
-        self.pending_abort = False
-        self.abort_status = TaskStatus.CANCELLED  # how a pending abort ends the task
-        self.held: list[Segment] = []  # produced but not yet sent (non-streaming policies)
-        self.checker: StopChecker | None = None
-
-    def seg_tokens(self) -> int:
-        return len(self.req.output_token_ids) - self.seg_start_len if self.req is not None else 0
-
-    def dispatch(self, seg: Segment, now: float, comm_s: float) -> None:
-        """``seg`` leaves for the robot now (:meth:`Segment.predict`)."""
-        seg.dispatch = now
-        seg.predict(comm_s, self.segments[seg.index - 1].end if seg.index > 0 else None)
-
-    def repredict(self, from_index: int, comm_s: float) -> None:
-        """Segment ``from_index`` has a real finish time: shift the predictions of the sent ones after it."""
-        segs = self.segments
-        for seg in segs[from_index + 1:]:
-            if seg.dispatch is None or seg.real_end is not None:
-                continue
-            seg.predict(comm_s, segs[seg.index - 1].end)
-
-    def deadline(self) -> float:
-        """Deadline of the segment to generate next (TimeUtility.deadline)."""
-        return self.tuf.deadline(self.k, self.arrival, self.prev_end)

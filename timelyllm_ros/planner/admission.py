@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from timelyllm_ros.engines.latency import LatencyEstimator
 
 if TYPE_CHECKING:
-    from timelyllm_ros.domain.types import Generation
+    from timelyllm_ros.planner.generation import Generation
 
 
 @dataclass(slots=True)
@@ -174,7 +174,7 @@ class LatencyGuided(Admission):
             return True
         c_dl = cand.deadline() - comm
         # c's own generation time once it runs, after waiting: its prompt in a step of its own
-        c_gen = cand.tok_est * t_more + (cand.prefill_est_s if cand.k == 0 else 0.0)
+        c_gen = cand.gen_time(t_more)
         budget = self.prefill_step_s
         if budget is not None and extra > 0 and pending > 0 and pending + extra > budget \
                 and now + pending + t_now + c_gen <= c_dl:
@@ -192,7 +192,7 @@ class LatencyGuided(Admission):
             if worst:
                 left = max(1, lmax.get(g.robot_type, dflt) - g.seg_tokens())
             else:
-                left = max(1.0, g.tok_est - g.seg_tokens())
+                left = g.tokens_left()
             end_with = now + pending + extra + left * t_more
             end_without = now + pending + left * t_now
             if dl < c_dl and end_with > dl and end_without + c_gen <= c_dl:
@@ -201,16 +201,16 @@ class LatencyGuided(Admission):
                 loss += _lost(g, dl, end_without, end_with)
                 c_start = max(c_start, end_without)
         if loss > 0.0:  # c joining now ends with them; waiting, it starts when they are through
-            gain = _lost(cand, c_dl, now + pending + extra + cand.tok_est * t_more, c_start + c_gen)
+            gain = _lost(cand, c_dl, now + pending + extra + cand.gen_time(t_more, prefill=False), c_start + c_gen)
             if loss > gain:
                 # Served in series, c's segment is decoded alone, not beside theirs: the work waiting behind
                 # (tasks of other TUFs, later segments) starts that much later.
-                delay = cand.tok_est * t_now
+                delay = cand.gen_time(t_now, prefill=False)
                 after = c_start + c_gen
                 for w in itertools.islice(view.waiting, WEIGH_WAITING):
                     if w is cand or (w.k == 0 and w.tuf == c_tuf):
                         continue
-                    w_end = after + (w.prefill_est_s if w.k == 0 else 0.0) + w.tok_est * t_now
+                    w_end = after + w.gen_time(t_now)
                     gain += _lost(w, w.deadline() - comm, w_end, w_end + delay)
                     if gain >= loss:
                         break

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from timelyllm_ros.domain.types import Generation
 from timelyllm_ros.engines.base import Engine
 from timelyllm_ros.engines.latency import LatencyEstimator
 from timelyllm_ros.planner.admission import Admission, AdmissionView
+from timelyllm_ros.planner.generation import Generation
 from timelyllm_ros.planner.policies import Policy
 from timelyllm_ros.planner.prefill import PrefillModel
 from timelyllm_ros.planner.runqueue import RunQueue
@@ -67,17 +67,18 @@ class SegmentOrStream:
         late = sum(-h.alpha for h in running if self._losing(h, now, step))
         skip = {g.task_id for g in queued}
         # when a place frees without a suspension: the earliest end of a plan in the batch
-        free = min((now + max(1.0, h.rem_tok_est - h.seg_tokens()) * step for h in running if h.task_id not in skip),
+        free = min((now + h.plan_left_s(step) for h in running if h.task_id not in skip),
                    default=now)
         in_place = self.in_place_share(engine)  # once per decision, not per generation
         offers = []
         for g in running:
             if g.task_id in skip:
                 continue  # not started yet: nothing to suspend
-            t_b = now + max(1.0, g.tok_est - g.seg_tokens()) * step  # its boundary
+            t_b = now + g.segment_left_s(step)  # its boundary
             cover = self._robot_cover(g, t_b)
             resume = self.resume_cost(g, tight, est, engine, in_place)
-            idle = max(0.0, g.tok_est * step + comm + resume + lead - cover)  # its robot waits this long for it
+            # its robot waits this long for it
+            idle = max(0.0, g.gen_time(step, prefill=False) + comm + resume + lead - cover)
             offers.append((-g.alpha * idle + late * resume, t_b, g))
         if not offers:
             return True
@@ -103,14 +104,14 @@ class SegmentOrStream:
 
     def _losing(self, g: Generation, now: float, step: float) -> bool:
         """Is ``g``'s current segment already past full utility at its expected end (loses utility every step)?"""
-        end = now + max(1.0, g.tok_est - g.seg_tokens()) * step + self.comm_s
+        end = now + g.segment_left_s(step) + self.comm_s
         return (end - g.arrival > g.ert) if g.k == 0 else (end > g.prev_end)
 
     def _start_gain(self, q: Generation, t_b: float, t_free: float, step: float) -> float:
         """What ``q`` gains by starting at ``t_b`` instead of ``t_free`` (its utility at each start)."""
         if t_free <= t_b:
             return 0.0
-        G = q.tok_est * step + (q.prefill_est_s if q.k == 0 and not (q.req and q.req.output_token_ids) else 0.0)
+        G = q.gen_time(step, prefill=not (q.req and q.req.output_token_ids))  # a resumed prompt was prefilled
         # a first segment is judged from the task's arrival, a later one from the end of the one before
         tuf, since = (q.tuf.tuf0, q.arrival) if q.k == 0 else (q.tuf.tuf1, q.prev_end)
         lag = G + self.comm_s - since

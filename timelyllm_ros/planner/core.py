@@ -42,12 +42,14 @@ from collections.abc import Callable
 from typing import Any
 
 from timelyllm_ros.domain.clock import Clock
-from timelyllm_ros.domain.types import Generation, Segment, TaskResult, TaskSpec, TaskStatus
-from timelyllm_ros.engines.base import Engine, EngineRequest, FinishReason, SegmentEvent, StepReport
+from timelyllm_ros.domain.types import Segment, TaskResult, TaskSpec, TaskStatus
+from timelyllm_ros.engines.base import Engine, StepReport
 from timelyllm_ros.engines.latency import LatencyEstimator
-from timelyllm_ros.planner.admission import Admission, AdmissionView, make_admission
+from timelyllm_ros.planner import events, robots, scheduling
+from timelyllm_ros.planner.admission import Admission, make_admission
 from timelyllm_ros.planner.boundaries import SegmentOrStream
 from timelyllm_ros.planner.config import CoreConfig
+from timelyllm_ros.planner.generation import Generation
 from timelyllm_ros.planner.hooks import SkillHooks
 from timelyllm_ros.planner.lengths import SegmentLengths
 from timelyllm_ros.planner.overload import Overload
@@ -57,27 +59,11 @@ from timelyllm_ros.planner.prefill import PrefillModel
 from timelyllm_ros.planner.results import ResultStore
 from timelyllm_ros.planner.runqueue import Intake, RunQueue
 from timelyllm_ros.planner.watchdog import SilenceWatchdog
-from timelyllm_ros.skills.minispec import SkillParseError
 
 log = logging.getLogger(__name__)
 
 SegmentCallback = Callable[[TaskResult, Segment], None]
 ResultCallback = Callable[[TaskResult], None]
-
-
-def _segment_view(g: Generation) -> TaskResult:
-    """What ``on_segment`` gets of an open task."""
-    return TaskResult(task_id=g.task_id, robot_id=g.robot_id, status=g.status, plan="",
-                      segments=g.segments, response_time=None, utility=None, meta=g.spec.meta)
-
-
-def _engine_request(g: Generation, ids: list[int], segmented: bool, checker: Any, output: list[int] | None = None
-                    ) -> EngineRequest:
-    spec = g.spec
-    return EngineRequest(gen_id=g.task_id, prompt_token_ids=list(ids), stop_checker=checker,
-                         output_token_ids=list(output or []), max_new_tokens=spec.max_new_tokens,
-                         max_segment_tokens=spec.max_segment_tokens, suspend_at_boundary=segmented,
-                         extra={"robot_type": g.robot_type, **spec.extra})
 
 
 class PlannerCore:
@@ -135,7 +121,7 @@ class PlannerCore:
             g = self._new_generation(spec, tid, seq)
             self.prefill.seed(spec.robot_type, g.warm_hit)
             self._tasks[g.task_id] = g
-            self._claim(g)
+            robots.claim(self, g)
         self.wake.set()
         self._flush()
         return g.task_id
@@ -147,8 +133,7 @@ class PlannerCore:
             if g is None:
                 return False
             if task_id in self.queue.running:
-                g.pending_abort = True
-                g.reason = reason
+                g.abort_later(reason)
                 self._aborts.append(task_id)
             else:
                 self._finish(g, TaskStatus.CANCELLED, reason)
@@ -161,7 +146,7 @@ class PlannerCore:
         message does not count (see :meth:`_sent_segment`), or None. A robot that keeps sending heartbeats is
         never called silent (:meth:`expire_silent`), however much slower than predicted its skill is."""
         with self.lock:
-            found = self._sent_segment(task_id, seg_index, robot_id)
+            found = robots.sent_segment(self, task_id, seg_index, robot_id)
             if isinstance(found, str):
                 return found
             self.watchdog.heard(robot_id, self.clock.now())
@@ -173,7 +158,7 @@ class PlannerCore:
         """A robot finished executing a segment (closed loop: real times replace predictions). Returns why the
         report was ignored (unknown or unsent segment, or ``robot_id`` not the task's robot), or None."""
         with self.lock:
-            found = self._sent_segment(task_id, seg_index, robot_id)
+            found = robots.sent_segment(self, task_id, seg_index, robot_id)
             if isinstance(found, str):  # the caller counts it and logs it once per claimed sender
                 return found
             owner, seg = found
@@ -187,7 +172,7 @@ class PlannerCore:
             if self.watchdog.reported(task_id, seg):  # the robot owes nothing more of this task
                 if seg.success:  # it ran to the end: it stays DONE (a failure revises it, below)
                     self.ownership.preempted.pop(task_id, None)
-                self._release(owner.robot_id)
+                robots.release(self, owner.robot_id)
             if success and self.cfg.learn_exec_times and seg.calls:
                 start = start_time if start_time is not None else seg.pred_start
                 if start is not None and t > start:
@@ -197,12 +182,12 @@ class PlannerCore:
                         log.warning("exec model (%s) did not learn from %s[%s]: %s", owner.robot_type, task_id,
                                     seg_index, e)
             if not success:
-                self._end_or_revise(task_id, TaskStatus.ROBOT_FAILED,
+                robots.end_or_revise(self, task_id, TaskStatus.ROBOT_FAILED,
                                     f"robot failed segment {seg_index}: {error or 'no reason given'}")
             elif g is not None:
                 g.repredict(seg_index, self.cfg.comm_s)  # a real finish time: shift later predictions
                 if g.status is TaskStatus.SUSPENDED and g.segments and g.k == len(g.segments):
-                    self._requeue(g, self.clock.now())  # ... and the resume time
+                    events.requeue(self, g, self.clock.now())  # ... and the resume time
         self.wake.set()
         self._flush()
         return None
@@ -211,7 +196,7 @@ class PlannerCore:
         """The transport or a watchdog says the robot failed this task: it ends ROBOT_FAILED (see
         :meth:`_end_or_revise`)."""
         with self.lock:
-            self._end_or_revise(task_id, TaskStatus.ROBOT_FAILED, reason)
+            robots.end_or_revise(self, task_id, TaskStatus.ROBOT_FAILED, reason)
         self.wake.set()
         self._flush()
 
@@ -241,7 +226,7 @@ class PlannerCore:
             silent = self.watchdog.silent(now, timeout, unacked)
             for tid, s, heard in silent:
                 quiet = "never heard" if heard == -math.inf else f"nothing heard for {now - heard:.1f} s"
-                self._end_or_revise(tid, TaskStatus.ROBOT_FAILED,
+                robots.end_or_revise(self, tid, TaskStatus.ROBOT_FAILED,
                                     f"robot silent: no heartbeat, ack or report ({quiet}), and no report for "
                                     f"segment {s.index} within its longest execution by the model "
                                     f"({max(s.est_exec_s, s.max_exec_s):.2f} s) + {timeout:g} s")
@@ -315,18 +300,17 @@ class PlannerCore:
                     g.segments[-1].final = True
                 self._finish(g, TaskStatus.DONE, "")
             elif not g.segments:
-                self._claim(g)
+                robots.claim(self, g)
             else:
                 ids = spec.prompt_token_ids if spec.prompt_token_ids is not None else self.engine.tokenize(spec.prompt)
                 g.checker = self.hooks.stop_checker(g.robot_type)
                 for s in g.segments:  # the grammar state (open braces, ...) of what was written
                     g.checker.feed(s.text)
                     g.checker.cut()
-                g.req = _engine_request(g, ids, self.policy.segmented, g.checker,
-                                        [t for s in g.segments for t in s.token_ids])
-                g.status = TaskStatus.SUSPENDED
-                g.k = len(g.segments)
-                self._requeue(g, self.clock.now())
+                g.req = g.engine_request(ids, self.policy.segmented, g.checker,
+                                         [t for s in g.segments for t in s.token_ids])
+                g.suspend()
+                events.requeue(self, g, self.clock.now())
         self.wake.set()
         self._flush()
         return tid
@@ -417,9 +401,9 @@ class PlannerCore:
         """
         with self.lock:
             now = self.clock.now()
-            self._apply_aborts()
-            spent = self._schedule(now)
-            self._apply_aborts()  # of suspended tasks the decision itself ended
+            scheduling.apply_aborts(self)
+            spent = scheduling.schedule(self, now)
+            scheduling.apply_aborts(self)  # of suspended tasks the decision itself ended
             if self.policy.segmented and self.policy.adaptive:
                 t0 = time.perf_counter()
                 if self.segmenting.decide(now, self.queue, self.policy, self.engine, self.admission, self.estimator):
@@ -447,7 +431,7 @@ class PlannerCore:
                 if g is None or g.pending_abort:
                     continue
                 try:
-                    self._on_event(g, ev, now)
+                    events.on_event(self, g, ev, now)
                 except Exception as e:  # noqa: BLE001 - one task's event must not crash the loop (it fails all)
                     log.exception("%s: handling its %s event failed", ev.gen_id, ev.reason.value)
                     self.queue.drop(g.task_id)
@@ -467,289 +451,6 @@ class PlannerCore:
         self.prefill.price(g, self.engine, self.estimator)
         return g
 
-    def _sent_segment(self, task_id: str, seg_index: int, robot_id: str | None
-                      ) -> tuple[Generation | TaskResult, Segment | None] | str:
-        """(task, segment) a robot message may speak of, or why it may not: the task must be known, the segment
-        sent to the robot, and ``robot_id`` (None: not checked) the task's robot. Any node on the domain can
-        publish reports and acks; one naming another robot's task must not end or free it. The segment is None
-        for the end-of-plan marker of a finished plan (index = its number of segments)."""
-        owner = self._tasks.get(task_id) or self.results.get(task_id)
-        if owner is None:
-            return f"unknown task {task_id!r}"
-        if robot_id is not None and robot_id != owner.robot_id:
-            return f"robot {robot_id!r} spoke for task {task_id!r} of robot {owner.robot_id!r}"
-        segs = owner.segments
-        if seg_index == len(segs) and segs and task_id not in self._tasks:
-            return owner, None
-        if not 0 <= seg_index < len(segs) or segs[seg_index].dispatch is None:
-            return f"segment {seg_index} of task {task_id!r} was never sent"
-        return owner, segs[seg_index]
-
-    def _end_or_revise(self, task_id: str, status: TaskStatus, reason: str) -> None:
-        """End an open task with ``status`` (a generating one is aborted in the engine first); a task whose
-        generation had already ended DONE gets its published result revised (never silently left at DONE): its
-        robot did not run its plan to the end."""
-        g = self._tasks.get(task_id)
-        if g is not None:
-            if task_id in self.queue.running:
-                g.pending_abort, g.reason, g.abort_status = True, reason, status
-                self._aborts.append(task_id)
-            else:
-                self._finish(g, status, reason)
-            return
-        res = self.results.get(task_id)
-        if res is not None and res.status is TaskStatus.DONE:
-            why = self.ownership.preempted.pop(task_id, None)
-            if why is not None:  # what the robot did not run to the end, it was told to drop
-                status, reason = TaskStatus.CANCELLED, why
-            res.status, res.reason = status, reason
-            self.watchdog.drop(task_id)
-            self._outbox.append(("result", res, None))
-            self._release(res.robot_id)
-
-    def _claim(self, g: Generation) -> None:
-        """A new task asks for its robot: it owns a free one, preempts a lower-beta owner, or waits its turn."""
-        self._release(g.robot_id)  # the owner may have ended since
-        owns, old = self.ownership.claim(g)
-        if not owns:
-            return
-        self.queue.add(g)
-        if old is None:
-            return
-        old_id, old_beta = old
-        reason = f"preempted by task {g.task_id} (beta {g.tuf.beta:g} > {old_beta:g})"
-        if old_id not in self._tasks and self.watchdog.owes(old_id):
-            # Generated DONE, not all reported: the robot may have run it all before the new segment 0 came.
-            # A report of a segment not run to the end revises it CANCELLED with this reason (_end_or_revise).
-            self.ownership.preempted[old_id] = reason
-        else:
-            self._end_or_revise(old_id, TaskStatus.CANCELLED, reason)
-
-    def _release(self, robot_id: str) -> None:
-        """Hand the robot to the waiting task of highest beta once its owner has ended and every segment sent
-        to it has been reported (or given up on)."""
-        g = self.ownership.release(robot_id)
-        if g is not None:
-            g.enqueued_at = self.clock.now()
-            self.queue.add(g)
-
-    # -- decisions ------------------------------------------------------------
-    def _apply_aborts(self) -> None:
-        # Taken before any is applied: an engine whose abort raises (the engine loop restarts it) is not
-        # asked the same again and again.
-        aborts, self._aborts = self._aborts, []
-        for tid in aborts:
-            g = self._tasks.get(tid)
-            self.engine.abort(tid)
-            self.queue.running.pop(tid, None)
-            if g is not None and g.pending_abort:
-                self._finish(g, g.abort_status, g.reason)
-
-    def _schedule(self, now: float) -> float | None:
-        """Shed, rank and admit; returns the seconds the decision took (None: nothing waited, nothing was
-        decided)."""
-        q, pol = self.queue, self.policy
-        q.promote(now)
-        self.prefill.reprice(q.cands.values(), self.engine, self.estimator)
-        if pol.sheds:
-            def shed_running(g: Generation, reason: str) -> None:  # this is the engine thread: abort it now
-                self.engine.abort(g.task_id)
-                q.running.pop(g.task_id, None)
-                self._finish(g, TaskStatus.OVERDUE, reason)
-
-            self.overload.shed(now, pol, self.estimator, len(self.engine.warm_up_targets()) <= 1,
-                               list(q.running.values()), lambda: q.rank(pol, now, self.estimator),
-                               lambda: any(g.k == 0 for g in q.cands.values()), shed_running,
-                               lambda g, reason: self._finish(g, TaskStatus.OVERDUE, reason))
-        if not q.cands or (not q.running and not self.engine.has_work() and q.gather_until(
-                now, self.cfg.gather_s, self.estimator.step_time(1), self.intake.latest()) is not None):
-            return None
-        t0 = time.perf_counter()
-        if self.cfg.overdue == "reject":
-            self.overload.reject(now, list(q.cands.values()), self.estimator.step_time(len(q.running) + 1),
-                                 lambda g, reason: self._finish(g, TaskStatus.OVERDUE, reason))
-        room = self.admission.max_batch() - len(q.running)
-        picked: list[Generation] = []
-        if room > 0 and q.cands:
-            view = AdmissionView(list(q.running.values()), now, self.cfg.comm_s, self.engine.stats().kv_cache_usage,
-                                 self.estimator, q.cands.values())
-            while True:
-                # Admit in the policy's order while the batch has room and admission takes them, ranking only as
-                # many as could join (cheaper than a full sort), and again if all were taken.
-                refused = False
-                while room > 0 and q.cands and not refused:
-                    self.prefill.reprice(q.cands.values(), self.engine, self.estimator)
-                    for g in q.best(pol, now, self.estimator, min(room, 64)):
-                        if not self.admission.admit(view, g):
-                            refused = True
-                            break
-                        picked.append(g)
-                        view.running.append(g)
-                        q.start(g)
-                        room -= 1
-                        if self.prefill.admitted(g, self.engine, len(self.engine.warm_up_targets()) == 1):
-                            break  # the cache will hold its prompt: the rest are priced and ranked again
-                if not (pol.eager and q.cands and any(g.k > 0 for g in picked)):
-                    break
-                # Eager degrading: a later segment admitted ahead of a first segment that can still earn, and that
-                # its generation time would push past its ERT, gives up its optional rest; its place goes to the
-                # waiting ones.
-                cut = self._degrade(now, [g for g in picked if g.k > 0], True)
-                if not cut:
-                    break
-                for g in cut:
-                    picked.remove(g)
-                    view.running.remove(g)
-                    room += 1
-        if pol.degrades and q.cands:  # left waiting: the engine could not take them now (overload)
-            self._degrade(now, [g for g in q.cands.values() if g.k > 0], pol.eager)
-        spent = time.perf_counter() - t0
-        for g in picked:
-            self._start(g, now)
-        return spent
-
-    def _degrade(self, now: float, gens: list[Generation], contended: bool) -> list[Generation]:
-        """End the optional rest of those of ``gens`` a degrading policy names (:meth:`Overload.degrade`): each
-        ends DONE with what was sent. Returns them."""
-        def end(g: Generation, reason: str) -> None:  # (eager) admitted here, not started: released as suspended
-            self.queue.running.pop(g.task_id, None)
-            self._finish(g, TaskStatus.DONE, reason)
-
-        return self.overload.degrade(
-            now, self.policy, self.estimator, gens, contended, self.queue.cands.values,
-            lambda: len(self.queue.running),
-            lambda g: self.hooks.validate_plan(g.robot_type, "".join(s.text for s in g.segments)) is None, end)
-
-    def _start(self, g: Generation, now: float) -> None:
-        g.status = TaskStatus.RUNNING
-        g.gen_start = now
-        if g.req is None:
-            spec = g.spec
-            try:
-                ids = spec.prompt_token_ids
-                if ids is None:  # tokenized only now: priced by its length (PrefillModel.admitted could not note it)
-                    ids = self.engine.tokenize(spec.prompt)
-                    self.prefill.price(g, self.engine, self.estimator, len(ids))
-                g.checker = self.hooks.stop_checker(g.robot_type)
-            except Exception as e:  # noqa: BLE001 - e.g. a skill set that does not load: this task's failure
-                self.queue.running.pop(g.task_id, None)
-                self._finish(g, TaskStatus.FAILED, f"planner error preparing the generation: {type(e).__name__}: {e}")
-                return
-            g.req = _engine_request(g, ids, self.policy.segmented, g.checker)
-        g.seg_start_len = len(g.req.output_token_ids)
-        try:
-            self.engine.add(g.req)
-        except Exception as e:  # an engine refusal must reach the robot, not vanish
-            self.engine.abort(g.task_id)
-            self.queue.running.pop(g.task_id, None)
-            self._finish(g, TaskStatus.FAILED, f"engine refused the generation: {e}")
-            return
-        if self.policy.sheds and g.k == 0 and not g.req.output_token_ids:  # a new prompt joins the prefill queue
-            self.overload.admitted(g, now)
-
-    # -- engine events ----------------------------------------------------------
-    def _on_event(self, g: Generation, ev: SegmentEvent, now: float) -> None:
-        text = ev.text
-        # LLM output is untrusted: a segment reaches the robot only if it parses
-        # against the robot's skill set with every argument inside its bounds.
-        deliverable = ev.reason in (FinishReason.SEGMENT, FinishReason.STOP)
-        if not deliverable:
-            text = ""  # a cut-off fragment (length cap, runaway segment, abort) is never sent
-        err = self.hooks.validate(g.robot_type, text) if text.strip() else None
-        adds = err is None and (text or ev.reason is FinishReason.SEGMENT)
-        calls: list[Any] = []
-        times = (0.0, 0.0)
-        if adds:
-            calls = self.hooks.parse(g.robot_type, text)
-            try:
-                times = self.hooks.exec_range(g.robot_type, calls, text=text,
-                                              before="".join(s.text for s in g.segments))
-            except SkillParseError as e:  # valid alone, not after the plan so far: over a plan bound of its skill set
-                err = str(e)
-        if err is not None:
-            self.queue.running.pop(g.task_id, None)
-            if g.task_id in self.engine.running_ids():
-                self.engine.abort(g.task_id)
-            elif ev.suspended:
-                self._aborts.append(g.task_id)  # the engine may still hold it (a parked request)
-            self._finish(g, TaskStatus.FAILED, f"invalid plan output in segment {len(g.segments)} "
-                                               f"({text.strip()[:60]!r}): {err}")
-            return
-        if adds:
-            self._add_segment(g, ev, now, calls, times)
-        if ev.reason is FinishReason.SEGMENT:
-            self.segmenting.counts["suspended" if ev.suspended else "streamed"] += 1
-            if ev.suspended:
-                self.queue.running.pop(g.task_id, None)
-                g.status = TaskStatus.SUSPENDED
-                g.k = len(g.segments)
-                self._requeue(g, now)
-            else:  # streamed on in place: the next segment is now the one being written
-                g.seg_start_len = len(g.req.output_token_ids)
-                g.k = len(g.segments)
-                if g.segments and g.segments[-1].end is not None:
-                    g.prev_end = g.segments[-1].end
-            return
-        # final event
-        self.queue.running.pop(g.task_id, None)
-        if g.segments:
-            g.segments[-1].final = True
-        if ev.reason is FinishReason.STOP:
-            self._send_held(g, now)
-            # Each segment was valid alone; the whole plan must be too (blocks closed, variables set).
-            err = self.hooks.validate_plan(g.robot_type, "".join(s.text for s in g.segments))
-            if err is not None:
-                self._finish(g, TaskStatus.FAILED, f"invalid plan at its end: {err}")
-            else:
-                self._finish(g, TaskStatus.DONE, "")
-        else:
-            what = {FinishReason.LENGTH: f"plan exceeded max_new_tokens={g.spec.max_new_tokens}",
-                    FinishReason.ABORTED: "generation aborted by the engine"}.get(ev.reason, ev.reason.value)
-            self._finish(g, TaskStatus.FAILED, ev.error or what)
-
-    def _add_segment(self, g: Generation, ev: SegmentEvent, now: float, calls: list[Any],
-                     times: tuple[float, float]) -> None:
-        """A validated segment: ``calls`` parsed from it, ``times`` its (min, max) execution by the model."""
-        if not g.segments:  # first segment: learn how much of a new prompt the prefix cache covers
-            rt = g.robot_type
-            self.prefill.observe(rt, ev.cached_prompt_tokens)
-            for q in self.queue.cands.values():
-                if q.k == 0 and q.robot_type == rt and q.warm_hit is None:
-                    self.prefill.price(q, self.engine, self.estimator)
-        est, longest = times
-        seg = Segment(index=len(g.segments), text=ev.text, token_ids=list(ev.token_ids), calls=calls,
-                      gen_start=g.gen_start, ready=now, est_exec_s=est, max_exec_s=longest)
-        g.segments.append(seg)
-        n = len(ev.token_ids)
-        self.lengths.observe_segment(g, seg.index, n, bool(calls))
-        if calls and est > 0:  # the shortest skill-bearing segment: how little of the robot's time a segment covers
-            self.segmenting.observe_segment(g.robot_type, est)
-        if n:
-            self.overload.observe_segment(g.robot_type, seg.index == 0, n)
-        g.gen_start = now
-        g.held.append(seg)
-        if self.policy.streams:
-            self._send_held(g, now)
-
-    def _send_held(self, g: Generation, now: float) -> None:
-        """Send ``g``'s produced segments to its robot (a streaming policy sends each as it is made)."""
-        for seg in g.held:
-            g.dispatch(seg, now, self.cfg.comm_s)
-            self.watchdog.sent(g.task_id, g.robot_id, seg)
-            self._outbox.append(("segment", g, seg))
-        g.held.clear()
-
-    def _requeue(self, g: Generation, now: float) -> None:
-        """A suspended generation waits for its resume time (module docstring, ``runqueue.py``)."""
-        last = g.segments[-1] if g.segments else None
-        if last is not None and last.end is not None:
-            g.prev_end = last.end
-        elif last is not None:  # held (not streamed): resume at once
-            g.prev_end = now
-        G = g.tok_est * self.estimator.step_time(len(self.queue.running) + 1)
-        g.eligible_at = g.prev_end - G - self.cfg.comm_s - self.cfg.resume_lead_s
-        self.queue.park(g, now)
-
     # -- results ------------------------------------------------------------------
     def _finish(self, g: Generation, status: TaskStatus, reason: str) -> None:
         if g.status.terminal:
@@ -758,20 +459,10 @@ class PlannerCore:
             # The engine may still hold it (a parked vLLM request, a kept cache). The engine thread releases
             # it (start_step), never a caller's thread while a step runs.
             self._aborts.append(g.task_id)
-        g.status = status
-        g.reason = reason
-        g.wait_version += 1
+        g.end(status, reason)
         self._tasks.pop(g.task_id, None)
         self.queue.drop(g.task_id)
-        s0 = g.segments[0] if g.segments else None
-        rt = (s0.dispatch + self.cfg.comm_s - g.arrival) if s0 is not None and s0.dispatch is not None else None
-        sent = g.spec.sent
-        res = TaskResult(task_id=g.task_id, robot_id=g.robot_id, status=status,
-                         plan="".join(s.text for s in g.segments), segments=g.segments,
-                         response_time=rt, utility=g.tuf.tuf0(rt) if rt is not None else None,
-                         reason=reason, meta=g.spec.meta, robot_type=g.robot_type,
-                         response_time_from_send=(rt + g.arrival - sent) if rt is not None and sent is not None
-                         else None)
+        res = g.result(self.cfg.comm_s)
         if status is not TaskStatus.DONE:
             self.watchdog.drop(g.task_id)  # nothing more is expected of the robot
         elif g.segments and g.segments[-1].final:  # a complete plan: learn how long plans of its task are
@@ -779,10 +470,10 @@ class PlannerCore:
         for tid, old in self.results.add(res, self.clock.now()):  # bounded memory: the oldest results go
             self.ownership.preempted.pop(tid, None)
             if self.watchdog.drop(tid) and old is not None:
-                self._release(old.robot_id)
+                robots.release(self, old.robot_id)
         self._outbox.append(("result", res, None))
         self.ownership.leave_turns(g.robot_id, g.task_id)  # ended while waiting for its robot
-        self._release(g.robot_id)
+        robots.release(self, g.robot_id)
 
     def _flush(self) -> None:
         with self.lock:
@@ -791,7 +482,7 @@ class PlannerCore:
             try:
                 if kind == "segment":
                     if self.on_segment is not None:
-                        self.on_segment(_segment_view(a), b)
+                        self.on_segment(a.segment_view(), b)
                 elif self.on_result is not None:
                     self.on_result(a)
             except Exception:  # a broken callback must not kill the engine thread

@@ -37,7 +37,8 @@ from statistics import NormalDist
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from timelyllm_ros.domain.types import Generation, TaskSpec
+    from timelyllm_ros.domain.types import TaskSpec
+    from timelyllm_ros.planner.generation import Generation
 
 _WS = re.compile(r"\s+")
 _SCENE = re.compile(r"scene:\s*\[[^\]]*\]", re.I)  # LRTrace drone prompts: "Scene: [objects with boxes] Task: ..."

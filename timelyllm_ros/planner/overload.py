@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from timelyllm_ros.domain.types import DEGRADED_PREFIX, Generation
+from timelyllm_ros.domain.types import DEGRADED_PREFIX
 from timelyllm_ros.engines.latency import LatencyEstimator
+from timelyllm_ros.planner.generation import Generation
 from timelyllm_ros.planner.policies import Policy
 from timelyllm_ros.planner.prefill import PrefillModel
 
@@ -133,7 +134,7 @@ class Overload:
         """CoreConfig.overdue 'reject': end the queued first segments whose expected generation (its prefill and
         its tokens at ``per_token_s``) cannot come before their utility cutoff."""
         for g in cands:
-            if g.k == 0 and g.tuf.tuf0(now - g.arrival + g.tok_est * per_token_s + g.prefill_est_s + self.comm_s) < 0:
+            if g.k == 0 and g.tuf.tuf0(g.wait(now, g.gen_time(per_token_s), self.comm_s)) < 0:
                 end_queued(g, f"overdue: the first segment cannot arrive before the utility cutoff "
                               f"({g.tuf.cutoff:.3f} s after arrival); waited {now - g.arrival:.3f} s")
 
@@ -205,7 +206,7 @@ class Overload:
             left = self.tokens_best(g, 0) * step1
             # the first segments waiting behind it lose its expected generation time (the ranking's G)
             busy = contended is not False and self.contended(
-                now, g.tok_est * est.step_time(batch() + 1) if policy.at_risk else None, cands(), est)
+                now, g.gen_time(est.step_time(batch() + 1), prefill=False) if policy.at_risk else None, cands(), est)
             if policy.degradable(g, now, left, comm, ready, busy):
                 end(g, self.degraded_reason(g, policy.name, now + left + comm - ready))
                 cut.append(g)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from timelyllm_ros.domain.types import Generation
+from timelyllm_ros.planner.generation import Generation
 
 
 class RobotOwnership:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from timelyllm_ros.domain.tuf import TimeUtility
-    from timelyllm_ros.domain.types import Generation
+    from timelyllm_ros.planner.generation import Generation
 
 
 @dataclass(slots=True)
@@ -42,6 +42,9 @@ class GenView(Protocol):  # documentation of the fields policies read
     prefill_est_s: float  # estimated prefill of the prompt (k == 0 only)
 
     def deadline(self) -> float: ...  # tuf.deadline of segment k
+    def gen_time(self, step_s: float, prefill: bool = True) -> float: ...  # G(s_k)
+    def wait(self, now: float, G: float, comm_s: float) -> float: ...  # W(s_k; now)
+    def slack(self, now: float, G: float) -> float: ...  # L(s_k), unclamped
 
 
 class Policy:
@@ -56,11 +59,6 @@ class Policy:
     at_risk: bool = True
     # (segmented) suspend at a boundary only when it pays, else write on in place (SegmentOrStream.decide)
     adaptive: bool = False
-
-    def gen_time(self, g: Generation, ctx: RankContext) -> float:
-        """G(s_k): estimated generation time of the next segment."""
-        G = g.tok_est * ctx.per_token_s
-        return G + g.prefill_est_s if g.k == 0 else G
 
     def priority(self, g: Generation, now: float, ctx: RankContext) -> float:
         raise NotImplementedError
@@ -106,15 +104,9 @@ class PUD(Policy):
         out = []
         append = out.append
         for g in gens:
-            tuf, k = g.tuf, g.k
-            G = g.tok_est * tpt
-            if k == 0:
-                G += g.prefill_est_s
-                w = now - g.arrival + G + comm  # W(s_0; t) = (t - arrival) + G + comm
-            else:
-                w = now + G + comm - g.prev_end  # W(s_k; t) = t + G + comm - exec_end(s_{k-1}), TUF_1 clamps at 0
-            u = tuf.utility(k, w)
-            L = tuf.deadline(k, g.arrival, g.prev_end) - now - G  # slack: time left until the deadline
+            G = g.gen_time(tpt)
+            u = g.tuf.utility(g.k, g.wait(now, G, comm))
+            L = g.slack(now, G)
             if L < floor:
                 L = floor
             append(u / (G * L))
@@ -221,7 +213,7 @@ class PortExp(Policy):
     name = "port-exp"
 
     def priority(self, g: Generation, now: float, ctx: RankContext) -> float:
-        G = self.gen_time(g, ctx)
+        G = g.gen_time(ctx.per_token_s)
         D = now + G + ctx.comm_s - g.deadline()
         return (g.alpha * max(0.0, D) + g.beta) * math.exp(min(0.0, D))
 

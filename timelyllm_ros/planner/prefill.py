@@ -18,9 +18,10 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-from timelyllm_ros.domain.types import Generation, TaskSpec
+from timelyllm_ros.domain.types import TaskSpec
 from timelyllm_ros.engines.base import Engine
 from timelyllm_ros.engines.latency import LatencyEstimator
+from timelyllm_ros.planner.generation import Generation
 
 WARM_PROMPTS_KEPT = 64  # per robot type: the planner warms one prompt per set of few-shot families (21 for a drone)
 # per robot type: the last prompts admitted. An admitted prompt costs the cache only its own turn's few blocks

@@ -12,8 +12,9 @@ from __future__ import annotations
 import heapq
 import threading
 
-from timelyllm_ros.domain.types import Generation, TaskStatus
+from timelyllm_ros.domain.types import TaskStatus
 from timelyllm_ros.engines.latency import LatencyEstimator
+from timelyllm_ros.planner.generation import Generation
 from timelyllm_ros.planner.policies import Policy, RankContext
 
 GATHER_SPAN = 5  # an idle engine waits for a burst's goals at most this many gather_s after the first
@@ -93,7 +94,7 @@ class RunQueue:
         if until <= now:
             return None
         for g in self.cands.values():
-            if g.k != 0 or until + g.prefill_est_s + g.tok_est * step1_s + self.comm_s > g.deadline():
+            if g.k != 0 or until + g.gen_time(step1_s) + self.comm_s > g.deadline():
                 return None
         return until
 

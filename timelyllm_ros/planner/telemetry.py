@@ -18,10 +18,10 @@ def queue_view(core: PlannerCore, now: float | None = None) -> list[dict]:
         cands, pri = q.priorities(core.policy, now, core.estimator)
         out = []
         for p, g in sorted(zip(pri, cands, strict=True), key=lambda x: -x[0]):
-            G = g.tok_est * per_token + (g.prefill_est_s if g.k == 0 else 0.0)
-            wait = now - g.arrival + G + comm if g.k == 0 else max(0.0, now + G + comm - g.prev_end)
+            G = g.gen_time(per_token)
+            wait = g.wait(now, G, comm) if g.k == 0 else max(0.0, g.wait(now, G, comm))
             out.append({"task_id": g.task_id, "robot_id": g.robot_id, "k": g.k, "priority": p,
-                        "slack_s": g.deadline() - now - G, "waiting_s": wait,
+                        "slack_s": g.slack(now, G), "waiting_s": wait,
                         "prefill_est_s": g.prefill_est_s if g.k == 0 else 0.0,
                         "next_tokens_est": g.tok_est, "plan_tokens_left_est": g.rem_tok_est})
         return out

@@ -6,6 +6,10 @@ steps; each other concern has a home of its own beside it (``planner/``):
 
 =================  ==========================================================================================
 ``config.py``      CoreConfig
+``generation.py``  a task's generation: its next segment's generation time G, wait, slack, resume time, status
+``scheduling.py``  the decision: aborts, shedding, ranking, admission, starting in the engine
+``events.py``      the engine's segment events: validate, send, suspend (and its resume time) or stream on
+``robots.py``      a task's robot: which messages may speak of a segment, ending or revising for it, claim, release
 ``runqueue.py``    candidates, suspended generations waiting for their resume time, the batch, the ranking
 ``ownership.py``   one task per robot: owners, turns, preemption
 ``watchdog.py``    what each robot owes (unreported segments) and its silence
@@ -90,21 +94,22 @@ class PlannerCore:
         self.wake = threading.Event()
         self.lock = threading.RLock()  # guards every component below; telemetry reads them under it too
         self._seq = itertools.count()
-        self._tasks: dict[str, Generation] = {}  # every non-terminal task
+        # Below, what the core's own modules (scheduling.py, events.py, robots.py) share with it under the lock:
+        self.tasks: dict[str, Generation] = {}  # every non-terminal task
         self.queue = RunQueue(cfg.comm_s, cfg.slack_floor_s)
         self.intake = Intake()  # goals still being taken in by the caller (a burst to wait for, RunQueue.gather_until)
         self.results = ResultStore(cfg.keep_results_s, cfg.keep_results_max)
         self.watchdog = SilenceWatchdog()
-        self.ownership = RobotOwnership(busy=lambda t: t in self._tasks or self.watchdog.owes(t),
-                                        live=self._tasks.get)
+        self.ownership = RobotOwnership(busy=lambda t: t in self.tasks or self.watchdog.owes(t),
+                                        live=self.tasks.get)
         self.prefill = PrefillModel(cfg.prefill_tokens_default, cfg.kv_block_tokens)
         self.overload = Overload(self.prefill, cfg.comm_s)
         self.segmenting = SegmentOrStream(self.prefill, cfg.comm_s, cfg.resume_lead_s)
         self.lengths = SegmentLengths(cfg.length_model, cfg.segment_tokens_prior,
                                       quantile_urgent=cfg.length_quantile_urgent,
                                       urgent_beta=cfg.length_urgent_beta, max_keys=cfg.length_max_keys)
-        self._aborts: list[str] = []
-        self._outbox: list[tuple[str, Any, Any]] = []  # callbacks to fire outside the lock
+        self.aborts: list[str] = []  # tasks the engine thread aborts in the engine at its next decision
+        self.outbox: list[tuple[str, Any, Any]] = []  # callbacks to fire outside the lock
         # seconds, one per decision with candidates: the most recent DECISION_LOG_LEN (a planner runs for days)
         self.decision_times: deque[float] = deque(maxlen=self.DECISION_LOG_LEN)
         self.calibration: Any = None  # what warm-up measured on the engine (planner/warmup.py), where it did
@@ -116,11 +121,11 @@ class PlannerCore:
         with self.lock:
             seq = next(self._seq)
             tid = spec.task_id or f"t{seq}"
-            if tid in self._tasks or tid in self.results:
+            if tid in self.tasks or tid in self.results:
                 raise ValueError(f"task id {tid!r} already used")
             g = self._new_generation(spec, tid, seq)
             self.prefill.seed(spec.robot_type, g.warm_hit)
-            self._tasks[g.task_id] = g
+            self.tasks[g.task_id] = g
             robots.claim(self, g)
         self.wake.set()
         self._flush()
@@ -129,22 +134,22 @@ class PlannerCore:
     def cancel(self, task_id: str, reason: str = "cancelled by client") -> bool:
         """Abort a task wherever it is; the robot gets a CANCELLED result. False if unknown/finished."""
         with self.lock:
-            g = self._tasks.get(task_id)
+            g = self.tasks.get(task_id)
             if g is None:
                 return False
             if task_id in self.queue.running:
                 g.abort_later(reason)
-                self._aborts.append(task_id)
+                self.aborts.append(task_id)
             else:
-                self._finish(g, TaskStatus.CANCELLED, reason)
+                self.finish(g, TaskStatus.CANCELLED, reason)
         self.wake.set()
         self._flush()
         return True
 
     def robot_alive(self, task_id: str, seg_index: int, robot_id: str) -> str | None:
         """The robot acknowledged a segment, or sent a heartbeat (it is executing it now). Returns why the
-        message does not count (see :meth:`_sent_segment`), or None. A robot that keeps sending heartbeats is
-        never called silent (:meth:`expire_silent`), however much slower than predicted its skill is."""
+        message does not count (see :func:`planner.robots.sent_segment`), or None. A robot that keeps sending
+        heartbeats is never called silent (:meth:`expire_silent`), however much slower than predicted its skill is."""
         with self.lock:
             found = robots.sent_segment(self, task_id, seg_index, robot_id)
             if isinstance(found, str):
@@ -165,7 +170,7 @@ class PlannerCore:
             if seg is None:  # the executor refused to end the plan there: the task's result already stands
                 log.info("robot %s on the end of plan %s: %s", owner.robot_id, task_id, error or "ok")
                 return None
-            g = self._tasks.get(task_id)
+            g = self.tasks.get(task_id)
             t = self.clock.now() if finish_time is None else float(finish_time)
             self.watchdog.heard(owner.robot_id, self.clock.now())
             seg.real_end, seg.success, seg.error = t, success, error
@@ -194,7 +199,7 @@ class PlannerCore:
 
     def robot_failed(self, task_id: str, reason: str) -> None:
         """The transport or a watchdog says the robot failed this task: it ends ROBOT_FAILED (see
-        :meth:`_end_or_revise`)."""
+        :func:`planner.robots.end_or_revise`)."""
         with self.lock:
             robots.end_or_revise(self, task_id, TaskStatus.ROBOT_FAILED, reason)
         self.wake.set()
@@ -205,7 +210,7 @@ class PlannerCore:
         caller must keep per robot (a publisher, say); anything kept for other robots may be released."""
         with self.lock:
             busy = self.ownership.robots()
-            busy.update(g.robot_id for g in self._tasks.values())
+            busy.update(g.robot_id for g in self.tasks.values())
             busy.update(self.watchdog.robots())
             return busy
 
@@ -240,7 +245,7 @@ class PlannerCore:
             return []
         with self.lock:
             now = self.clock.now() if now is None else now
-            probes = [(t, s, self._tasks.get(t) or self.results.get(t)) for t, s in
+            probes = [(t, s, self.tasks.get(t) or self.results.get(t)) for t, s in
                       self.watchdog.to_probe(now, self.cfg.silence_timeout_s)]
             return [(t, o.robot_id, o.robot_type, s) for t, s, o in probes if o is not None]
 
@@ -250,19 +255,19 @@ class PlannerCore:
         this engine when it serves on (a drain; a restart that reuses it), a no-op on a replacement
         (:meth:`replace_engine`)."""
         with self.lock:
-            gens = list(self._tasks.values())
-            self._aborts.extend(self.queue.running)
+            gens = list(self.tasks.values())
+            self.aborts.extend(self.queue.running)
             self.queue.running.clear()
             for g in gens:
-                self._finish(g, status, reason)
+                self.finish(g, status, reason)
         self._flush()
         return len(gens)
 
     def replace_engine(self, engine: Engine) -> None:
         """Serve from a new engine (after a crash); only when no task is open."""
         with self.lock:
-            if self._tasks:
-                raise RuntimeError(f"replace_engine with {len(self._tasks)} open tasks")
+            if self.tasks:
+                raise RuntimeError(f"replace_engine with {len(self.tasks)} open tasks")
             self.engine = engine
             self.estimator = self.estimator.for_replaced_engine(engine)  # a pool's estimate is its members'
             self.prefill.forget_warm()  # the old engine's prefix cache went with it
@@ -284,10 +289,10 @@ class PlannerCore:
         ``final``: the plan had ended (its last segment or end marker was sent): it ends DONE."""
         with self.lock:
             tid = spec.task_id
-            if not tid or tid in self._tasks or tid in self.results:
+            if not tid or tid in self.tasks or tid in self.results:
                 raise ValueError(f"task id {tid!r}: missing or already known")
             g = self._new_generation(spec, tid, next(self._seq), segments)
-            self._tasks[tid] = g
+            self.tasks[tid] = g
             if g.segments:  # its plan was already on the robot when the planner died
                 back = self.ownership.restore_owner(g)
                 if back is not None:  # restored before it and claimed the robot, but was waiting: waits again
@@ -298,7 +303,7 @@ class PlannerCore:
             if final or (g.segments and g.segments[-1].final):
                 if g.segments:
                     g.segments[-1].final = True
-                self._finish(g, TaskStatus.DONE, "")
+                self.finish(g, TaskStatus.DONE, "")
             elif not g.segments:
                 robots.claim(self, g)
             else:
@@ -317,7 +322,7 @@ class PlannerCore:
 
     def task_status(self, task_id: str) -> TaskStatus | None:
         with self.lock:
-            g = self._tasks.get(task_id)
+            g = self.tasks.get(task_id)
             if g is not None:
                 return g.status
             r = self.results.get(task_id)
@@ -330,18 +335,18 @@ class PlannerCore:
     def generation(self, task_id: str) -> Generation | None:
         """The live state of an open task's generation, else None."""
         with self.lock:
-            return self._tasks.get(task_id)
+            return self.tasks.get(task_id)
 
     def pending(self) -> int:
         with self.lock:
-            return len(self._tasks)
+            return len(self.tasks)
 
     def snapshot(self) -> dict:
         """Scheduler state for telemetry."""
         with self.lock:
             q = self.queue
             return {"queued": len(q.cands), "suspended": q.parked(), "running": len(q.running),
-                    "tasks": len(self._tasks), "done": len(self.results), "policy": self.policy.name,
+                    "tasks": len(self.tasks), "done": len(self.results), "policy": self.policy.name,
                     "waiting_for_robot": self.ownership.waiting(),
                     "admission": self.admission.name, "length_model": self.lengths.model,
                     "boundaries_suspended": self.segmenting.counts["suspended"],
@@ -386,7 +391,7 @@ class PlannerCore:
         """When run_once has something to do: now if busy, else the next resume time, else None."""
         with self.lock:
             now = self.clock.now()
-            if self.engine.has_work() or self._aborts:
+            if self.engine.has_work() or self.aborts:
                 return now
             if self.queue.cands:  # (an idle engine may wait for the rest of a burst)
                 return self.queue.gather_until(now, self.cfg.gather_s, self.estimator.step_time(1),
@@ -427,7 +432,7 @@ class PlannerCore:
             self.estimator.observe(report.batch_size, duration, report.prefill_tokens)
             self.overload.observe_step(report.prefill_tokens)
             for ev in report.events:
-                g = self._tasks.get(ev.gen_id)
+                g = self.tasks.get(ev.gen_id)
                 if g is None or g.pending_abort:
                     continue
                 try:
@@ -437,7 +442,7 @@ class PlannerCore:
                     self.queue.drop(g.task_id)
                     if g.task_id in self.engine.running_ids():
                         self.engine.abort(g.task_id)
-                    self._finish(g, TaskStatus.FAILED, f"planner error on segment {len(g.segments)} "
+                    self.finish(g, TaskStatus.FAILED, f"planner error on segment {len(g.segments)} "
                                                        f"({ev.text.strip()[:60]!r}): {type(e).__name__}: {e}")
         self._flush()
 
@@ -452,15 +457,17 @@ class PlannerCore:
         return g
 
     # -- results ------------------------------------------------------------------
-    def _finish(self, g: Generation, status: TaskStatus, reason: str) -> None:
+    def finish(self, g: Generation, status: TaskStatus, reason: str) -> None:
+        """End ``g`` with ``status`` (the caller holds the lock): its result goes out at the next flush, its robot
+        to the next waiting task. A task already ended stays as it ended."""
         if g.status.terminal:
             return
         if g.status is TaskStatus.SUSPENDED:
             # The engine may still hold it (a parked vLLM request, a kept cache). The engine thread releases
             # it (start_step), never a caller's thread while a step runs.
-            self._aborts.append(g.task_id)
+            self.aborts.append(g.task_id)
         g.end(status, reason)
-        self._tasks.pop(g.task_id, None)
+        self.tasks.pop(g.task_id, None)
         self.queue.drop(g.task_id)
         res = g.result(self.cfg.comm_s)
         if status is not TaskStatus.DONE:
@@ -471,13 +478,13 @@ class PlannerCore:
             self.ownership.preempted.pop(tid, None)
             if self.watchdog.drop(tid) and old is not None:
                 robots.release(self, old.robot_id)
-        self._outbox.append(("result", res, None))
+        self.outbox.append(("result", res, None))
         self.ownership.leave_turns(g.robot_id, g.task_id)  # ended while waiting for its robot
         robots.release(self, g.robot_id)
 
     def _flush(self) -> None:
         with self.lock:
-            out, self._outbox = self._outbox, []
+            out, self.outbox = self.outbox, []
         for kind, a, b in out:
             try:
                 if kind == "segment":

@@ -37,8 +37,8 @@ def on_event(core: PlannerCore, g: Generation, ev: SegmentEvent, now: float) -> 
         if g.task_id in core.engine.running_ids():
             core.engine.abort(g.task_id)
         elif ev.suspended:
-            core._aborts.append(g.task_id)  # the engine may still hold it (a parked request)
-        core._finish(g, TaskStatus.FAILED, f"invalid plan output in segment {len(g.segments)} "
+            core.aborts.append(g.task_id)  # the engine may still hold it (a parked request)
+        core.finish(g, TaskStatus.FAILED, f"invalid plan output in segment {len(g.segments)} "
                                            f"({text.strip()[:60]!r}): {err}")
         return
     if adds:
@@ -61,13 +61,13 @@ def on_event(core: PlannerCore, g: Generation, ev: SegmentEvent, now: float) -> 
         # Each segment was valid alone; the whole plan must be too (blocks closed, variables set).
         err = core.hooks.validate_plan(g.robot_type, g.plan_text())
         if err is not None:
-            core._finish(g, TaskStatus.FAILED, f"invalid plan at its end: {err}")
+            core.finish(g, TaskStatus.FAILED, f"invalid plan at its end: {err}")
         else:
-            core._finish(g, TaskStatus.DONE, "")
+            core.finish(g, TaskStatus.DONE, "")
     else:
         what = {FinishReason.LENGTH: f"plan exceeded max_new_tokens={g.spec.max_new_tokens}",
                 FinishReason.ABORTED: "generation aborted by the engine"}.get(ev.reason, ev.reason.value)
-        core._finish(g, TaskStatus.FAILED, ev.error or what)
+        core.finish(g, TaskStatus.FAILED, ev.error or what)
 
 
 def add_segment(core: PlannerCore, g: Generation, ev: SegmentEvent, now: float, calls: list[Any],
@@ -100,7 +100,7 @@ def send_held(core: PlannerCore, g: Generation, now: float) -> None:
     for seg in g.held:
         g.dispatch(seg, now, core.cfg.comm_s)
         core.watchdog.sent(g.task_id, g.robot_id, seg)
-        core._outbox.append(("segment", g, seg))
+        core.outbox.append(("segment", g, seg))
     g.held.clear()
 
 

@@ -19,13 +19,13 @@ def sent_segment(core: PlannerCore, task_id: str, seg_index: int, robot_id: str 
     sent to the robot, and ``robot_id`` (None: not checked) the task's robot. Any node on the domain can
     publish reports and acks; one naming another robot's task must not end or free it. The segment is None
     for the end-of-plan marker of a finished plan (index = its number of segments)."""
-    owner = core._tasks.get(task_id) or core.results.get(task_id)
+    owner = core.tasks.get(task_id) or core.results.get(task_id)
     if owner is None:
         return f"unknown task {task_id!r}"
     if robot_id is not None and robot_id != owner.robot_id:
         return f"robot {robot_id!r} spoke for task {task_id!r} of robot {owner.robot_id!r}"
     segs = owner.segments
-    if seg_index == len(segs) and segs and task_id not in core._tasks:
+    if seg_index == len(segs) and segs and task_id not in core.tasks:
         return owner, None
     if not 0 <= seg_index < len(segs) or segs[seg_index].dispatch is None:
         return f"segment {seg_index} of task {task_id!r} was never sent"
@@ -36,13 +36,13 @@ def end_or_revise(core: PlannerCore, task_id: str, status: TaskStatus, reason: s
     """End an open task with ``status`` (a generating one is aborted in the engine first); a task whose
     generation had already ended DONE gets its published result revised (never silently left at DONE): its
     robot did not run its plan to the end."""
-    g = core._tasks.get(task_id)
+    g = core.tasks.get(task_id)
     if g is not None:
         if task_id in core.queue.running:
             g.abort_later(reason, status)
-            core._aborts.append(task_id)
+            core.aborts.append(task_id)
         else:
-            core._finish(g, status, reason)
+            core.finish(g, status, reason)
         return
     res = core.results.get(task_id)
     if res is not None and res.status is TaskStatus.DONE:
@@ -51,7 +51,7 @@ def end_or_revise(core: PlannerCore, task_id: str, status: TaskStatus, reason: s
             status, reason = TaskStatus.CANCELLED, why
         res.status, res.reason = status, reason
         core.watchdog.drop(task_id)
-        core._outbox.append(("result", res, None))
+        core.outbox.append(("result", res, None))
         release(core, res.robot_id)
 
 
@@ -66,7 +66,7 @@ def claim(core: PlannerCore, g: Generation) -> None:
         return
     old_id, old_beta = old
     reason = f"preempted by task {g.task_id} (beta {g.tuf.beta:g} > {old_beta:g})"
-    if old_id not in core._tasks and core.watchdog.owes(old_id):
+    if old_id not in core.tasks and core.watchdog.owes(old_id):
         # Generated DONE, not all reported: the robot may have run it all before the new segment 0 came.
         # A report of a segment not run to the end revises it CANCELLED with this reason (end_or_revise).
         core.ownership.preempted[old_id] = reason

@@ -18,13 +18,13 @@ def apply_aborts(core: PlannerCore) -> None:
     """Abort in the engine what was asked to end while it ran (or while the engine may still hold it)."""
     # Taken before any is applied: an engine whose abort raises (the engine loop restarts it) is not
     # asked the same again and again.
-    aborts, core._aborts = core._aborts, []
+    aborts, core.aborts = core.aborts, []
     for tid in aborts:
-        g = core._tasks.get(tid)
+        g = core.tasks.get(tid)
         core.engine.abort(tid)
         core.queue.running.pop(tid, None)
         if g is not None and g.pending_abort:
-            core._finish(g, g.abort_status, g.reason)
+            core.finish(g, g.abort_status, g.reason)
 
 
 def schedule(core: PlannerCore, now: float) -> float | None:
@@ -37,19 +37,19 @@ def schedule(core: PlannerCore, now: float) -> float | None:
         def shed_running(g: Generation, reason: str) -> None:  # this is the engine thread: abort it now
             core.engine.abort(g.task_id)
             q.running.pop(g.task_id, None)
-            core._finish(g, TaskStatus.OVERDUE, reason)
+            core.finish(g, TaskStatus.OVERDUE, reason)
 
         core.overload.shed(now, pol, core.estimator, len(core.engine.warm_up_targets()) <= 1,
                            list(q.running.values()), lambda: q.rank(pol, now, core.estimator),
                            lambda: any(g.k == 0 for g in q.cands.values()), shed_running,
-                           lambda g, reason: core._finish(g, TaskStatus.OVERDUE, reason))
+                           lambda g, reason: core.finish(g, TaskStatus.OVERDUE, reason))
     if not q.cands or (not q.running and not core.engine.has_work() and q.gather_until(
             now, core.cfg.gather_s, core.estimator.step_time(1), core.intake.latest()) is not None):
         return None
     t0 = time.perf_counter()
     if core.cfg.overdue == "reject":
         core.overload.reject(now, list(q.cands.values()), core.estimator.step_time(len(q.running) + 1),
-                             lambda g, reason: core._finish(g, TaskStatus.OVERDUE, reason))
+                             lambda g, reason: core.finish(g, TaskStatus.OVERDUE, reason))
     room = core.admission.max_batch() - len(q.running)
     picked: list[Generation] = []
     if room > 0 and q.cands:
@@ -96,7 +96,7 @@ def degrade(core: PlannerCore, now: float, gens: list[Generation], contended: bo
     ends DONE with what was sent. Returns them."""
     def end(g: Generation, reason: str) -> None:  # (eager) admitted here, not started: released as suspended
         core.queue.running.pop(g.task_id, None)
-        core._finish(g, TaskStatus.DONE, reason)
+        core.finish(g, TaskStatus.DONE, reason)
 
     return core.overload.degrade(
         now, core.policy, core.estimator, gens, contended, core.queue.cands.values,
@@ -117,7 +117,7 @@ def start(core: PlannerCore, g: Generation, now: float) -> None:
             g.checker = core.hooks.stop_checker(g.robot_type)
         except Exception as e:  # noqa: BLE001 - e.g. a skill set that does not load: this task's failure
             core.queue.running.pop(g.task_id, None)
-            core._finish(g, TaskStatus.FAILED, f"planner error preparing the generation: {type(e).__name__}: {e}")
+            core.finish(g, TaskStatus.FAILED, f"planner error preparing the generation: {type(e).__name__}: {e}")
             return
         g.req = g.engine_request(ids, core.policy.segmented, g.checker)
     g.begin_segment()
@@ -126,7 +126,7 @@ def start(core: PlannerCore, g: Generation, now: float) -> None:
     except Exception as e:  # an engine refusal must reach the robot, not vanish
         core.engine.abort(g.task_id)
         core.queue.running.pop(g.task_id, None)
-        core._finish(g, TaskStatus.FAILED, f"engine refused the generation: {e}")
+        core.finish(g, TaskStatus.FAILED, f"engine refused the generation: {e}")
         return
     if core.policy.sheds and g.k == 0 and not g.req.output_token_ids:  # a new prompt joins the prefill queue
         core.overload.admitted(g, now)

@@ -22,7 +22,7 @@ from timelyllm_ros.ros.actions import SafeActionClient  # noqa: E402
 from timelyllm_ros.ros.planner_node import build_planner  # noqa: E402
 from timelyllm_ros.ros.sim_fleet_node import SimFleetNode  # noqa: E402
 from timelyllm_ros.ros.spin import PooledExecutor, Spinner  # noqa: E402
-from timelyllm_ros.skills.schema import load_skill_set  # noqa: E402
+from timelyllm_ros.skills.skill_files import load_skill_set  # noqa: E402
 
 pytestmark = pytest.mark.ros
 

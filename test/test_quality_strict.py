@@ -12,7 +12,7 @@ from timelyllm_ros.engines.prompts import PromptConfig
 from timelyllm_ros.skills import task_analysis as ta
 from timelyllm_ros.skills.grammar import STOPWORDS
 from timelyllm_ros.skills.quality import judge, template_spec
-from timelyllm_ros.skills.schema import load_skill_set
+from timelyllm_ros.skills.skill_files import load_skill_set
 
 DRONE = load_skill_set("drone")
 ARM = load_skill_set("arm")

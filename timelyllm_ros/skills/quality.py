@@ -67,7 +67,8 @@ from timelyllm_ros.skills.minispec import (
     Var,
     statement_calls,
 )
-from timelyllm_ros.skills.schema import SkillSet, load_skill_set
+from timelyllm_ros.skills.schema import SkillSet
+from timelyllm_ros.skills.skill_files import load_skill_set
 
 CHECKS = ("require", "sequence", "numbers", "evasive")
 STRICT_CHECKS = ("repeat", "log", "names", "answer", "count", "unasked")

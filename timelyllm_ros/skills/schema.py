@@ -218,7 +218,7 @@ class SkillSet:
     skills: tuple[SkillSpec, ...]
     path: Path | None = None
     max_loop_count: int = 20
-    # Per plan, loops unrolled and every call at its model's longest (see minispec.CostCounter): the skill
+    # Per plan, loops unrolled and every call at its model's longest (see plan_cost.CostCounter): the skill
     # sets declare their own; these defaults only serve a skill set that does not.
     max_plan_exec_s: float = 600.0
     max_plan_iterations: int = 1000  # skill executions plus loop passes

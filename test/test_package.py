@@ -252,7 +252,7 @@ MODULE_LINES_MAX, CLASS_METHODS_MAX = 800, 40
 
 def test_modules_and_classes_stay_small():
     """No module of the package over 800 lines and no class over 40 methods: past that, one holds more than one
-    concept, and a newcomer no longer finds each in one guess (README "Where things live")."""
+    concept, and a newcomer no longer finds each in one guess (docs/architecture.md "Where things live")."""
     big = []
     for py in (ROOT / "timelyllm_ros").rglob("*.py"):
         text = py.read_text()

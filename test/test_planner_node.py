@@ -22,7 +22,7 @@ from timelyllm_ros.ros.actions import SafeActionClient  # noqa: E402
 from timelyllm_ros.ros.planner_node import build_planner  # noqa: E402
 from timelyllm_ros.ros.sim_fleet_node import SimFleetNode  # noqa: E402
 from timelyllm_ros.ros.spin import PooledExecutor, Spinner  # noqa: E402
-from timelyllm_ros.skills.schema import load_skill_set  # noqa: E402
+from timelyllm_ros.skills.skill_files import load_skill_set  # noqa: E402
 
 pytestmark = pytest.mark.ros
 
@@ -275,7 +275,7 @@ def test_journaled_statuses_read_back_through_the_one_status_table():
 
 
 def test_a_busy_robot_runs_one_task_at_a_time_and_only_an_urgent_one_preempts():
-    """README "A busy robot", from the robot's side (the simulated fleet's execution log)."""
+    """docs/contract.md "Robots and safety", from the robot's side (the simulated fleet's execution log)."""
     s = Stack(fleet_time_scale=1.0)
     try:
         log = s.fleet.robots["drone_0"].executed

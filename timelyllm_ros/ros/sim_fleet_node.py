@@ -58,7 +58,7 @@ from timelyllm_ros.ros.topics import (
     segment_topic,
 )
 from timelyllm_ros.skills.exec_model import ExecTimeModel
-from timelyllm_ros.skills.schema import load_skill_set
+from timelyllm_ros.skills.skill_files import load_skill_set
 from timelyllm_ros.transport.inbox import DEFAULT_REORDER_TIMEOUT_S
 from timelyllm_ros.transport.session import RobotSession
 

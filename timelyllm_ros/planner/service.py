@@ -36,7 +36,6 @@ from timelyllm_ros.planner.intake import Intake, IntakeLimits
 from timelyllm_ros.planner.journal import ACTIVE, Journal, JournaledTask
 from timelyllm_ros.planner.journal_records import result_record, task_result_from_record
 from timelyllm_ros.planner.policies import make_policy
-from timelyllm_ros.planner.robot_links import RobotLinks
 from timelyllm_ros.planner.service_io import (
     Accepted,
     Delivery,
@@ -51,6 +50,7 @@ from timelyllm_ros.planner.service_io import (
 )
 from timelyllm_ros.planner.settings import check_params
 from timelyllm_ros.planner.warmup import calibrate_core, lone_first_s, probe_maker, probe_task, warm_up
+from timelyllm_ros.transport.delivery import RobotLinks
 
 
 @dataclass

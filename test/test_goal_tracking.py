@@ -17,6 +17,7 @@ from timelyllm_ros.ros.goal_tracking import (
     SOURCE_RESULTS_TOPIC,
     SOURCE_SERVICE,
     Attempt,
+    GoalIO,
     GoalOutcome,
     GoalReport,
     GoalTracker,
@@ -63,10 +64,10 @@ class FakeClient:
         self.subs = 0
         self.service_ready = True
         self.send_error: Exception | None = None
-
-    @staticmethod
-    def to_result(msg):
-        return Result(msg.status, [], msg.message)
+        self.io = GoalIO(count=self._count, send_goal=self._send_goal, get_result=self._get_result,
+                         send_poll=self._send_poll, drop_poll=self._drop_poll, fallback_subs=self._ensure_fallback_subs,
+                         unregister=self._unregister, log=self._log,
+                         to_result=lambda msg: Result(msg.status, [], msg.message))
 
     def _count(self, what: str) -> None:
         self.stats[what] = self.stats.get(what, 0) + 1

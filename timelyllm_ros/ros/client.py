@@ -87,6 +87,7 @@ from timelyllm_ros.ros.goal_tracking import (  # the outcome vocabulary is part 
     SOURCE_RESULTS_TOPIC,
     SOURCE_SERVICE,
     Attempt,
+    GoalIO,
     GoalOutcome,
 )
 from timelyllm_ros.ros.plan_handle import PlanClientError, PlanHandle, PlanTimeoutError  # also this module's API
@@ -111,8 +112,6 @@ def check_goal(goal: PlanTask.Goal) -> None:
 class PlanClient:
     """PlanTask goals with retries, exactly-once in-order segments and a result fallback (module doc). Each goal's
     transitions are its GoalTracker's (``handle.tracking``); this class does the I/O they ask for."""
-
-    to_result = staticmethod(result_from_plan_result)  # for the trackers, which build no messages
 
     # Relative default names: the planner of the node's own namespace (interfaces.in_fleet).
     def __init__(self, node: Node, action_name: str = topics.in_fleet(topics.PLAN_TASK_ACTION), *,
@@ -158,6 +157,9 @@ class PlanClient:
         self._timer = node.create_timer(tick, self._tick, callback_group=self._group,
                                         clock=Clock(clock_type=ClockType.STEADY_TIME))
         self.stats = {"attempts": 0, "retries": 0, "fallbacks": 0, "polls": 0, "rejoins": 0}
+        self.io = GoalIO(count=self._count, send_goal=self._send_goal, get_result=self._get_result,
+                         send_poll=self._send_poll, drop_poll=self._drop_poll, fallback_subs=self._ensure_fallback_subs,
+                         unregister=self._unregister, log=self._log, to_result=result_from_plan_result)
 
     # -- public API ----------------------------------------------------------------------------
     def wait_for_server(self, timeout: float | None = None) -> bool:

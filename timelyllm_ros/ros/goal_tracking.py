@@ -16,6 +16,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from timelyllm_ros.domain.types import STATUS_FROM_CODE, TaskStatus
@@ -75,8 +76,23 @@ _CLIENT_ERRORS = frozenset({GoalOutcome.NO_SERVER, GoalOutcome.NOT_ACCEPTED, Goa
                             GoalOutcome.LOST, GoalOutcome.TIMEOUT, GoalOutcome.CLOSED})
 
 
+@dataclass(frozen=True)
+class GoalIO:
+    """The I/O a :class:`GoalTracker` asks its client for (PlanClient builds it from its own methods)."""
+
+    count: Callable[[str], None]  # add one to a client-wide counter (PlanClient.stats)
+    send_goal: Callable[[Any, Attempt], Any]  # (handle, attempt) -> the goal future; raises: could not send
+    get_result: Callable[[Any, Attempt, Any], Any]  # (handle, attempt, goal handle) -> the result future; raises
+    send_poll: Callable[[Any], Any]  # handle -> the /get_plan_result future; None: the service is not ready
+    drop_poll: Callable[[Any], None]  # forget a poll the planner went away with
+    fallback_subs: Callable[[], None]  # make sure /plan_results and /plan_segments are subscribed
+    unregister: Callable[[Any], None]  # the handle is done: the client stops routing to it
+    log: Callable[[str, str], None]  # (level, message)
+    to_result: Callable[[Any], Any]  # a PlanResult as the PlanTask.Result it stands for (without segments)
+
+
 class GoalClient(Protocol):
-    """What a :class:`GoalTracker` needs of its client: settings, the server's state and the I/O it asks for."""
+    """What a :class:`GoalTracker` reads of its client: the settings, the action server's state, the I/O."""
 
     server_timeout: float
     goal_response_timeout: float
@@ -91,16 +107,7 @@ class GoalClient(Protocol):
     unknown_limit: int
     cancel_on_timeout: bool
     server: Any  # .ready, .epoch (ActionServerWatch)
-    to_result: Callable[[Any], Any]  # a PlanResult as the PlanTask.Result it stands for (without segments)
-
-    def _count(self, what: str) -> None: ...
-    def _send_goal(self, h: Any, att: Attempt) -> Any: ...  # the goal future (raises: could not send)
-    def _get_result(self, h: Any, att: Attempt, gh: Any) -> Any: ...  # the result future (raises: connection gone)
-    def _send_poll(self, h: Any) -> Any: ...  # the /get_plan_result future; None: the service is not ready
-    def _drop_poll(self, fut: Any) -> None: ...
-    def _ensure_fallback_subs(self) -> None: ...
-    def _unregister(self, h: Any) -> None: ...
-    def _log(self, level: str, message: str) -> None: ...
+    io: GoalIO
 
 
 class Attempt:
@@ -238,7 +245,7 @@ class GoalTracker:
                 self.probe_due = self.last_progress + c.stale_after
             cancel = self.cancel_requested
             try:
-                att.result_future = c._get_result(r, att, gh)
+                att.result_future = c.io.get_result(r, att, gh)
             except Exception as e:  # noqa: BLE001 - the action connection is gone
                 att.broken = True
                 self._action_broken(f"result request failed: {e!r}")
@@ -259,7 +266,7 @@ class GoalTracker:
             if att.rejoin and STATUS_FROM_CODE.get(int(result.status)) is TaskStatus.INVALID:
                 # a rejoin is only sent for a task the planner knows: a refusal says nothing about the task
                 att.broken = True
-                self.client._log("warning", f"task {self.report.task_id}: re-sent goal refused ({result.message}); "
+                self.client.io.log("warning", f"task {self.report.task_id}: re-sent goal refused ({result.message}); "
                                             "following the task through /get_plan_result")
                 return
             self._finish(result, SOURCE_ACTION)
@@ -410,17 +417,17 @@ class GoalTracker:
         if rejoin:
             r.rejoins += 1
             self.rejoined_epoch = c.server.epoch
-            c._count("rejoins")
+            c.io.count("rejoins")
         else:
             r.attempts += 1
-            c._count("attempts")
+            c.io.count("attempts")
             if r.attempts > 1:
-                c._count("retries")
+                c.io.count("retries")
             self.outcome = GoalOutcome.SENDING
             self.next_send_at = None
             self.response_deadline = now + c.goal_response_timeout
         try:
-            att.future = c._send_goal(r, att)
+            att.future = c.io.send_goal(r, att)
         except Exception as e:  # noqa: BLE001 - e.g. the context is shutting down
             att.broken = True
             if not rejoin:
@@ -439,24 +446,24 @@ class GoalTracker:
         self.outcome = GoalOutcome.FALLBACK
         self.report.fallback_reason = why
         self.poll_due = now
-        self.client._count("fallbacks")
-        self.client._ensure_fallback_subs()
+        self.client.io.count("fallbacks")
+        self.client.io.fallback_subs()
 
     def _poll(self, now: float) -> None:
         c = self.client
         if self.poll_future is not None:
             if now - self.poll_sent_at < c.poll_timeout:
                 return
-            c._drop_poll(self.poll_future)  # the planner went away with our request
+            c.io.drop_poll(self.poll_future)  # the planner went away with our request
             self.poll_future = None
         if now < self.poll_due:
             return
-        fut = c._send_poll(self.report)
+        fut = c.io.send_poll(self.report)
         if fut is None:  # the service is not ready
             return
         self.poll_sent_at = now
         self.report.polls += 1
-        c._count("polls")
+        c.io.count("polls")
         self.poll_future = fut
 
     def _flush(self, how: str, *, final: bool = False) -> None:
@@ -490,7 +497,7 @@ class GoalTracker:
             try:
                 r.on_segment(seg)
             except Exception as e:  # noqa: BLE001 - a user callback must not break delivery
-                self.client._log("error", f"on_segment of task {r.task_id} raised {e!r}")
+                self.client.io.log("error", f"on_segment of task {r.task_id} raised {e!r}")
 
     def _settle(self, now: float) -> None:
         """Take the candidate result, or wait for better: the action's own result (every segment) usually
@@ -511,7 +518,7 @@ class GoalTracker:
         elif now < until and (missing or self._rejoin_pending()):
             return
         self.candidate_n = int(msg.num_segments)
-        self._finish(c.to_result(msg), source)
+        self._finish(c.io.to_result(msg), source)
 
     def _rejoin_pending(self) -> bool:
         """A rejoin attempt that may still bring the action result (with every segment)."""
@@ -580,12 +587,12 @@ class GoalTracker:
         self.outcome = outcome
         r.t_done = time.monotonic()
         if self.poll_future is not None:
-            c._drop_poll(self.poll_future)
+            c.io.drop_poll(self.poll_future)
             self.poll_future = None
-        c._unregister(r)
+        c.io.unregister(r)
         self.event.set()
         if r.on_done is not None:
             try:
                 r.on_done(r)
             except Exception as e:  # noqa: BLE001
-                c._log("error", f"on_done of task {r.task_id} raised {e!r}")
+                c.io.log("error", f"on_done of task {r.task_id} raised {e!r}")

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from timelyllm_ros.domain.types import TaskStatus
+from timelyllm_ros.ros.goal_tracking import GoalOutcome
 
 DEFAULT_OUT = Path("bench/results/fleet_load")
 
@@ -159,7 +160,7 @@ class GoalRecord:
     status: str = ""  # the result's TaskStatus value ("" while none came)
     final_status: str = ""  # the last /plan_results revision's (DONE revised CANCELLED: preempted mid-plan)
     message: str = ""
-    error_kind: str = ""
+    error_kind: str = ""  # a client-side GoalOutcome value ("" when none)
     source: str = ""
     fallback: str = ""
     n_segments: int = 0
@@ -242,7 +243,7 @@ def summarize(recs: list[GoalRecord], rss: dict[str, int | None], extra: dict[st
     # refused by the planner: INVALID (what it asked) or BUSY (at capacity, engine restarting)
     refused = (TaskStatus.INVALID, TaskStatus.BUSY)
     accepted = [r for r in terminal if r.status not in refused]
-    rejected = [r for r in sent if r.status in refused or r.error_kind == "not_accepted"]
+    rejected = [r for r in sent if r.status in refused or r.error_kind == GoalOutcome.NOT_ACCEPTED]
     with_segments = [r for r in accepted if r.n_segments > 0]
     reasons = Counter(_reason(r.message or r.error_kind) for r in rejected)
     s: dict[str, Any] = {
@@ -519,7 +520,8 @@ def run(args: argparse.Namespace) -> int:
             for rec, h in zip(recs, handles, strict=True):
                 rec.attempts, rec.responded, rec.accepted = h.attempts, h.responses > 0, h.accepted
                 rec.done_wall = (t_start_wall + (h.t_done - t_start)) if h.t_done is not None else math.nan
-                rec.error_kind, rec.source, rec.fallback = h.error_kind or "", h.source or "", h.fallback_reason or ""
+                rec.error_kind, rec.source = str(h.error_kind or ""), h.source or ""
+                rec.fallback = h.fallback_reason or ""
                 rec.from_feedback, rec.from_result = h.from_feedback, h.from_result
                 if h.result is not None:
                     r = h.result

@@ -153,7 +153,8 @@ def test_graph_names_have_one_home():
                                                         interfaces.trajectory_status_topic,
                                                         interfaces.emergency_stop_service,
                                                         interfaces.reset_emergency_service)}
-    labels = {("client.py", "plan_results"), ("client.py", "get_plan_result")}  # PlanHandle.source values, not names
+    # PlanHandle.source values, not names
+    labels = {("goal_tracking.py", "plan_results"), ("goal_tracking.py", "get_plan_result")}
     offenders = []
     for py in (ROOT / "timelyllm_ros").rglob("*.py"):
         if py.name == "interfaces.py":

@@ -263,7 +263,7 @@ def test_every_accepted_goal_ends_when_the_planner_shuts_down():
 
 def test_journaled_statuses_read_back_through_the_one_status_table():
     from timelyllm_ros.domain.types import STATUS_CODE, TERMINAL_STATUSES, TaskStatus
-    from timelyllm_ros.planner.journal_records import task_result_from_record
+    from timelyllm_ros.planner.recovery import task_result_from_record
     from timelyllm_ros.ros.convert import plan_result_from_record
 
     for st in TERMINAL_STATUSES:

@@ -363,6 +363,9 @@ class PromptRenderer:
 
     @engine.setter
     def engine(self, engine: Engine) -> None:
+        self.replace_engine(engine)
+
+    def replace_engine(self, engine: Engine) -> None:
         """A replacement engine (after a restart): builders are rebuilt with its tokenizer."""
         with self._lock:
             self._engine, self._builders = engine, {}

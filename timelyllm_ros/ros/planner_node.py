@@ -136,7 +136,7 @@ class PlannerNode(LifecycleNode):
 
     @property
     def engine(self) -> Any:
-        return self.service.engine
+        return self.service.supervisor.engine
 
     @property
     def journal(self) -> Any:
@@ -144,7 +144,7 @@ class PlannerNode(LifecycleNode):
 
     @property
     def engine_restarts(self) -> int:
-        return self.service.engine_restarts
+        return self.service.supervisor.restarts
 
     @property
     def lifecycle_state(self) -> str:

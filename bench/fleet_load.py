@@ -9,7 +9,9 @@ each for a random robot with a random drone task of the paper (Table 2: normal a
 from the robots' side: it listens to every ``/<robot>/plan_segments`` topic and to ``/segment_done``; a
 task's plan was delivered exactly once in order when the executions the fleet reports on SegmentDone
 cover indices 0..n-1 once each, in increasing start order (n: the segments of its result; end-of-plan
-markers are neither executed nor reported). A robot answers a re-sent copy of a segment it already ran
+markers are neither executed nor reported), or a prefix of them where its last result on ``/plan_results`` is
+not DONE (an urgent task for its robot preempted the plan while the robot ran it: the result is revised).
+A robot answers a re-sent copy of a segment it already ran
 with the same report again (same index, start and finish): that is one execution, counted once and
 shown as a repeated report; a second execution would have its own start. Every goal must end in a
 terminal result (lost = 0), every accepted one also on ``/plan_results``.
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from timelyllm_ros.domain.types import TaskStatus
+from timelyllm_ros.ros.goal_tracking import GoalOutcome
 
 DEFAULT_OUT = Path("bench/results/fleet_load")
 
@@ -155,8 +158,9 @@ class GoalRecord:
     responded: bool = False
     accepted: bool = False
     status: str = ""  # the result's TaskStatus value ("" while none came)
+    final_status: str = ""  # the last /plan_results revision's (DONE revised CANCELLED: preempted mid-plan)
     message: str = ""
-    error_kind: str = ""
+    error_kind: str = ""  # a client-side GoalOutcome value ("" when none)
     source: str = ""
     fallback: str = ""
     n_segments: int = 0
@@ -239,7 +243,7 @@ def summarize(recs: list[GoalRecord], rss: dict[str, int | None], extra: dict[st
     # refused by the planner: INVALID (what it asked) or BUSY (at capacity, engine restarting)
     refused = (TaskStatus.INVALID, TaskStatus.BUSY)
     accepted = [r for r in terminal if r.status not in refused]
-    rejected = [r for r in sent if r.status in refused or r.error_kind == "not_accepted"]
+    rejected = [r for r in sent if r.status in refused or r.error_kind == GoalOutcome.NOT_ACCEPTED]
     with_segments = [r for r in accepted if r.n_segments > 0]
     reasons = Counter(_reason(r.message or r.error_kind) for r in rejected)
     s: dict[str, Any] = {
@@ -256,6 +260,8 @@ def summarize(recs: list[GoalRecord], rss: dict[str, int | None], extra: dict[st
         "on_plan_results": sum(1 for r in accepted if r.on_plan_results > 0),
         "accepted_missing_on_plan_results": sum(1 for r in accepted if r.on_plan_results == 0),
         "plan_results_revisions": sum(max(0, r.on_plan_results - 1) for r in sent),
+        "revised_status": Counter(f"{r.status}->{r.final_status}" for r in sent
+                                  if r.final_status and r.final_status != r.status).most_common(),
         "tasks_with_segments": len(with_segments),
         "delivered_exactly_once_in_order": sum(r.exactly_once_in_order for r in with_segments),
         "client_in_order": sum(r.client_in_order for r in with_segments),
@@ -311,7 +317,8 @@ def table_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         ("  statuses", ", ".join(f"{k} {v}" for k, v in s["statuses"]) or "-"),
         ("results seen on /plan_results", f"{s['on_plan_results']} of {s['accepted']} accepted "
                                           f"(missing {s['accepted_missing_on_plan_results']}, "
-                                          f"revisions {s['plan_results_revisions']})"),
+                                          f"revisions {s['plan_results_revisions']}: "
+                                          f"{', '.join(f'{k} {v}' for k, v in s['revised_status']) or 'none'})"),
         ("delivered exactly once in order (robots)", f"{s['delivered_exactly_once_in_order']} of "
                                                      f"{s['tasks_with_segments']} tasks with segments "
                                                      f"({s['re_reports']} repeated reports of one execution)"),
@@ -513,7 +520,8 @@ def run(args: argparse.Namespace) -> int:
             for rec, h in zip(recs, handles, strict=True):
                 rec.attempts, rec.responded, rec.accepted = h.attempts, h.responses > 0, h.accepted
                 rec.done_wall = (t_start_wall + (h.t_done - t_start)) if h.t_done is not None else math.nan
-                rec.error_kind, rec.source, rec.fallback = h.error_kind or "", h.source or "", h.fallback_reason or ""
+                rec.error_kind, rec.source = str(h.error_kind or ""), h.source or ""
+                rec.fallback = h.fallback_reason or ""
                 rec.from_feedback, rec.from_result = h.from_feedback, h.from_result
                 if h.result is not None:
                     r = h.result
@@ -540,7 +548,11 @@ def run(args: argparse.Namespace) -> int:
                 # every segment the robot ran, once and in order: the whole plan for a task done, a prefix for one
                 # ended early (a preempted task's robot stops, and segments written ahead of it are not run)
                 ran = rec.done_indices
-                whole = rec.status == TaskStatus.DONE
+                revisions = obs.results.get(rec.task_id, [])
+                rec.final_status = status_name(revisions[-1].status) if revisions else rec.status
+                # a plan generated whole (DONE) may still be preempted on the robot by an urgent task: its result
+                # is then revised CANCELLED on /plan_results, and the robot ran a prefix of it
+                whole = rec.final_status == TaskStatus.DONE
                 rec.exactly_once_in_order = rec.n_segments > 0 and ran == list(range(len(ran))) and (
                     len(ran) == rec.n_segments if whole else len(ran) <= rec.n_segments)
                 rec.on_plan_results = len(obs.results.get(rec.task_id, ()))

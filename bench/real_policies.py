@@ -15,10 +15,10 @@ engine work per run side by side: prefill steps, prefill tokens, prompt tokens s
 resubmitted, engine busy time.
 
 Each repetition serves the same tasks (the first ``--events`` arrival events of the trace, at most
-``--per-event`` tasks each, TUF time axis x5 on a CPU) through the real stack of the README's demo
-(planner node, vLLM, ROS 2, simulated fleet node), one policy after another. The policy order is rotated
-per repetition, so no policy always runs first, and the fleet's seed is the repetition number. Each run's
-records and engine steps are saved under ``runs/`` (gzipped JSON) as soon as it ends.
+``--per-event`` tasks each, TUF time axis as the demo's default, demo.CPU_TUF_SCALE on a CPU) through the
+real stack of the README's demo (planner node, vLLM, ROS 2, simulated fleet node), one policy after another.
+The policy order is rotated per repetition, so no policy always runs first, and the fleet's seed is the
+repetition number. Each run's records and engine steps are saved under ``runs/`` (gzipped JSON) as soon as it ends.
 
 Beside every real run the simulator (step model fitted to this engine, ``--sim-engine``) serves the same
 tasks twice:

@@ -46,7 +46,8 @@ from pathlib import Path
 
 from timelyllm_ros.robots.tello_sdk import SDK_MOVES, SDK_TURNS, motion_seconds
 from timelyllm_ros.skills.exec_model import ExecTimeModel
-from timelyllm_ros.skills.schema import SkillSet, load_skill_set
+from timelyllm_ros.skills.schema import SkillSet
+from timelyllm_ros.skills.skill_files import load_skill_set
 
 CONTROL_PORT = 8889
 STATE_PORT = 8890

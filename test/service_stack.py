@@ -12,11 +12,10 @@ from typing import Any
 from timelyllm_ros.domain.clock import WallOffset
 from timelyllm_ros.domain.tuf import TufRequest
 from timelyllm_ros.domain.types import Segment, TaskResult
-from timelyllm_ros.planner.robot_links import RobotLinks
 from timelyllm_ros.planner.service import PlannerService
 from timelyllm_ros.planner.service_io import EndMarker, GoalError, PlanRequest
 from timelyllm_ros.planner.settings import PARAMETERS
-from timelyllm_ros.transport.delivery import RejectedMessages, SegmentDelivery
+from timelyllm_ros.transport.delivery import RejectedMessages, RobotLinks, SegmentDelivery
 
 
 class Lines:

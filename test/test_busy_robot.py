@@ -1,4 +1,4 @@
-"""One task per robot (scheduler docstring, README "A busy robot"): a higher-beta task preempts, an equal
+"""One task per robot (scheduler docstring, docs/contract.md "Robots and safety"): a higher-beta task preempts, an equal
 or lower one waits its turn; the simulator's robots follow the same rule, and the figures credit only
 segments a robot started."""
 

@@ -18,11 +18,10 @@ from timelyllm_ros.action import PlanTask  # noqa: E402
 from timelyllm_ros.domain.plans import plan_templates  # noqa: E402
 from timelyllm_ros.ros import client as client_mod  # noqa: E402
 from timelyllm_ros.ros.client import (  # noqa: E402
-    ERR_NO_SERVER,
-    ERR_NOT_ACCEPTED,
     SOURCE_ACTION,
     SOURCE_RESULTS_TOPIC,
     SOURCE_SERVICE,
+    GoalOutcome,
     PlanClient,
     PlanClientError,
     PlanTimeoutError,
@@ -311,7 +310,7 @@ def test_explicit_client_failures(stack):
     # no server: bounded wait, then an explicit error
     pc = PlanClient(node, "/no_such_plan_task", server_timeout=0.3)
     h = pc.send(goal("drone_0"))
-    assert h.wait(10) and h.error_kind == ERR_NO_SERVER and h.result is None
+    assert h.wait(10) and h.error_kind == GoalOutcome.NO_SERVER and h.result is None
     with pytest.raises(PlanTimeoutError):
         h.result_or_raise()
     # a server that refuses the goal: "not accepted" is a failure, never retried
@@ -320,7 +319,7 @@ def test_explicit_client_failures(stack):
     pc2 = PlanClient(node, "/refusing_plan_task")
     assert pc2.wait_for_server(10)
     h = pc2.send(goal("drone_0"))
-    assert h.wait(10) and h.error_kind == ERR_NOT_ACCEPTED and h.attempts == 1
+    assert h.wait(10) and h.error_kind == GoalOutcome.NOT_ACCEPTED and h.attempts == 1
     with pytest.raises(PlanClientError) as e:
         h.result_or_raise()
     assert not isinstance(e.value, TimeoutError)
@@ -429,7 +428,7 @@ def test_planner_killed_mid_task_restarts_and_the_client_still_gets_the_result(t
         assert wait_until(lambda: len(seen) >= 1, 30), procs.report()
         procs.all[0].kill()
         procs.python("planner", "timelyllm_ros.ros.planner_node", *planner_args, ready="planner ready")
-        assert h.wait(90), (h, h.phase, procs.report())
+        assert h.wait(90), (h, h.outcome, procs.report())
         assert h.result is not None, (h.error, procs.report())
         assert h.result.status == S.STATUS_SUCCEEDED, (h.result.message, procs.report())
         assert h.source in (SOURCE_SERVICE, SOURCE_RESULTS_TOPIC, SOURCE_ACTION)

@@ -259,9 +259,10 @@ def test_1000_concurrent_goals_from_100_robots_are_all_held_and_answered_once(ma
         assert not bad, bad[:5]
         assert [o.result.task_id for o in outs] == ids
         # settled: every segment acknowledged, every task reported by its robot or ended otherwise
-        assert wait_until(lambda: s.planner.delivery.pending() == 0 and all(
+        assert wait_until(lambda: s.planner.outbound.delivery.pending() == 0 and all(
             s.all_reported(t) or core.task_status(t) is not TaskStatus.DONE for t in ids), 90), \
-            (s.planner.delivery.pending(), sum(s.all_reported(t) for t in ids), s.planner.delivery.resends,
+            (s.planner.outbound.delivery.pending(), sum(s.all_reported(t) for t in ids),
+             s.planner.outbound.delivery.resends,
              Counter(core.result(t).robot_id for t in ids if not s.all_reported(t)))
         assert fleet.poll() is None, "the fleet process died"
     # a healthy fleet ran every plan: nothing may have been failed on its behalf
@@ -424,7 +425,7 @@ def test_every_finished_plan_ends_with_is_final_on_the_robot_topic(make_stack):
         assert "".join(by_index[i].text for i in sorted(by_index)) == out.plan_text
     # the marker is not a segment to run: the robots ran exactly the plan
     assert wait_until(lambda: all(s.all_reported(t) for t in hs), 30)
-    assert wait_until(lambda: s.planner.delivery.pending() == 0, 15), s.planner.delivery.pending()
+    assert wait_until(lambda: s.planner.outbound.delivery.pending() == 0, 15), s.planner.outbound.delivery.pending()
     # both ways a plan ends occurred: a final last segment, and a marker after it (PUD learns the end late)
     assert 0 < markers < len(hs), markers
 
@@ -448,7 +449,7 @@ def test_segments_sent_before_the_robot_subscribed_are_redelivered_exactly_once(
     assert ran == [(i, m.text) for i, m in enumerate(out.segments)], ran
     reports = [d.segment_index for d in s.done_reports if d.task_id == "late-1"]
     assert sorted(reports) == list(range(n)) and all(d.success for d in s.done_reports if d.task_id == "late-1")
-    assert wait_until(lambda: s.planner.delivery.pending() == 0, 15), s.planner.delivery.pending()
+    assert wait_until(lambda: s.planner.outbound.delivery.pending() == 0, 15), s.planner.outbound.delivery.pending()
     assert s.get_plan_result("late-1").result.status == R.STATUS_SUCCEEDED
     # A monitor that joins now (after the robot reported) still gets the robot's reports: the executor keeps them.
     late: list[SegmentDone] = []
@@ -618,7 +619,7 @@ def test_a_cancelled_task_s_unacknowledged_segments_are_not_re_sent(make_stack):
     robot runs by then: the planner stops re-sending a task's segments when it ends without running them."""
     s = make_stack(params=[Parameter("delivery_timeout_s", value=120.0)])
     _, h = s.send_id("drone_away", CAT, task_id="gone-1")  # no such robot in the fleet: nothing is acknowledged
-    d = s.planner.delivery
+    d = s.planner.outbound.delivery
     assert wait_until(lambda: d.unacked("gone-1", 0), 30), "segment 0 was never sent"
     assert _wait(h.cancel_goal_async().done)
     st, r = s.full_result(h)

@@ -13,8 +13,8 @@ from timelyllm_ros.engines.detok import IncrementalDetokenizer
 from timelyllm_ros.engines.factory import EngineConfigError, make_engine, resolve_model_path
 from timelyllm_ros.engines.prompts import PromptBuilder
 from timelyllm_ros.skills import grammar
-from timelyllm_ros.skills.schema import load_skill_set
 from timelyllm_ros.skills.segmenter import make_stop_checker
+from timelyllm_ros.skills.skill_files import load_skill_set
 
 CAT = "Scene: [] Task: [A] Could you find the cat? If so, go to it."
 BOY = ("Scene: [boy x:0.48 y:0.51 width:0.2 height:0.4] Task: [E] You provided me with plan mf,100, but I "

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from timelyllm_ros.skills.exec_model import ExecEstimate, ExecTimeModel
 from timelyllm_ros.skills.minispec import SkillParseError
-from timelyllm_ros.skills.schema import load_skill_set
+from timelyllm_ros.skills.skill_files import load_skill_set
 
 DRONE = load_skill_set("drone")
 

@@ -14,7 +14,7 @@ from timelyllm_ros.ros.exec_time_node import ExecTimeNode  # noqa: E402
 from timelyllm_ros.ros.spin import PooledExecutor  # noqa: E402
 from timelyllm_ros.ros.topics import ALL_SEGMENTS as ALL_SEGMENTS_TOPIC  # noqa: E402
 from timelyllm_ros.ros.topics import RELIABLE  # noqa: E402
-from timelyllm_ros.skills.schema import load_skill_set  # noqa: E402
+from timelyllm_ros.skills.skill_files import load_skill_set  # noqa: E402
 from timelyllm_ros.srv import EstimateExecTime  # noqa: E402
 
 pytestmark = pytest.mark.ros

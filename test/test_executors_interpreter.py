@@ -9,7 +9,7 @@ from timelyllm_ros.robots.arm_backend import JOINTS, ArmExecutor
 from timelyllm_ros.robots.base import ExecutionError, Interrupted, RefusedError, StopSignal
 from timelyllm_ros.robots.interpreter import MiniSpecInterpreter
 from timelyllm_ros.robots.perception import ScriptedScene, parse_scene
-from timelyllm_ros.skills.schema import load_skill_set, skill_set_from_dict, skills_dir
+from timelyllm_ros.skills.skill_files import load_skill_set, skill_set_from_dict, skills_dir
 
 
 class RecordingDrone:

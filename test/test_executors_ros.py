@@ -639,13 +639,13 @@ def test_the_simulated_fleet_runs_no_segment_from_another_node_than_the_planner(
                                     is_final=True))
         # the planner's own segment still runs; it goes out after the rogue's were taken (one subscription, one
         # callback at a time) and the fleet reports in order, so a report of anything the rogue sent would be in
-        assert wait_until(lambda: fleet.robots["sim_r"].acks or fleet.gate.refused >= 5, timeout=20)
+        assert wait_until(lambda: fleet.robots["sim_r"].acks or fleet.endpoint.gate.refused >= 5, timeout=20)
         planner.send("sim_r", "t-real", 0, "mf(20);", final=True)
         assert [(d.segment_index, d.success) for d in planner.wait_done(1, task="t-real")] == [(0, True)]
         evil = [m for m in planner.done + planner.acks + planner.heartbeats if m.task_id.startswith("evil")]
         assert not evil, evil
         assert [e[:3] for e in fleet.robots["sim_r"].executed] == [["t-real", 0, "mf(20);"]]
-        assert fleet.gate.refused == 5
+        assert fleet.endpoint.gate.refused == 5
 
 
 def test_a_running_segment_sends_heartbeats_until_it_ends():
@@ -721,9 +721,9 @@ def test_with_a_fleet_key_the_simulated_fleet_runs_only_segments_signed_with_it_
         for msg in [*_forgeries("sim_k", _key_file(tmp_path, "other.key", b"another key, 16+ bytes")),
                     real]:  # the last: the planner's own segment again, counter and tag as they were (a replay)
             planner.pubs["sim_k"].publish(msg)
-        assert wait_until(lambda: fleet.gate.refused >= 3, timeout=20), fleet.gate.refused
+        assert wait_until(lambda: fleet.endpoint.gate.refused >= 3, timeout=20), fleet.endpoint.gate.refused
         time.sleep(0.5)
-        assert fleet.gate.refused == 3
+        assert fleet.endpoint.gate.refused == 3
         assert [e[:3] for e in fleet.robots["sim_k"].executed] == [["t-real", 0, "mf(20);"]]
         assert [(a.task_id, a.segment_index) for a in planner.acks] == [("t-real", 0)]  # the replay is not acked
         assert not [m for m in planner.done + planner.heartbeats if m.task_id.startswith("evil")]

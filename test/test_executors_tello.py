@@ -12,7 +12,7 @@ from timelyllm_ros.robots.base import RefusedError, RobotConnectionError
 from timelyllm_ros.robots.interpreter import MiniSpecInterpreter
 from timelyllm_ros.robots.perception import ScriptedScene
 from timelyllm_ros.robots.tello_backend import TelloBackend
-from timelyllm_ros.skills.schema import load_skill_set
+from timelyllm_ros.skills.skill_files import load_skill_set
 
 _WHY = netns_unavailable_reason()
 pytestmark = pytest.mark.skipif(_WHY is not None, reason=f"emulated Tellos need network namespaces: {_WHY}")
@@ -96,7 +96,7 @@ def test_connection_loss_is_a_clear_error_after_the_retries():
 def test_a_renamed_skill_set_flies_the_same_and_the_backend_times_it_the_same():
     import yaml
 
-    from timelyllm_ros.skills.schema import skill_set_from_dict, skills_dir
+    from timelyllm_ros.skills.skill_files import skill_set_from_dict, skills_dir
 
     raw = yaml.safe_load((skills_dir() / "drone_minispec.yaml").read_text())
     names = {"mf": "fwd", "tc": "turn_right", "tu": "turn_left", "mu": "climb"}

@@ -18,8 +18,9 @@ from timelyllm_ros import paths
 from timelyllm_ros.domain.plans import plan_templates
 from timelyllm_ros.engines.prompts import PromptConfig
 from timelyllm_ros.skills import grammar
-from timelyllm_ros.skills.schema import SkillSetError, load_skill_set, skill_set_from_dict
+from timelyllm_ros.skills.schema import SkillSetError
 from timelyllm_ros.skills.segmenter import split_segments
+from timelyllm_ros.skills.skill_files import load_skill_set, skill_set_from_dict
 
 DRONE = load_skill_set("drone")
 ARM = load_skill_set("arm")

@@ -138,7 +138,7 @@ def test_a_robot_whose_reader_never_matched_has_its_writer_released_once_not_bus
     matched keeps its writer for the idle time."""
     import time
 
-    from timelyllm_ros.planner.robot_links import RobotLinks
+    from timelyllm_ros.transport.delivery import RobotLinks
 
     destroyed: list[str] = []
     listening = {"real_0"}

@@ -12,7 +12,7 @@ from timelyllm_ros.domain.plans import TaskKey, plan_templates
 from timelyllm_ros.paths import data_dir
 from timelyllm_ros.sim.simulator import simulate
 from timelyllm_ros.sim.workloads import Job, TraceError, Workload, load_trace, load_workload
-from timelyllm_ros.skills.schema import load_skill_set
+from timelyllm_ros.skills.skill_files import load_skill_set
 
 # The first ten records of LRTrace's robot-arm trace (MarkoMile/TimelyLLM, dataset/
 # data_sample_robotarm_fltrnn.json, commit 10c676130571aaec03172a3c3ca234f16c04548b, CC BY 4.0),

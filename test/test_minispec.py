@@ -33,8 +33,9 @@ from timelyllm_ros.skills.minispec import (
     parse_program,
     tokenize,
 )
-from timelyllm_ros.skills.schema import SkillSet, load_skill_set
+from timelyllm_ros.skills.schema import SkillSet
 from timelyllm_ros.skills.segmenter import split_segments
+from timelyllm_ros.skills.skill_files import load_skill_set
 
 DRONE = load_skill_set("drone")
 ARM = load_skill_set("arm")

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from timelyllm_ros.domain.plans import plan_templates
 from timelyllm_ros.skills.quality import QualitySpec, QualitySpecError, judge, template_spec
-from timelyllm_ros.skills.schema import load_skill_set
+from timelyllm_ros.skills.skill_files import load_skill_set
 
 DRONE = load_skill_set("drone")
 ARM = load_skill_set("arm")

@@ -22,7 +22,7 @@ from timelyllm_ros.ros.actions import SafeActionClient  # noqa: E402
 from timelyllm_ros.ros.planner_node import build_planner  # noqa: E402
 from timelyllm_ros.ros.sim_fleet_node import SimFleetNode  # noqa: E402
 from timelyllm_ros.ros.spin import PooledExecutor, Spinner  # noqa: E402
-from timelyllm_ros.skills.schema import load_skill_set  # noqa: E402
+from timelyllm_ros.skills.skill_files import load_skill_set  # noqa: E402
 
 pytestmark = pytest.mark.ros
 
@@ -263,7 +263,7 @@ def test_every_accepted_goal_ends_when_the_planner_shuts_down():
 
 def test_journaled_statuses_read_back_through_the_one_status_table():
     from timelyllm_ros.domain.types import STATUS_CODE, TERMINAL_STATUSES, TaskStatus
-    from timelyllm_ros.planner.journal_records import task_result_from_record
+    from timelyllm_ros.planner.recovery import task_result_from_record
     from timelyllm_ros.ros.convert import plan_result_from_record
 
     for st in TERMINAL_STATUSES:
@@ -275,7 +275,7 @@ def test_journaled_statuses_read_back_through_the_one_status_table():
 
 
 def test_a_busy_robot_runs_one_task_at_a_time_and_only_an_urgent_one_preempts():
-    """README "A busy robot", from the robot's side (the simulated fleet's execution log)."""
+    """docs/contract.md "Robots and safety", from the robot's side (the simulated fleet's execution log)."""
     s = Stack(fleet_time_scale=1.0)
     try:
         log = s.fleet.robots["drone_0"].executed

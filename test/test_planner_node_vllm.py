@@ -11,7 +11,7 @@ from test_planner_node import CAT, DOG, NORMAL, URGENT, Stack, _wait  # noqa: E4
 from waiting import wait_until  # noqa: E402
 
 from timelyllm_ros.action import PlanTask  # noqa: E402
-from timelyllm_ros.skills.schema import load_skill_set  # noqa: E402
+from timelyllm_ros.skills.skill_files import load_skill_set  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.engine]
 

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 from timelyllm_ros.domain.plans import plan_templates
 from timelyllm_ros.engines.prompts import PromptConfig
 from timelyllm_ros.skills import task_analysis as ta
-from timelyllm_ros.skills.grammar import STOPWORDS
 from timelyllm_ros.skills.quality import judge, template_spec
-from timelyllm_ros.skills.schema import load_skill_set
+from timelyllm_ros.skills.skill_files import load_skill_set
+from timelyllm_ros.skills.task_names import STOPWORDS
 
 DRONE = load_skill_set("drone")
 ARM = load_skill_set("arm")

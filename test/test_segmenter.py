@@ -12,7 +12,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from timelyllm_ros.engines.base import Engine, EngineRequest, EngineStats, FinishReason, RawTokens
-from timelyllm_ros.skills.schema import load_skill_set
 from timelyllm_ros.skills.segmenter import (
     MiniSpecStopChecker,
     SemicolonStopChecker,
@@ -20,6 +19,7 @@ from timelyllm_ros.skills.segmenter import (
     make_stop_checker,
     split_segments,
 )
+from timelyllm_ros.skills.skill_files import load_skill_set
 
 DRONE = load_skill_set("drone")
 ARM = load_skill_set("arm")

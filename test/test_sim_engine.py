@@ -1,8 +1,8 @@
 from timelyllm_ros.domain.plans import plan_templates
 from timelyllm_ros.engines.base import EngineRequest, FinishReason
 from timelyllm_ros.engines.sim_engine import SimEngine, SimEngineConfig, bpe_pieces
-from timelyllm_ros.skills.schema import load_skill_set
 from timelyllm_ros.skills.segmenter import make_stop_checker, split_segments
+from timelyllm_ros.skills.skill_files import load_skill_set
 
 
 def run_gen(eng, req):

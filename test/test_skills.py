@@ -7,15 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from timelyllm_ros.skills.schema import (
-    SkillParseError,
-    SkillSet,
-    SkillSetError,
-    Var,
-    load_skill_set,
-    load_skill_set_file,
-    skills_dir,
-)
+from timelyllm_ros.skills.schema import SkillParseError, SkillSet, SkillSetError, Var
+from timelyllm_ros.skills.skill_files import load_skill_set, load_skill_set_file, skills_dir
 
 DRONE_SHORT = ["mf", "mb", "ml", "mr", "mu", "md", "tc", "tu", "d", "g", "s", "sa", "iv", "ox", "oy", "ow", "oh",
                "od", "l", "tp", "rp", "p"]

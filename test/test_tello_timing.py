@@ -12,7 +12,7 @@ import yaml
 from devtools.tello_emulator import TelloEmulator
 from timelyllm_ros.robots.tello_sdk import SDK_MOVES, SDK_TURNS, motion_call, motion_seconds
 from timelyllm_ros.skills.exec_model import ExecTimeModel
-from timelyllm_ros.skills.schema import load_skill_set, skill_set_from_dict, skills_dir
+from timelyllm_ros.skills.skill_files import load_skill_set, skill_set_from_dict, skills_dir
 
 # The names the backend and the emulator used to hard-code: what the stock skill set must still give.
 _STOCK = {"forward": "mf", "back": "mb", "left": "ml", "right": "mr", "up": "mu", "down": "md", "cw": "tc",

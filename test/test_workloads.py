@@ -2,7 +2,7 @@ import json
 
 from timelyllm_ros.domain.plans import TaskKey, plan_templates
 from timelyllm_ros.sim.workloads import generate, load_trace, load_workload
-from timelyllm_ros.skills.schema import load_skill_set
+from timelyllm_ros.skills.skill_files import load_skill_set
 
 
 def test_wid2_trace_loads():

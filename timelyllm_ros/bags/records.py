@@ -32,7 +32,7 @@ from timelyllm_ros.domain.tuf import LEVELS
 from timelyllm_ros.domain.types import STATUS_CODE, STATUS_FROM_CODE, TaskStatus
 from timelyllm_ros.measure.metrics import Summary, summarize
 from timelyllm_ros.measure.records import SegRecord, TaskRecord
-from timelyllm_ros.skills.schema import load_skill_set
+from timelyllm_ros.skills.skill_files import load_skill_set
 
 from .io import read_bag, stamp_ns
 from .typestore import REQUESTS, RESULTS, SEGMENT_DONE, SEGMENTS

@@ -34,7 +34,8 @@ from typing import Any
 from timelyllm_ros import paths
 from timelyllm_ros.engines.base import Engine
 from timelyllm_ros.skills import grammar
-from timelyllm_ros.skills.schema import SkillSet, load_skill_set
+from timelyllm_ros.skills.schema import SkillSet
+from timelyllm_ros.skills.skill_files import load_skill_set
 from timelyllm_ros.yamlfile import YamlFileError, load_yaml_file
 
 _SCENE_TASK = re.compile(r"^\s*Scene:\s*(?P<scene>\[.*?\])\s*,?\s*Task:\s*(?P<task>.*)$", re.S)
@@ -362,6 +363,9 @@ class PromptRenderer:
 
     @engine.setter
     def engine(self, engine: Engine) -> None:
+        self.replace_engine(engine)
+
+    def replace_engine(self, engine: Engine) -> None:
         """A replacement engine (after a restart): builders are rebuilt with its tokenizer."""
         with self._lock:
             self._engine, self._builders = engine, {}

@@ -23,7 +23,7 @@ class SkillHooks:
     def skillset(self, robot_type: str) -> Any:
         s = self._sets.get(robot_type)
         if s is None:
-            from timelyllm_ros.skills.schema import load_skill_set
+            from timelyllm_ros.skills.skill_files import load_skill_set
 
             s = self._sets[robot_type] = load_skill_set(robot_type)
         return s

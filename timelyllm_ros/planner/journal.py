@@ -38,113 +38,36 @@ import math
 import os
 import sqlite3
 import threading
-import time
-import urllib.parse
 import uuid
-import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from timelyllm_ros.planner.journal_files import (
+    DB_NAME,
+    SCHEMA,
+    SCHEMA_VERSION,
+    SEQ_NAME,
+    JournalDamagedError,
+    JournalError,
+    JournalVersionError,
+    check_files,
+    move_aside,
+    seq_record,
+    sqlite_error,
+)
+
 __all__ = ["DB_NAME", "SEQ_NAME", "SCHEMA_VERSION", "ACTIVE", "Journal", "JournalDamagedError", "JournalError",
            "JournalVersionError", "JournaledSegment", "JournaledTask"]
 
-DB_NAME = "journal.sqlite3"
-SEQ_NAME = DB_NAME + "-seq"  # sidecar: the last commit_seq known committed (see Journal)
-SCHEMA_VERSION = 1
 ACTIVE = "active"  # status of a task accepted and not finished; reserved, never a terminal status
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS tasks (
-    seq           INTEGER PRIMARY KEY,
-    task_id       TEXT    NOT NULL UNIQUE,
-    robot_id      TEXT    NOT NULL,
-    robot_type    TEXT    NOT NULL,
-    spec          TEXT    NOT NULL,
-    arrival_wall  REAL    NOT NULL,
-    status        TEXT    NOT NULL DEFAULT 'active',
-    result        TEXT,
-    finished_wall REAL
-);
-CREATE INDEX IF NOT EXISTS tasks_by_status ON tasks (status, finished_wall);
-CREATE TABLE IF NOT EXISTS segments (
-    task_id       TEXT    NOT NULL,
-    idx           INTEGER NOT NULL,
-    text          TEXT    NOT NULL,
-    token_ids     TEXT    NOT NULL,
-    is_final      INTEGER NOT NULL,
-    marker        INTEGER NOT NULL DEFAULT 0,
-    dispatch_wall REAL,
-    est_exec_s    REAL,
-    acked         INTEGER NOT NULL DEFAULT 0,
-    reported      INTEGER NOT NULL DEFAULT 0,
-    success       INTEGER,
-    start_wall    REAL,
-    finish_wall   REAL,
-    error         TEXT    NOT NULL DEFAULT '',
-    PRIMARY KEY (task_id, idx)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS segments_unacked ON segments (task_id, idx) WHERE acked = 0;
-CREATE TABLE IF NOT EXISTS journal_meta (
-    id            INTEGER PRIMARY KEY CHECK (id = 1),
-    journal_id    TEXT    NOT NULL,
-    commit_seq    INTEGER NOT NULL,
-    clean         INTEGER NOT NULL
-);
-"""
-
 _log = logging.getLogger(__name__)
-_SQLITE_MAGIC = b"SQLite format 3\x00"
-_SEQ_MAGIC = "timelyllm-journal-seq/1"
-_SEQ_SIZE = 128  # fixed size, overwritten in place: no allocation on a full disk, one sector (no torn record)
-
 _SEG_COLS = (
     "s.idx, s.text, s.token_ids, s.is_final, s.marker, s.dispatch_wall, s.est_exec_s, "
     "s.acked, s.reported, s.success, s.start_wall, s.finish_wall, s.error"
 )
-
-
-class JournalError(RuntimeError):
-    """The journal cannot be opened or written; the message names the file or folder and the problem."""
-
-
-class JournalDamagedError(JournalError, sqlite3.DatabaseError):
-    """The journal is damaged or has lost commits it is known to have made; refused rather than opened with tasks
-    missing. ``Journal(..., reset_damaged=True)`` moves its files aside (never deletes them) and starts empty."""
-
-
-class JournalVersionError(JournalError):
-    """The journal file was written by a newer (or unknown) schema; refusing it rather than misreading it."""
-
-
-def _expected_columns() -> dict[str, list[str]]:
-    """Column names of each table, from ``_SCHEMA`` itself (one source of truth for the schema check)."""
-    conn = sqlite3.connect(":memory:")
-    try:
-        conn.executescript(_SCHEMA)
-        return {name: [c[1] for c in conn.execute(f"PRAGMA table_info({name})")]
-                for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    finally:
-        conn.close()
-
-
-_COLUMNS = _expected_columns()
-
-
-def _seq_record(journal_id: str, seq: int) -> bytes:
-    body = f"{_SEQ_MAGIC} {journal_id} {seq}"
-    line = f"{body} {zlib.crc32(body.encode()):08x}\n".encode()
-    return line.ljust(_SEQ_SIZE, b" ")
-
-
-def _is_damage(e: sqlite3.Error) -> bool:
-    """SQLite's verdict on the file's content (corrupt, not a database) rather than on the storage under it
-    (full, read-only, locked, I/O error): only the former is damage that a reset may move aside."""
-    name = getattr(e, "sqlite_errorname", "") or ""
-    if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")):
-        return True
-    return type(e) is sqlite3.DatabaseError
 
 
 @dataclass
@@ -248,11 +171,15 @@ class Journal:
         try:
             self._prepare_dir()
             try:
-                journal_id = self._check()
+                journal_id, self._seq = check_files(self.file, self.dir, self.seq_file, self._seq_fd, self.warnings)
             except JournalDamagedError as e:
                 if not reset_damaged:
                     raise
-                moved = self._move_aside()
+                if self._seq_fd is not None:  # reopened on the fresh files
+                    os.close(self._seq_fd)
+                    self._seq_fd = None
+                moved = move_aside(self.file)
+                self._prepare_dir()
                 self.reset_report = (f"{e} -- reset_damaged: moved {', '.join(moved)} aside (kept, not deleted) and "
                                      "started an empty journal; the tasks in those files are not resumed")
                 journal_id = None
@@ -263,17 +190,8 @@ class Journal:
 
     # -- opening and checking -------------------------------------------------------------------------------------
 
-    def _damaged(self, problem: str) -> JournalDamagedError:
-        return JournalDamagedError(
-            f"journal {problem}. Refusing to open it: tasks would be missing. Inspect or restore the files, or start "
-            "over with reset_damaged=True (planner parameter journal_reset_damaged:=true), which moves them aside"
-        )
-
     def _sqlite_error(self, e: sqlite3.Error, doing: str) -> JournalError:
-        if _is_damage(e):
-            return self._damaged(f"{self.file}: {e}")
-        hint = f" (the disk holding {self.dir} is full)" if "full" in str(e).lower() else ""
-        return JournalError(f"journal {self.file}: cannot {doing}: {e}{hint}")
+        return sqlite_error(self.file, self.dir, e, doing)
 
     def _prepare_dir(self) -> None:
         if os.path.lexists(self.dir) and not os.path.isdir(self.dir):
@@ -286,128 +204,6 @@ class Journal:
             self._seq_fd = os.open(self.seq_file, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
             raise JournalError(f"journal folder {self.dir} is not writable: {self.seq_file}: {e.strerror or e}") from e
-
-    def _read_seq(self) -> tuple[str, int] | None:
-        """The sidecar's ``(journal_id, commit_seq)``; None when it is empty (new, or never written)."""
-        assert self._seq_fd is not None
-        data = os.pread(self._seq_fd, 4096, 0)
-        if not data.strip(b" \n\x00"):
-            return None
-        parts = data.decode("ascii", "replace").split()
-        body = " ".join(parts[:3])
-        if len(parts) != 4 or parts[0] != _SEQ_MAGIC or not parts[2].isdigit() or \
-                parts[3] != f"{zlib.crc32(body.encode()):08x}":
-            raise self._damaged(f"sequence file {self.seq_file} is unreadable (it holds {data[:60]!r})")
-        return parts[1], int(parts[2])
-
-    def _check(self) -> str | None:
-        """Refuse a damaged or incomplete journal (see the class docstring); sets ``_seq`` to the commits it holds
-        and returns its journal_id, or None for a journal to create (new, or one from before journal_meta)."""
-        side = self._read_seq()
-        wal = self.file + "-wal"
-        try:
-            db_size = os.path.getsize(self.file) if os.path.exists(self.file) else None
-            wal_size = os.path.getsize(wal) if os.path.exists(wal) else None
-            head = b""
-            if db_size:
-                with open(self.file, "rb") as f:
-                    head = f.read(100)
-        except OSError as e:
-            raise JournalError(f"journal {self.file}: cannot read it: {e.strerror or e}") from e
-        if not db_size:
-            # Checked before SQLite sees it: on an empty main file SQLite deletes the -wal beside it.
-            what = "is missing" if db_size is None else "is empty (0 bytes)"
-            if wal_size:
-                raise self._damaged(f"{self.file} {what} but {wal} holds {wal_size} bytes of it: the main file was "
-                                    "deleted or truncated")
-            if side is not None and side[1] > 0:
-                raise self._damaged(f"{self.file} {what} but {self.seq_file} records {side[1]} commits to it")
-            return None
-        if len(head) < 100 or not head.startswith(_SQLITE_MAGIC):
-            raise self._damaged(f"{self.file} is not an SQLite database ({db_size} bytes, starting {head[:16]!r})")
-        try:
-            conn = sqlite3.connect(f"file:{urllib.parse.quote(self.file)}?mode=ro", uri=True, timeout=10.0)
-        except sqlite3.Error as e:
-            raise self._sqlite_error(e, "open it") from e
-        try:
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version != 0 and version != SCHEMA_VERSION:
-                raise JournalVersionError(
-                    f"{self.file}: journal schema version {version} is not the supported version {SCHEMA_VERSION} "
-                    "(written by a newer planner?); refusing to open it. Move the file aside or point state_dir "
-                    "elsewhere."
-                )
-            verdict = [str(r[0]) for r in conn.execute("PRAGMA integrity_check(10)")]
-            tables = {
-                name: [c[1] for c in conn.execute(f'PRAGMA table_info("{name}")')]
-                for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
-            }
-            meta = (conn.execute("SELECT journal_id, commit_seq, clean FROM journal_meta WHERE id = 1").fetchone()
-                    if tables.get("journal_meta") == _COLUMNS["journal_meta"] else None)
-        except sqlite3.Error as e:
-            raise self._sqlite_error(e, "read it") from e
-        finally:
-            conn.close()  # read-only: never checkpoints, so the -wal stays as found
-        if verdict != ["ok"]:
-            raise self._damaged(f"{self.file} fails SQLite's integrity check: {'; '.join(verdict[:5])}")
-        if not tables:
-            if version != 0 or (side is not None and side[1] > 0):
-                raise self._damaged(f"{self.file} has no tables, but its schema version is {version} and "
-                                    f"{self.seq_file} records {side[1] if side else 0} commits")
-            return None
-        if version == 0:
-            raise self._damaged(f"{self.file} is not a task journal (tables {sorted(tables)}, schema version 0)")
-        for name, cols in _COLUMNS.items():
-            if tables.get(name) != cols and not (name == "journal_meta" and name not in tables):
-                raise self._damaged(f"{self.file}: schema mismatch: table {name} has columns {tables.get(name)}, "
-                                    f"expected {cols}")
-        if meta is None:  # a journal written before the commit counter existed
-            if side is not None and side[1] > 0:
-                raise self._damaged(f"{self.file} has no commit counter but {self.seq_file} records {side[1]} "
-                                    "commits: the main file was replaced by an older copy, or its -wal lost")
-            self.warnings.append(f"{self.file} predates loss detection: what it may have lost before now cannot be "
-                                 "known; commits are counted from now on")
-            return None
-        journal_id, seq, clean = meta
-        wal_state = (f"the -wal {wal} is missing or empty (deleted?)" if not wal_size else
-                     f"the -wal ({wal_size} bytes) was truncated or corrupted, or the main file replaced by an older "
-                     "copy")
-        if side is None:
-            if not clean:
-                raise self._damaged(f"sequence file {self.seq_file} is missing or empty, and {self.file} was not "
-                                    "closed cleanly: whether commits were lost with its -wal cannot be told")
-            self.warnings.append(f"sequence file {self.seq_file} was missing; {self.file} had been closed cleanly "
-                                 "(nothing can have been lost), so it is written again")
-        elif side[0] != journal_id:
-            raise self._damaged(f"sequence file {self.seq_file} belongs to another journal ({side[0]}, not "
-                                f"{journal_id}): files of two journals mixed")
-        elif seq < side[1]:
-            raise self._damaged(f"{self.file} holds {seq} commits but {self.seq_file} records {side[1]}: the last "
-                                f"{side[1] - seq} were lost ({wal_state})")
-        self._seq = int(seq)
-        return str(journal_id)
-
-    def _move_aside(self) -> list[str]:
-        """Rename the journal's files (db, -wal, -shm, -seq) to ``journal.sqlite3.damaged-<time>...``, so they
-        stay together (SQLite finds the -wal of the renamed db) and nothing is deleted."""
-        stamp = time.strftime("%Y%m%dT%H%M%S")
-        suffixes = ("", "-wal", "-shm", "-seq")
-        base, n = f"{self.file}.damaged-{stamp}", 1
-        while any(os.path.lexists(base + s) for s in suffixes):
-            base, n = f"{self.file}.damaged-{stamp}.{n}", n + 1
-        if self._seq_fd is not None:
-            os.close(self._seq_fd)
-            self._seq_fd = None
-        moved = []
-        for s in suffixes:
-            if os.path.lexists(self.file + s):
-                try:
-                    os.rename(self.file + s, base + s)
-                except OSError as e:
-                    raise JournalError(f"cannot move {self.file + s} aside to {base + s}: {e.strerror or e}") from e
-                moved.append(base + s)
-        self._prepare_dir()
-        return moved
 
     def _open(self, synchronous: str, journal_id: str | None) -> None:
         try:
@@ -424,7 +220,7 @@ class Journal:
             self._write_seq(durable=True)
             with self._tx(bump=False) as c:
                 # not executescript: it would COMMIT this transaction before running the script
-                for stmt in _SCHEMA.split(";"):
+                for stmt in SCHEMA.split(";"):
                     if stmt.strip():
                         c.execute(stmt)
                 c.execute(
@@ -448,7 +244,7 @@ class Journal:
 
     def _write_seq(self, durable: bool = False) -> None:
         assert self._seq_fd is not None
-        os.pwrite(self._seq_fd, _seq_record(self._journal_id, self._seq), 0)
+        os.pwrite(self._seq_fd, seq_record(self._journal_id, self._seq), 0)
         if durable:
             os.fsync(self._seq_fd)
 

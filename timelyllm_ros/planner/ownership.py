@@ -1,9 +1,9 @@
 """One task per robot: which task owns each robot, and which tasks wait their turn for it.
 
 A robot runs one task at a time and the planner decides which (the same rule in the ROS planner, the
-simulator and the demo; README "A busy robot"). A task owns its robot from when it is accepted (or released
-to) until it has ended and the robot has reported every segment sent to it. A new task for a robot owned by
-another:
+simulator and the demo; docs/contract.md "Robots and safety"). A task owns its robot from when it is
+accepted (or released to) until it has ended and the robot has reported every segment sent to it.
+A new task for a robot owned by another:
 
 * preempts it when its beta is strictly higher (an urgent task over a normal one): the older task ends
   CANCELLED ("preempted by task ..."), and the robot drops the rest of it when the new task's segment 0

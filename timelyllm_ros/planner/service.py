@@ -1,16 +1,17 @@
-"""The planner without ROS: requests and their retries, the open tasks and their answers, the journal and the
-recovery after a restart, the engine thread and its restarts, the housekeeping of deliveries and robots.
+"""The planner without ROS: requests and their retries, the open tasks and their answers, the journal writes, the
+housekeeping of deliveries and robots. Recovery after a restart (and the journal's record format) is
+``planner/recovery.py``; the engine thread and its restarts ``planner/engine_supervisor.py``.
 
 The node (``ros/planner_node.py``) owns everything ROS: lifecycle, parameters, servers, topics and timers. It
 converts requests and robot reports to the plain values taken here (``ros/convert.py``), and
 :class:`PlannerService` answers through the node's :class:`PlannerSender`: deliver a segment to a robot,
 complete a goal, publish a result. No rclpy and no message types here.
 
-Threads: the engine runs in its own thread (:meth:`PlannerService.start`, PlannerCore.serve_forever), never
+Threads: the engine runs in its own thread (:meth:`EngineSupervisor.start`, PlannerCore.serve_forever), never
 in an rclpy callback. A request only validates, submits to the core and returns; the core's callbacks (the
 engine thread, or a report's thread) deliver segments and answer goals, so no thread waits per goal and the
-open tasks are bounded by ``max_active_tasks``. One re-entrant lock guards the open tasks, the arrivals, the
-active flag and the engine error; :class:`RobotLinks` has its own.
+open tasks are bounded by ``max_active_tasks``. One re-entrant lock guards the open tasks, the active flag and
+the engine error (the supervisor's, under this lock); the arrivals and :class:`RobotLinks` have their own.
 """
 
 from __future__ import annotations
@@ -31,16 +32,23 @@ from timelyllm_ros.engines.prompts import PromptRenderer, TaskPromptError
 from timelyllm_ros.interfaces import robot_id_problem, segment_topic
 from timelyllm_ros.planner.config import CoreConfig
 from timelyllm_ros.planner.core import PlannerCore
+from timelyllm_ros.planner.engine_supervisor import EngineSupervisor
+from timelyllm_ros.planner.hooks import SkillHooks
 from timelyllm_ros.planner.hygiene import check_goal_fields, check_token_count
 from timelyllm_ros.planner.intake import Intake, IntakeLimits
-from timelyllm_ros.planner.journal import ACTIVE, Journal, JournaledTask
-from timelyllm_ros.planner.journal_records import result_record, task_result_from_record
+from timelyllm_ros.planner.journal import Journal
 from timelyllm_ros.planner.policies import make_policy
-from timelyllm_ros.planner.robot_links import RobotLinks
+from timelyllm_ros.planner.recovery import (
+    Recovery,
+    RecoveryHost,
+    restored_segments,
+    result_record,
+    spec_record,
+    task_result_from_record,
+)
 from timelyllm_ros.planner.service_io import (
     Accepted,
     Delivery,
-    EndMarker,
     GoalError,
     Log,
     PlannerHealth,
@@ -50,7 +58,9 @@ from timelyllm_ros.planner.service_io import (
     TaskLookup,
 )
 from timelyllm_ros.planner.settings import check_params
-from timelyllm_ros.planner.warmup import calibrate_core, lone_first_s, probe_maker, probe_task, warm_up
+from timelyllm_ros.planner.warmup import lone_first_s, warm_up_planner
+from timelyllm_ros.planner.watchdog import stamp_lag
+from timelyllm_ros.transport.delivery import RobotLinks
 
 
 @dataclass
@@ -67,10 +77,35 @@ class _OpenTask:
     final_sent: bool = False
 
 
-def _spec_record(spec: TaskSpec, tuf: TufRequest, bridge: WallOffset) -> dict:
-    """The request as the robot sent it (the TUF fields as given, so a retry after a restart matches)."""
-    return {"task": spec.prompt, "tuf": {"level": tuf.level, "alpha": tuf.alpha, "beta": tuf.beta, "ert": tuf.ert},
-            "sent_wall": bridge.to_wall(spec.sent)}
+def _request_tuf(robot_types: list[str], max_task_chars: int, task_id: str, robot_id: str, robot_type: str,
+                 task: str, tuf: TufRequest) -> TimeUtility:
+    """The checks of a request's own fields that cost nothing (no tokenizer): its TUF, or GoalError."""
+    try:
+        check_goal_fields(robot_id, task_id, task)
+    except ValueError as e:  # the hygiene checks name the field, the character and its position
+        raise GoalError(str(e)) from None
+    if not robot_id.strip():
+        raise GoalError("robot_id: must not be empty")
+    problem = robot_id_problem(robot_id)  # it names a topic: refused here, not failed at publishing
+    if problem is not None:
+        raise GoalError(f"robot_id: {problem}")
+    if robot_type not in robot_types:
+        raise GoalError(f"robot_type: unknown {robot_type!r}; this planner serves {robot_types}")
+    if not task.strip():
+        raise GoalError("task: must not be empty")
+    if len(task) > max_task_chars:
+        raise GoalError(f"task: {len(task)} characters, more than max_task_chars={max_task_chars}")
+    try:
+        return tuf.resolve()
+    except ValueError as e:
+        raise GoalError(str(e)) from None
+
+
+def _guard(log: Log, what: str, fn: Callable[[], Any]) -> None:
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001
+        log.error(f"could not {what}: {e!r}")
 
 
 class PlannerService:
@@ -92,7 +127,6 @@ class PlannerService:
         self._max_task_chars = int(params["max_task_chars"])
         self._max_task_tokens = int(params["max_task_tokens"])
         self._max_active = int(params["max_active_tasks"])
-        self._restart_backoff = float(params["engine_restart_backoff_s"])
         self._max_clock_skew_s = float(params["max_clock_skew_s"])
         self._robot_idle_release_s = float(params["robot_idle_release_s"])
         self._max_robots = int(params["max_robots"])
@@ -102,38 +136,33 @@ class PlannerService:
             new_robots_per_s=float(params["intake_new_robots_per_s"]),
             new_robots_burst=int(params["intake_new_robots_burst"]),
             robot_ids=frozenset(r for r in params["robot_ids"] if r)))
-        self.engine: Any = None
         self.core: PlannerCore | None = None
         self.delivery: Delivery | None = None
         self.journal: Journal | None = None
         self._prompts: PromptRenderer | None = None
-        self._engine_factory: Callable[[], Any] = self._reuse_engine
-        self._owns_engine = False
+        self._hooks: SkillHooks | None = None  # the core's, built here (recovery parses journaled segments)
         self._open: dict[str, _OpenTask] = {}
         self._lock = threading.RLock()
+        self.supervisor = EngineSupervisor(log, float(params["engine_restart_backoff_s"]), self._lock)
+        self._recovery = Recovery(bridge, robots, sender, log)
         self._arrivals: dict[int, float] = {}  # a goal's key -> its arrival (core clock), until it is accepted
         # its own lock: a goal's arrival is stamped at once, never behind another goal's validation and rendering
         self._arrivals_lock = threading.Lock()
         self._skillset_ids: dict[str, str] = {}
-        self.engine_error: str | None = None  # set while the engine is down (goals are refused)
         self._next_prune = 0.0
         self._next_release = 0.0
         self._journal_closed = False
         self._recovered = False
-        self._readopting: set[str] = set()  # finished tasks being re-adopted at recovery (_readopt)
         self._active = False  # goals are accepted only while active
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.engine_restarts = 0
         self.journal_errors = 0
 
     # -- state -------------------------------------------------------------------------------------
     def health(self, lifecycle_state: str | None) -> PlannerHealth:
-        thread, journal = self._thread, self.journal
+        sup, journal = self.supervisor, self.journal
         return PlannerHealth(
-            lifecycle_state=lifecycle_state, engine=self.engine, core=self.core, engine_error=self.engine_error,
-            engine_restarts=self.engine_restarts, engine_thread_alive=None if thread is None else thread.is_alive(),
-            stopping=self._stop.is_set(), journal_file=None if journal is None else journal.file,
+            lifecycle_state=lifecycle_state, engine=sup.engine, core=self.core, engine_error=sup.error,
+            engine_restarts=sup.restarts, engine_thread_alive=sup.thread_alive,
+            stopping=sup.stopping, journal_file=None if journal is None else journal.file,
             journal_open=journal is not None and journal.is_open and not self._journal_closed,
             journal_errors=self.journal_errors, rejected_messages=self._rejected.snapshot())
 
@@ -151,15 +180,16 @@ class PlannerService:
         """Load the engine (unless one was given), build the core, the prompt renderer and the journal."""
         p = self._p
         engine, constrained, engine_factory, core_config = self._given
-        self._owns_engine = engine is None
+        owns = engine is None
         if engine is None:
             engine, constrained = planner_engine(p["engine_config"])
             engine_factory = engine_factory or (lambda: planner_engine(p["engine_config"])[0])
-        self.engine = engine
-        self._engine_factory = engine_factory or self._reuse_engine
+        self.supervisor.adopt(engine, engine_factory, owns)
         cfg = core_config or CoreConfig.from_params(p)
+        self._hooks = SkillHooks(learn=cfg.learn_exec_times)
         self.core = PlannerCore(engine, make_policy(policy), RealClock(), admission=p["admission"],
-                                config=cfg, on_segment=self._on_segment, on_result=self._on_result)
+                                config=cfg, on_segment=self._on_segment, on_result=self._on_result,
+                                hooks=self._hooks)
         self.delivery = delivery
         self._prompts = PromptRenderer(engine, constrained)
         self._skillset_ids = {}
@@ -170,38 +200,17 @@ class PlannerService:
             if journal.reset_report:  # loud: the tasks in the moved files are not resumed
                 self._log.error(f"journal: {journal.reset_report}")
             self.journal, self._journal_closed, self._recovered = journal, False, False
-        self._stop = threading.Event()
+        self.supervisor.attach(self.core, self._prompts.replace_engine)
 
     def warm_up(self) -> None:
-        """Prefill each robot type's shared prompt (skill catalogue, few-shot examples) once, before the
-        first task: then even the first request of a burst pays only for its own scene and instruction,
-        and a fresh engine's slow first forward passes are out of the way. Runs before the engine thread
-        starts, so this thread is the engine thread meanwhile."""
-        prompts, burst = self._prompts.warm_up_prompts(self.robot_types)
-        if not prompts:
-            return  # the simulated engine has no prompt to warm (and its estimate is its own model)
-        t0 = time.monotonic()
-        warm_up(self.core, prompts, burst, extra=self._prompts.warm_up_extra)
-        self._log.info(f"warmed the prompts of {self.robot_types} in {time.monotonic() - t0:.2f} s")
-        if self._p["calibrate"]:
-            def has(rt: str, urgent: bool) -> bool:
-                return probe_task(self._prompts.builder(rt).library.examples, 0, 1, urgent) is not None
-
-            try:  # robot types whose examples give a task to measure with (a chatbot's have no scene)
-                cal = calibrate_core(self.core, probe_maker(self._prompts),
-                                     [rt for rt in self.robot_types if has(rt, False)],
-                                     {rt for rt in self.robot_types if has(rt, True)})
-            except Exception as e:  # noqa: BLE001 - the engine still serves, on the step model it was seeded with
-                self._log.warning(f"calibration failed, keeping the seeded step-time estimate: {e!r}")
-                return
-            if cal is not None:
-                self._log.info("measured this engine in {:.2f} s: {}".format(cal.wall_s, ", ".join(
-                    f"{k} {v:.1f}" for k, v in cal.describe().items() if k != "calibration_s")))
+        """Prefill each robot type's shared prompt once before the first task, and measure the engine where
+        ``calibrate`` is set (:func:`warm_up_planner`). Runs before the engine thread starts, so this thread is
+        the engine thread meanwhile."""
+        warm_up_planner(self.core, self._prompts, self.robot_types, bool(self._p["calibrate"]), self._log)
 
     def start(self) -> None:
         """Start the engine thread."""
-        self._thread = threading.Thread(target=self._engine_loop, name="timelyllm-engine", daemon=True)
-        self._thread.start()
+        self.supervisor.start()
 
     def set_active(self, active: bool) -> None:
         """Goals are accepted only while active."""
@@ -212,7 +221,23 @@ class PlannerService:
         """Once per configure (the first activate): resume what a killed planner left in the journal."""
         if self.journal is not None and not self._recovered:
             self._recovered = True
-            self._recover()
+
+            def reopen(task_id: str, robot_id: str, robot_type: str, key: tuple, sent: int, final_sent: bool
+                       ) -> None:
+                with self._lock:
+                    self._open[task_id] = _OpenTask(task_id, robot_id, robot_type, key, [], [], sent=sent,
+                                                    final_sent=final_sent)
+
+            def drop(task_id: str) -> None:
+                with self._lock:
+                    self._open.pop(task_id, None)
+
+            def open_robot_type(task_id: str) -> str | None:
+                op = self._open.get(task_id)
+                return None if op is None else op.robot_type
+
+            self._recovery.run(self.journal, self.core, self._hooks,
+                               RecoveryHost(self.validate, self.skillset_id, reopen, drop, open_robot_type))
 
     def drain(self, timeout_s: float, reason: str) -> None:
         """Let open tasks finish for up to ``timeout_s``, then end the rest CANCELLED: every robot hears."""
@@ -228,12 +253,11 @@ class PlannerService:
     def shutdown(self) -> None:
         """Stop the engine thread and answer every open task CANCELLED (idempotent)."""
         self.set_active(False)
-        self._stop.set()
+        self.supervisor.stop()
         if self.core is None:
             return
         self.core.wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        self.supervisor.join(10)
         self.core.fail_all("planner shutting down", TaskStatus.CANCELLED)
         with self._lock:  # last resort: anything the core no longer knows
             leftovers = list(self._open.values())
@@ -250,12 +274,8 @@ class PlannerService:
 
     def release(self) -> None:
         """After :meth:`shutdown`: close an engine this service built and forget the configured state."""
-        if self.engine is not None and self._owns_engine:
-            try:
-                self.engine.close()
-            except Exception as e:  # noqa: BLE001 - a broken engine may not close cleanly
-                self._log.warning(f"closing the engine: {e!r}")
-        self.engine = self.core = self.delivery = self._prompts = None
+        self.supervisor.release()
+        self.core = self.delivery = self._prompts = self._hooks = None
         self.journal = None
 
     # -- requests ----------------------------------------------------------------------------------
@@ -280,7 +300,7 @@ class PlannerService:
     def validate(self, task_id: str, robot_id: str, robot_type: str, task: str, tuf: TufRequest, *,
                  arrival: float | None = None, sent: float | None = None) -> TaskSpec:
         """The task to plan, or GoalError naming the field and the problem. ``arrival``, ``sent``: core time."""
-        time_utility = self._check_request(task_id, robot_id, robot_type, task, tuf)
+        time_utility = _request_tuf(self.robot_types, self._max_task_chars, task_id, robot_id, robot_type, task, tuf)
         try:
             check_token_count("task", self._prompts.count_tokens(task), self._max_task_tokens)
         except ValueError as e:
@@ -293,29 +313,6 @@ class PlannerService:
                         task_id=task_id or f"{robot_id}-{uuid.uuid4().hex[:8]}", prompt_token_ids=prompt_ids,
                         extra=extra, arrival=arrival, sent=sent)
 
-    def _check_request(self, task_id: str, robot_id: str, robot_type: str, task: str, tuf: TufRequest
-                       ) -> TimeUtility:
-        """The checks of a request's own fields that cost nothing (no tokenizer): its TUF, or GoalError."""
-        try:
-            check_goal_fields(robot_id, task_id, task)
-        except ValueError as e:  # the hygiene checks name the field, the character and its position
-            raise GoalError(str(e)) from None
-        if not robot_id.strip():
-            raise GoalError("robot_id: must not be empty")
-        problem = robot_id_problem(robot_id)  # it names a topic: refused here, not failed at publishing
-        if problem is not None:
-            raise GoalError(f"robot_id: {problem}")
-        if robot_type not in self.robot_types:
-            raise GoalError(f"robot_type: unknown {robot_type!r}; this planner serves {self.robot_types}")
-        if not task.strip():
-            raise GoalError("task: must not be empty")
-        if len(task) > self._max_task_chars:
-            raise GoalError(f"task: {len(task)} characters, more than max_task_chars={self._max_task_chars}")
-        try:
-            return tuf.resolve()
-        except ValueError as e:
-            raise GoalError(str(e)) from None
-
     def screen(self, req: PlanRequest) -> None:
         """What a goal is checked for as it arrives, before any work is done for it: the planner's state, the
         request's own fields, then intake's limits (``planner/intake.py``) and ``max_robots``; GoalError names the
@@ -325,7 +322,8 @@ class PlannerService:
             if req.task_id and (req.task_id in self._open or self.core.result(req.task_id) is not None):
                 return
             self._refuse_if_unable()
-        self._check_request(req.task_id, req.robot_id, req.robot_type, req.task, req.tuf)
+        _request_tuf(self.robot_types, self._max_task_chars, req.task_id, req.robot_id, req.robot_type, req.task,
+                     req.tuf)
         if not self.intake.in_fleet(req.robot_id):
             raise GoalError(f"robot_id: {req.robot_id!r} is not one of this planner's robots (parameter robot_ids)")
         linked = self._robots.has(req.robot_id)
@@ -352,8 +350,8 @@ class PlannerService:
         if not self._active:
             raise GoalError(f"planner not active (lifecycle state: {self._sender.lifecycle_state}); retry later",
                             TaskStatus.BUSY)
-        if self.engine_error is not None:
-            raise GoalError(f"engine unavailable ({self.engine_error}); restarting, retry later", TaskStatus.BUSY)
+        if self.supervisor.error is not None:
+            raise GoalError(f"engine unavailable ({self.supervisor.error}); restarting, retry later", TaskStatus.BUSY)
         if len(self._open) >= self._max_active:
             raise GoalError(f"planner at capacity: {len(self._open)} active tasks "
                             f"(max_active_tasks={self._max_active}); retry later", TaskStatus.BUSY)
@@ -387,7 +385,7 @@ class PlannerService:
                 if self.journal is not None and not self._journal_closed:
                     try:  # not _jot: a goal that cannot be journaled is refused, never accepted non-durably
                         self.journal.task_accepted(spec.task_id, req.robot_id, req.robot_type,
-                                                   _spec_record(spec, req.tuf, self._bridge),
+                                                   spec_record(spec, req.tuf, self._bridge),
                                                    self._bridge.to_wall(arrival))
                     except Exception as e:  # noqa: BLE001 - e.g. JournalError: disk full, naming the file
                         self._open.pop(spec.task_id, None)
@@ -447,7 +445,8 @@ class PlannerService:
             jt = self.journal.task(task_id)  # finished before a restart: the segments as journaled when sent
             if jt is None:
                 return TaskLookup("done", record=rec)
-            return TaskLookup("done", record=rec, robot_id=jt.robot_id, journaled=tuple(self._restored_segments(jt)),
+            segs = restored_segments(jt, self._hooks, self.core.cfg.comm_s, self._bridge)
+            return TaskLookup("done", record=rec, robot_id=jt.robot_id, journaled=tuple(segs),
                               skillset_id=self.skillset_id(jt.robot_type))
         return TaskLookup("unknown")
 
@@ -455,21 +454,18 @@ class PlannerService:
         sid = self._skillset_ids.get(robot_type)
         if sid is None:
             try:
-                sid = self.core.hooks.skillset(robot_type).id
+                sid = self._hooks.skillset(robot_type).id
             except Exception:  # noqa: BLE001 - an id is cosmetic; never fail a dispatch on it
                 sid = robot_type
             self._skillset_ids[robot_type] = sid
         return sid
 
-    def parse(self, robot_type: str, text: str) -> list[Any]:
-        """A segment's skill calls, parsed with the robot type's skill set."""
-        return self.core.hooks.parse(robot_type, text)
-
     def engine_snapshot(self) -> tuple[Any, Any, dict, float] | None:
         """(EngineStats, EngineInfo, the scheduler's step-time estimate, warm-up's lone first segment in s or 0)
         now, or None when the engine cannot tell."""
         try:
-            return self.engine.stats(), self.engine.info, self.core.estimator.describe(), \
+            engine = self.supervisor.engine
+            return engine.stats(), engine.info, self.core.estimator.describe(), \
                 lone_first_s(self.core.calibration)
         except Exception:  # noqa: BLE001
             return None
@@ -495,8 +491,7 @@ class PlannerService:
         happening."""
         with self._lock:
             op = self._open.pop(res.task_id, None)
-            if res.task_id in self._readopting:  # re-adopted after a restart: its result stands, journaled
-                self._readopting.discard(res.task_id)
+            if self._recovery.take_readopted(res.task_id):  # re-adopted after a restart: its result stands
                 return
         marker_at = None
         if op is not None and op.sent and not op.final_sent:
@@ -506,21 +501,15 @@ class PlannerService:
         self._jot("task_finished", res.task_id, res.status.value, result_record(res), time.time())
         if res.status is not TaskStatus.DONE:  # (or revised) a segment still in flight must not start it later
             self.delivery.forget_plan(res.task_id)
-        self._guard("publish the result", lambda: self._sender.publish_result(res))
+        _guard(self._log, "publish the result", lambda: self._sender.publish_result(res))
         if marker_at is not None:
-            self._guard("send the end-of-plan marker",
+            _guard(self._log, "send the end-of-plan marker",
                         lambda: self._sender.send_end_marker(res.task_id, res.robot_id, op.sent, marker_at))
         if op is None:
             return  # a revision (late robot failure) or a restored task: the published result carries it
         self._sender.finish_goals(op.goals, res)
         for w in op.waiters:
             w.put(res)
-
-    def _guard(self, what: str, fn: Callable[[], Any]) -> None:
-        try:
-            fn()
-        except Exception as e:  # noqa: BLE001
-            self._log.error(f"could not {what}: {e!r}")
 
     def _jot(self, what: str, *args: Any) -> None:
         """Journal write: a failure is logged loudly but never stops a segment or result from going out."""
@@ -548,7 +537,8 @@ class PlannerService:
         # A report implies receipt (its ack may have been lost), and that the robot is alive.
         delivery.ack(task_id, index, robot_id=robot_id)
         delivery.heard(robot_id, time.monotonic())
-        self._note_stamp_lag(finish_wall)
+        stamp_lag(finish_wall, self._max_clock_skew_s, lambda lag: core.watchdog.note_lag(lag, core.clock.now()),
+                  lambda why: self._rejected.note("stamp", "(any)", why))
         if self.journal is not None:
             self._jot("segment_reported", task_id, index, success, start_wall or None, finish_wall or None, error)
 
@@ -565,22 +555,10 @@ class PlannerService:
             self._rejected.note("heartbeat" if running else "ack", robot_id, refused)
             return
         delivery.heard(robot_id, now)
-        self._note_stamp_lag(stamp_wall)
+        stamp_lag(stamp_wall, self._max_clock_skew_s, lambda lag: core.watchdog.note_lag(lag, core.clock.now()),
+                  lambda why: self._rejected.note("stamp", "(any)", why))
         if acked and self.journal is not None:
             self._jot("segment_acked", task_id, index)
-
-    def _note_stamp_lag(self, stamp_wall: float | None) -> None:
-        """How far behind this planner reads robot messages, from their stamps. A stamp further from this clock
-        than ``max_clock_skew_s`` says nothing of that (a robot's clock is off, or the stamp is forged: one
-        stamped 1970 switched silence detection off for the whole fleet), so it is ignored."""
-        if stamp_wall is None:
-            return
-        lag = time.time() - stamp_wall
-        if abs(lag) <= self._max_clock_skew_s:
-            self.core.watchdog.note_lag(lag, self.core.clock.now())
-        else:
-            self._rejected.note("stamp", "(any)", f"stamp {lag:+.1f} s from this planner's clock, beyond "
-                                                  f"max_clock_skew_s={self._max_clock_skew_s:g}: its lag is ignored")
 
     # -- housekeeping (a timer) --------------------------------------------------------------------
     def housekeeping(self) -> None:
@@ -607,178 +585,15 @@ class PlannerService:
         now = time.monotonic()
         if now >= self._next_release:  # robots never matched go even with idle release off (RobotLinks)
             self._next_release = now + min(30.0, self._robot_idle_release_s / 2 or 30.0)
-            self._release_idle_robots(now)
+            busy = self.core.robots_in_use()  # robots with no open task, waiting task or unacknowledged segment go
+            released = self._robots.release_idle(now, self._robot_idle_release_s or float("inf"),
+                                                 lambda r: r in busy or bool(self.delivery.pending_for(r)))
+            if released:
+                self._log.debug(f"released {released} idle robots' segment publishers")
         if self.journal is not None and now >= self._next_prune:
             self._next_prune = now + 30.0
             cfg = core.cfg
             self._jot("prune", cfg.keep_results_s, cfg.keep_results_max, time.time())
-
-    def _release_idle_robots(self, now: float) -> int:
-        """Release the links of robots sent nothing for ``robot_idle_release_s`` that have no open task,
-        waiting task or unacknowledged segment (:meth:`RobotLinks.release_idle`)."""
-        busy = self.core.robots_in_use()
-        released = self._robots.release_idle(
-            now, self._robot_idle_release_s or float("inf"), lambda r: r in busy or bool(self.delivery.pending_for(r)))
-        if released:
-            self._log.debug(f"released {released} idle robots' segment publishers")
-        return released
-
-    # -- engine thread -----------------------------------------------------------------------------
-    def _engine_loop(self) -> None:
-        backoff = self._restart_backoff
-        while not self._stop.is_set():
-            try:
-                self.core.serve_forever(self._stop)
-                return
-            except Exception as e:  # noqa: BLE001 - every accepted task must still get an answer
-                with self._lock:
-                    self.engine_error = f"engine failure: {e!r}"
-                self._log.error(f"engine loop crashed: {e!r}; failing every open task, rebuilding the engine")
-                n = self.core.fail_all(f"planner engine failure: {e!r}")
-                self._log.error(f"{n} open tasks ended FAILED")
-            while not self._stop.wait(backoff):
-                try:
-                    engine = self._engine_factory()
-                    self.core.fail_all("planner engine failure (task accepted during the restart)")
-                    self.core.replace_engine(engine)
-                    old, self.engine = self.engine, engine
-                    self._prompts.engine = engine
-                    if old is not engine:
-                        try:
-                            old.close()
-                        except Exception as e:  # noqa: BLE001 - a broken engine may not close cleanly
-                            self._log.warning(f"closing the failed engine: {e!r}")
-                except Exception as e:  # noqa: BLE001
-                    backoff = min(backoff * 2, 30.0)
-                    self._log.error(f"engine restart failed: {e!r}; next try in {backoff:g} s")
-                    continue
-                with self._lock:
-                    self.engine_error = None
-                self.engine_restarts += 1
-                backoff = self._restart_backoff
-                self._log.warning(f"engine restarted ({self.engine_restarts}); serving again")
-                break
-
-    def _reuse_engine(self) -> Any:
-        """Restart for an engine handed in without a factory: drop whatever it still holds."""
-        for gid in self.engine.running_ids() | self.engine.suspended_ids():
-            self.engine.abort(gid)
-        return self.engine
-
-    # -- journal recovery --------------------------------------------------------------------------
-    def _recover(self) -> None:
-        """Resume what a killed planner left: re-open unfinished tasks, re-send unacknowledged segments."""
-        now_wall = time.time()
-        resumed = ended = 0
-        for jt in self.journal.unfinished():
-            s = jt.spec
-            tuf = TufRequest(level=s["tuf"]["level"], alpha=s["tuf"]["alpha"], beta=s["tuf"]["beta"],
-                             ert=s["tuf"]["ert"])
-            arrival = self._bridge.to_core_s(jt.arrival_wall)
-            sent = self._bridge.to_core_s(s["sent_wall"]) if s.get("sent_wall") else None
-            try:
-                spec = self.validate(jt.task_id, jt.robot_id, jt.robot_type, s["task"], tuf, arrival=arrival,
-                                     sent=sent)
-            except GoalError as e:  # e.g. its robot type is no longer served: refused as invalid now
-                self.journal.task_finished(jt.task_id, TaskStatus.INVALID.value,
-                                           {"status": TaskStatus.INVALID.value, "message": f"after restart: {e}",
-                                            "robot_id": jt.robot_id}, now_wall)
-                ended += 1
-                continue
-            segs = self._restored_segments(jt)
-            marker = any(js.marker for js in jt.segments)
-            key = PlanRequest(jt.task_id, jt.robot_id, jt.robot_type, s["task"], tuf).key
-            with self._lock:
-                self._open[jt.task_id] = _OpenTask(jt.task_id, jt.robot_id, jt.robot_type, key, [], [],
-                                                   sent=len(segs), final_sent=marker or any(x.final for x in segs))
-            self._robots.get(jt.robot_id)
-            if not segs and spec.tuf.tuf0(self.core.clock.now() - arrival) < 0:
-                with self._lock:
-                    self._open.pop(jt.task_id, None)
-                res_rec = {"status": TaskStatus.OVERDUE.value, "robot_id": jt.robot_id,
-                           "message": "planner restarted after the task's utility cutoff; nothing was sent"}
-                self.journal.task_finished(jt.task_id, TaskStatus.OVERDUE.value, res_rec, now_wall)
-                self._sender.publish_journaled_result({"task_id": jt.task_id, **res_rec})
-                ended += 1
-                continue
-            spec.meta["request_key"] = key
-            self.core.restore(spec, segs, final=marker)
-            resumed += 1
-        readopted = self._readopt(now_wall)
-        sent: dict[str, dict[int, Segment]] = {}
-
-        def as_sent(tid: str) -> dict[int, Segment]:
-            """A task's journaled segments as restored (the stamp and deadline they went out with), by index."""
-            if tid not in sent:
-                jt = self.journal.task(tid)
-                sent[tid] = {} if jt is None else {s.index: s for s in self._restored_segments(jt)}
-            return sent[tid]
-
-        resend = {(tid, js.index): (tid, robot_id, js) for tid, robot_id, js in self.journal.unacked()}
-        for jt in self.journal.unfinished():  # also what was acknowledged but never reported: the robot
-            for js in jt.segments:            # answers a copy of a finished segment with its report again
-                if not js.marker and not js.reported:
-                    resend.setdefault((jt.task_id, js.index), (jt.task_id, jt.robot_id, js))
-        for tid, robot_id, js in resend.values():
-            if not js.marker and self.journal.status(tid) not in (ACTIVE, TaskStatus.DONE.value):
-                continue  # ended without running its plan: see SegmentDelivery.forget
-            if tid in self._open:
-                rt = self._open[tid].robot_type
-            else:  # finished before the restart: its own robot type, as journaled
-                jt = self.journal.task(tid)
-                rt = jt.robot_type if jt is not None else ""
-            if js.marker:
-                at = None if js.dispatch_wall is None else self._bridge.to_core_s(js.dispatch_wall)
-                self._sender.resend_journaled(tid, robot_id, EndMarker(js.index, at), "")
-            elif (seg := as_sent(tid).get(js.index)) is not None:
-                self._sender.resend_journaled(tid, robot_id, seg, self.skillset_id(rt))
-        if resumed or ended or readopted:
-            self._log.warning(f"journal: resumed {resumed} unfinished tasks, ended {ended}, re-adopted {readopted} "
-                              "finished ones whose robots may still run them")
-
-    def _readopt(self, now_wall: float) -> int:
-        """Tasks that ended DONE before the restart while a segment sent was not reported yet: their robot may
-        still run them. Known to the core again (as finished), their robot's heartbeats and reports count and a
-        failure revises the result (they were refused as 'unknown task' before); their result is not published
-        again. Returns how many."""
-        n = 0
-        for jt in self.journal.with_status(TaskStatus.DONE.value):
-            if all(js.marker or js.reported or js.dispatch_wall is None for js in jt.segments):
-                continue
-            s = jt.spec
-            tuf = TufRequest(level=s["tuf"]["level"], alpha=s["tuf"]["alpha"], beta=s["tuf"]["beta"],
-                             ert=s["tuf"]["ert"])
-            try:
-                spec = self.validate(jt.task_id, jt.robot_id, jt.robot_type, s["task"], tuf,
-                                     arrival=self._bridge.to_core_s(jt.arrival_wall))
-            except GoalError as e:  # e.g. its robot type is no longer served: its journaled result stands
-                self._log.warning(f"journal: task {jt.task_id} not re-adopted: {e}")
-                continue
-            spec.meta["request_key"] = PlanRequest(jt.task_id, jt.robot_id, jt.robot_type, s["task"], tuf).key
-            self._robots.get(jt.robot_id)
-            self._readopting.add(jt.task_id)
-            self.core.restore(spec, self._restored_segments(jt), final=True)
-            n += 1
-        return n
-
-    def _restored_segments(self, jt: JournaledTask) -> list[Segment]:
-        """A journaled task's segments (its end marker left out) as the core's, in this clock, with their
-        predictions as the core made them when it sent them."""
-        segs: list[Segment] = []
-        for js in jt.segments:
-            if js.marker:
-                continue
-            calls = self.core.hooks.parse(jt.robot_type, js.text)
-            dispatch = self._bridge.to_core_s(js.dispatch_wall)
-            seg = Segment(index=js.index, text=js.text, token_ids=list(js.token_ids), calls=calls,
-                          gen_start=dispatch, ready=dispatch, dispatch=dispatch, est_exec_s=js.est_exec_s,
-                          max_exec_s=self.core.hooks.exec_range(jt.robot_type, calls)[1], final=js.is_final)
-            seg.predict(self.core.cfg.comm_s, segs[-1].end if segs else None)
-            if js.reported:
-                seg.real_end, seg.success, seg.error = (self._bridge.to_core_s(js.finish_wall)
-                                                        if js.finish_wall else seg.pred_end), js.success, js.error
-            segs.append(seg)
-        return segs
 
 
 __all__ = ["PlannerService"]

@@ -24,6 +24,7 @@ from timelyllm_ros.engines.base import Engine, EngineRequest, FinishReason
 
 if TYPE_CHECKING:
     from timelyllm_ros.planner.core import PlannerCore
+    from timelyllm_ros.planner.service_io import Log
 
 # A calibration request: (robot type, probe number, scene objects, urgent) -> (prompt ids, request extras). The
 # probe number makes the task's turn one the prefix cache has never seen; more scene objects, a longer turn.
@@ -231,3 +232,30 @@ def probe_task(examples: list[dict[str, str]], n: int, objects: int, urgent: boo
         return f"Scene: [{marks}] {ex}"
     head, rest = ex.split("Scene: [", 1)
     return f"{head}Scene: [{marks}{'' if rest.startswith(']') else ', '}{rest}"
+
+
+def warm_up_planner(core: PlannerCore, prompts: Any, robot_types: list[str], calibrate: bool, log: Log) -> None:
+    """The planner's warm-up before it serves: each robot type's shared prompt (skill catalogue, few-shot examples)
+    prefilled once (``prompts``: its PromptRenderer), so even the first request of a burst pays only for its own
+    scene and instruction, and a fresh engine's slow first forward passes are out of the way; then, with
+    ``calibrate``, this engine measured (:func:`calibrate_core`). Runs in the engine's stead (its thread not
+    started yet)."""
+    warm, burst = prompts.warm_up_prompts(robot_types)
+    if not warm:
+        return  # the simulated engine has no prompt to warm (and its estimate is its own model)
+    t0 = time.monotonic()
+    warm_up(core, warm, burst, extra=prompts.warm_up_extra)
+    log.info(f"warmed the prompts of {robot_types} in {time.monotonic() - t0:.2f} s")
+    if calibrate:
+        def has(rt: str, urgent: bool) -> bool:
+            return probe_task(prompts.builder(rt).library.examples, 0, 1, urgent) is not None
+
+        try:  # robot types whose examples give a task to measure with (a chatbot's have no scene)
+            cal = calibrate_core(core, probe_maker(prompts), [rt for rt in robot_types if has(rt, False)],
+                                 {rt for rt in robot_types if has(rt, True)})
+        except Exception as e:  # noqa: BLE001 - the engine still serves, on the step model it was seeded with
+            log.warning(f"calibration failed, keeping the seeded step-time estimate: {e!r}")
+            return
+        if cal is not None:
+            log.info("measured this engine in {:.2f} s: {}".format(cal.wall_s, ", ".join(
+                f"{k} {v:.1f}" for k, v in cal.describe().items() if k != "calibration_s")))

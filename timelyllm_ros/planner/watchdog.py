@@ -9,6 +9,7 @@ nothing is judged by the execution-time model: silent past the segment's longest
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 
 from timelyllm_ros.domain.types import Segment
@@ -114,3 +115,18 @@ class SilenceWatchdog:
                     seg.probed = True
                     out.append((tid, seg))
         return out
+
+
+def stamp_lag(stamp_wall: float | None, max_clock_skew_s: float, note: Callable[[float], None],
+              reject: Callable[[str], None]) -> None:
+    """How far behind the planner reads robot messages, from their stamps (``note``: the lag in s). A stamp further
+    from this clock than ``max_clock_skew_s`` says nothing of that (a robot's clock is off, or the stamp is forged:
+    one stamped 1970 switched silence detection off for the whole fleet), so it goes to ``reject`` (why) instead."""
+    if stamp_wall is None:
+        return
+    lag = time.time() - stamp_wall
+    if abs(lag) <= max_clock_skew_s:
+        note(lag)
+    else:
+        reject(f"stamp {lag:+.1f} s from this planner's clock, beyond max_clock_skew_s={max_clock_skew_s:g}: "
+               "its lag is ignored")

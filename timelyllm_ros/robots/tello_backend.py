@@ -44,7 +44,8 @@ from djitellopy import Tello, TelloException
 from timelyllm_ros.robots.base import ExecutionError, Interrupted, RobotConnectionError, StopSignal
 from timelyllm_ros.robots.tello_sdk import SDK_MOVES, motion_seconds
 from timelyllm_ros.skills.exec_model import ExecTimeModel
-from timelyllm_ros.skills.schema import SkillSet, load_skill_set
+from timelyllm_ros.skills.schema import SkillSet
+from timelyllm_ros.skills.skill_files import load_skill_set
 
 log = logging.getLogger(__name__)
 Tello.LOGGER.setLevel(logging.WARNING)  # djitellopy logs every command at INFO

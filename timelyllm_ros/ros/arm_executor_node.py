@@ -33,7 +33,7 @@ from timelyllm_ros.ros.executor_base import RobotExecutorNode
 from timelyllm_ros.ros.params import all_of, declare, distinct, non_empty
 from timelyllm_ros.ros.spin import run_nodes
 from timelyllm_ros.ros.topics import RELIABLE, SCENE_QOS, scene_topic, trajectory_status_topic, trajectory_topic
-from timelyllm_ros.skills.schema import load_skill_set
+from timelyllm_ros.skills.skill_files import load_skill_set
 
 
 def trajectory_msg(plan: TrajectoryPlan, stamp: float) -> JointTrajectory:

@@ -40,14 +40,14 @@ Example (node spinning in an executor)::
 
     handle = planner.send(goal, on_segment=execute_segment, on_done=lambda h: log(h.status_name))
 
-The handle, the goal's bookkeeping and the client-side errors are in :mod:`timelyllm_ros.ros.plan_handle`
-(importable from here too).
+The handle and the client-side errors are in :mod:`timelyllm_ros.ros.plan_handle`, the goal's state machine
+and its one vocabulary (:class:`~timelyllm_ros.ros.goal_tracking.GoalOutcome`: the phases of an open goal, the
+planner's results, the client-side failures) in :mod:`timelyllm_ros.ros.goal_tracking` (importable from here too).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import threading
 import time
@@ -82,35 +82,21 @@ from timelyllm_ros.ros.convert import (
     time_msg,
     tuf_msg,
 )
-from timelyllm_ros.ros.plan_handle import (  # the errors and the handle are part of this module's API too
-    ERR_CLOSED,
-    ERR_LOST,
-    ERR_NO_RESPONSE,
-    ERR_NO_SERVER,
-    ERR_NOT_ACCEPTED,
-    ERR_TIMEOUT,
-    PHASE_ACCEPTED,
-    PHASE_DONE,
-    PHASE_FALLBACK,
-    PHASE_SENDING,
-    PHASE_WAIT_SERVER,
+from timelyllm_ros.ros.goal_tracking import (  # the outcome vocabulary is part of this module's API too
+    SOURCE_ACTION,
+    SOURCE_RESULTS_TOPIC,
+    SOURCE_SERVICE,
     Attempt,
-    PlanClientError,
-    PlanHandle,
-    PlanTimeoutError,
+    GoalIO,
+    GoalOutcome,
 )
+from timelyllm_ros.ros.plan_handle import PlanClientError, PlanHandle, PlanTimeoutError  # also this module's API
 from timelyllm_ros.srv import GetPlanResult
 
 __all__ = [
-    "ERR_CLOSED", "ERR_LOST", "ERR_NO_RESPONSE", "ERR_NO_SERVER", "ERR_NOT_ACCEPTED", "ERR_TIMEOUT", "SOURCE_ACTION",
-    "SOURCE_RESULTS_TOPIC", "SOURCE_SERVICE", "PlanClient", "PlanClientError", "PlanHandle", "PlanTimeoutError",
-    "check_goal", "main", "send_task",
+    "SOURCE_ACTION", "SOURCE_RESULTS_TOPIC", "SOURCE_SERVICE", "GoalOutcome", "PlanClient", "PlanClientError",
+    "PlanHandle", "PlanTimeoutError", "check_goal", "main", "send_task",
 ]
-
-# Where a terminal result came from.
-SOURCE_ACTION = "action"
-SOURCE_RESULTS_TOPIC = "plan_results"
-SOURCE_SERVICE = "get_plan_result"
 
 
 def check_goal(goal: PlanTask.Goal) -> None:
@@ -124,7 +110,8 @@ def check_goal(goal: PlanTask.Goal) -> None:
 
 
 class PlanClient:
-    """PlanTask goals with retries, exactly-once in-order segments and a result fallback (module doc)."""
+    """PlanTask goals with retries, exactly-once in-order segments and a result fallback (module doc). Each goal's
+    transitions are its GoalTracker's (``handle.tracking``); this class does the I/O they ask for."""
 
     # Relative default names: the planner of the node's own namespace (interfaces.in_fleet).
     def __init__(self, node: Node, action_name: str = topics.in_fleet(topics.PLAN_TASK_ACTION), *,
@@ -165,17 +152,20 @@ class PlanClient:
         self._open: dict[int, PlanHandle] = {}           # id(handle) -> handle, until done
         self._by_task: dict[str, list[PlanHandle]] = {}  # task_id -> open handles
         self._subs: list = []                            # fallback subscriptions, created on first need
-        self._server = ActionServerWatch(node, self._action, action_name)
+        self.server = ActionServerWatch(node, self._action, action_name)  # the goals' trackers read it
         self._closed = False
         self._timer = node.create_timer(tick, self._tick, callback_group=self._group,
                                         clock=Clock(clock_type=ClockType.STEADY_TIME))
         self.stats = {"attempts": 0, "retries": 0, "fallbacks": 0, "polls": 0, "rejoins": 0}
+        self.io = GoalIO(count=self._count, send_goal=self._send_goal, get_result=self._get_result,
+                         send_poll=self._send_poll, drop_poll=self._drop_poll, fallback_subs=self._ensure_fallback_subs,
+                         unregister=self._unregister, log=self._log, to_result=result_from_plan_result)
 
     # -- public API ----------------------------------------------------------------------------
     def wait_for_server(self, timeout: float | None = None) -> bool:
         """Block (without spinning) until the action server is discovered."""
         ok = self._action.wait_for_server(timeout_sec=self.server_timeout if timeout is None else timeout)
-        self._server.update(time.monotonic())
+        self.server.update(time.monotonic())
         return ok
 
     def prepare(self, goal: PlanTask.Goal) -> PlanTask.Goal:
@@ -197,16 +187,11 @@ class PlanClient:
         if self._closed:
             raise RuntimeError("PlanClient is destroyed")
         check_goal(goal)
-        h = PlanHandle(self, self.prepare(goal), on_segment, on_done,
-                       self.default_timeout if timeout is None else float(timeout))
-        with self._lock:
-            self._open[id(h)] = h
-            self._by_task.setdefault(h.task_id, []).append(h)
+        h = self._register(PlanHandle(self, self.prepare(goal), on_segment, on_done,
+                                      self.default_timeout if timeout is None else float(timeout)))
         now = time.monotonic()
-        if self._server.update(now):
-            with h.tracking.lock:
-                if h.tracking.phase == PHASE_WAIT_SERVER:
-                    self._send_attempt(h, now)
+        if self.server.update(now):
+            h.tracking.start(now)
         return h
 
     def track(self, task_id: str, on_segment: Callable[[PlanSegment], Any] | None = None,
@@ -214,15 +199,9 @@ class PlanClient:
               robot_id: str = "") -> PlanHandle:
         """Follow a task sent earlier (e.g. by this robot before it restarted) by its id alone, through
         /plan_results, /get_plan_result and /plan_segments. Segments sent before this call are not seen."""
-        goal = goal_msg(task_id, robot_id)
-        h = PlanHandle(self, goal, on_segment, on_done, self.default_timeout if timeout is None else float(timeout))
-        h.sent_wall = math.nan
-        with self._lock:
-            self._open[id(h)] = h
-            self._by_task.setdefault(task_id, []).append(h)
-        with h.tracking.lock:
-            h.tracking.next = -1  # accept whatever index comes first
-            self._enter_fallback(h, "tracking a task by id", time.monotonic())
+        h = self._register(PlanHandle(self, goal_msg(task_id, robot_id), on_segment, on_done,
+                                      self.default_timeout if timeout is None else float(timeout), by_id=True))
+        h.tracking.follow_by_id(time.monotonic())
         return h
 
     def plan(self, goal: PlanTask.Goal, timeout: float | None = None,
@@ -238,7 +217,7 @@ class PlanClient:
 
     def wait(self, handle: PlanHandle, *, spin: bool | None = None) -> bool:
         """Block until ``handle`` is done, spinning the node if needed (see :meth:`plan`)."""
-        limit = handle.tracking.deadline + self.poll_timeout + 5.0
+        limit = handle.t_created + handle.timeout + self.poll_timeout + 5.0  # past the goal's own deadline
         ex = self.node.executor
         in_executor = ex is not None and self.node in ex.get_nodes()
         if spin is None:
@@ -268,11 +247,10 @@ class PlanClient:
             return list(self._open.values())
 
     def destroy(self) -> None:
-        """Stop the timer, end open handles (ERR_CLOSED) and free what this client created."""
+        """Stop the timer, end open handles (GoalOutcome.CLOSED) and free what this client created."""
         self._closed = True
         for h in self.open_handles():
-            with h.tracking.lock:
-                self._fail(h, ERR_CLOSED, "the PlanClient was destroyed")
+            h.tracking.fail(GoalOutcome.CLOSED, "the PlanClient was destroyed")
         self.node.destroy_timer(self._timer)
         self.node.destroy_client(self._srv)
         for s in self._subs:
@@ -281,196 +259,14 @@ class PlanClient:
         if self._own_action:
             self._action.destroy()
 
-    def _count(self, what: str) -> None:
+    # -- the handles ---------------------------------------------------------------------------
+    def _register(self, h: PlanHandle) -> PlanHandle:
         with self._lock:
-            self.stats[what] += 1
+            self._open[id(h)] = h
+            self._by_task.setdefault(h.task_id, []).append(h)
+        return h
 
-    # -- sending -----------------------------------------------------------------------------------
-    def _send_attempt(self, h: PlanHandle, now: float, *, rejoin: bool = False) -> None:
-        att = Attempt(len(h.tracking.attempt_list) + 1, now, rejoin)
-        h.tracking.attempt_list.append(att)
-        if rejoin:
-            h.rejoins += 1
-            h.tracking.rejoined_epoch = self._server.epoch
-            self._count("rejoins")
-        else:
-            h.attempts += 1
-            self._count("attempts")
-            if h.attempts > 1:
-                self._count("retries")
-            h.tracking.phase = PHASE_SENDING
-            h.tracking.next_send_at = None
-            h.tracking.response_deadline = now + self.goal_response_timeout
-        try:
-            att.future = self._action.send_goal_async(h.goal, feedback_callback=lambda m, h=h: self._on_feedback(h, m))
-        except Exception as e:  # noqa: BLE001 - e.g. the context is shutting down
-            att.broken = True
-            if not rejoin:
-                self._fail(h, ERR_NO_RESPONSE, f"task {h.task_id}: could not send the goal: {e!r}")
-            return
-        att.future.add_done_callback(lambda f, h=h, att=att: self._on_goal_response(h, att, f))
-
-    def _on_goal_response(self, h: PlanHandle, att: Attempt, fut) -> None:
-        try:
-            gh = fut.result()
-        except Exception:  # noqa: BLE001
-            gh = None
-        with h.tracking.lock:
-            if gh is None:
-                return
-            att.responded = True
-            att.goal_handle = gh
-            h.responses += 1
-            if h.tracking.phase == PHASE_DONE:
-                return
-            if not gh.accepted:
-                if not h.accepted and not att.rejoin:
-                    self._fail(h, ERR_NOT_ACCEPTED, f"task {h.task_id}: the action server did not accept the goal")
-                return
-            first = not h.accepted
-            h.accepted = True
-            h.tracking.last_progress = time.monotonic()
-            if att.rejoin:
-                pass
-            elif first:
-                h.tracking.epoch = self._server.epoch
-                h.tracking.response_deadline = math.inf
-                h.tracking.next_send_at = None
-                if h.tracking.phase == PHASE_SENDING:
-                    h.tracking.phase = PHASE_ACCEPTED
-                h.tracking.probe_due = h.tracking.last_progress + self.stale_after
-            cancel = h.tracking.cancel_requested
-            try:
-                att.result_future = gh.get_result_async()
-            except Exception as e:  # noqa: BLE001 - the action connection is gone
-                att.broken = True
-                self._action_broken(h, f"result request failed: {e!r}")
-                return
-            att.result_future.add_done_callback(lambda f, h=h, att=att: self._on_result_response(h, att, f))
-        if cancel:
-            gh.cancel_goal_async()
-
-    def _on_result_response(self, h: PlanHandle, att: Attempt, fut) -> None:
-        try:
-            resp = fut.result()
-        except Exception:  # noqa: BLE001
-            resp = None
-        with h.tracking.lock:
-            if h.tracking.phase == PHASE_DONE:
-                return
-            if resp is None or resp.status == GoalStatus.STATUS_UNKNOWN:
-                att.broken = True
-                self._action_broken(h, "the action server does not know the goal (restarted?)" if resp is not None
-                                    else "result request failed")
-                return
-            if att.rejoin and status_from_code(resp.result.status) is TaskStatus.INVALID:
-                # a rejoin is only sent for a task the planner knows: a refusal says nothing about the task
-                att.broken = True
-                self.node.get_logger().warning(f"task {h.task_id}: re-sent goal refused ({resp.result.message}); "
-                                               "following the task through /get_plan_result")
-                return
-            self._finish(h, resp.result, SOURCE_ACTION)
-
-    def _action_broken(self, h: PlanHandle, why: str) -> None:
-        """One attempt's action connection broke: fall back unless another attempt may still answer."""
-        if any(a.goal_handle is not None and a.goal_handle.accepted and not a.broken and not a.rejoin
-               for a in h.tracking.attempt_list):
-            return
-        self._enter_fallback(h, why, time.monotonic())
-
-    # -- segments ------------------------------------------------------------------------------------
-    def _on_feedback(self, h: PlanHandle, msg) -> None:
-        self._offer(h, msg.feedback.segment, "feedback")
-
-    def _offer(self, h: PlanHandle, seg: PlanSegment, how: str) -> None:
-        with h.tracking.lock:
-            if h.tracking.phase == PHASE_DONE:
-                return
-            if h.tracking.next < 0:  # tracking: start wherever the stream is
-                h.tracking.next = seg.segment_index
-            h.tracking.last_progress = time.monotonic()
-            if seg.segment_index < h.tracking.next or seg.segment_index in h.tracking.held:
-                return
-            h.tracking.held[seg.segment_index] = seg
-            self._flush(h, how)
-
-    def _flush(self, h: PlanHandle, how: str, *, final: bool = False) -> None:
-        """Deliver the held segments that continue the delivered prefix. ``final``: the task is over; what
-        is held beyond a gap is never delivered (a robot must not run a plan with a hole in it): the gap goes
-        to ``missing``, the held segments to ``undelivered``."""
-        while h.tracking.next in h.tracking.held:
-            seg = h.tracking.held.pop(h.tracking.next)
-            h.tracking.next += 1
-            self._deliver(h, seg, how)
-        if final and h.tracking.held:
-            held = h.tracking.held
-            h.missing.extend(i for i in range(max(h.tracking.next, 0), max(held)) if i not in held)
-            h.undelivered = [held[i] for i in sorted(held)]
-            held.clear()
-
-    def _deliver(self, h: PlanHandle, seg: PlanSegment, how: str) -> None:
-        h.segments.append(seg)
-        if how == "feedback":
-            h.from_feedback += 1
-        elif how == "result":
-            h.from_result += 1
-        elif how == SOURCE_SERVICE:
-            h.from_service += 1
-        else:
-            h.from_topic += 1
-        if h.t_first_segment is None:
-            h.t_first_segment = time.monotonic()
-        if h.on_segment is not None:
-            try:
-                h.on_segment(seg)
-            except Exception as e:  # noqa: BLE001 - a user callback must not break delivery
-                self.node.get_logger().error(f"on_segment of task {h.task_id} raised {e!r}")
-
-    def _on_topic_segment(self, msg: PlanSegment) -> None:
-        for h in self._handles_of(msg.task_id):
-            if h.tracking.phase == PHASE_FALLBACK:
-                self._offer(h, msg, "topic")
-
-    # -- results --------------------------------------------------------------------------------------
-    def _finish(self, h: PlanHandle, result: PlanTask.Result, source: str) -> None:
-        for s in result.segments:
-            if s.segment_index >= h.tracking.next and s.segment_index not in h.tracking.held:
-                h.tracking.held[s.segment_index] = s
-        self._flush(h, "result", final=True)
-        if source != SOURCE_ACTION:
-            result.segments = list(h.segments)
-        n = self._planned_segments(h, result)
-        hi = max((x.segment_index for x in h.undelivered), default=h.tracking.next - 1)
-        h.missing.extend(range(hi + 1, n))
-        h.complete = not h.missing and not h.undelivered and len(h.segments) >= n
-        h.result, h.source = result, source
-        self._close(h)
-
-    def _planned_segments(self, h: PlanHandle, result: PlanTask.Result) -> int:
-        if h.tracking.candidate_n is not None:
-            return h.tracking.candidate_n
-        return len(result.segments)
-
-    def _fail(self, h: PlanHandle, kind: str, message: str) -> None:
-        if h.tracking.phase == PHASE_DONE:
-            return
-        self._flush(h, "feedback", final=True)
-        h.error_kind, h.error = kind, message
-        if kind == ERR_TIMEOUT and self.cancel_on_timeout:
-            for a in h.tracking.attempt_list:
-                if a.goal_handle is not None and a.goal_handle.accepted:
-                    try:
-                        a.goal_handle.cancel_goal_async()
-                    except Exception:  # noqa: BLE001
-                        pass
-        self._close(h)
-
-    def _close(self, h: PlanHandle) -> None:
-        h.tracking.phase = PHASE_DONE
-        h.t_done = time.monotonic()
-        if h.tracking.poll_future is not None:
-            self._srv.remove_pending_request(h.tracking.poll_future)
-            h.tracking.poll_future = None
+    def _unregister(self, h: PlanHandle) -> None:
         with self._lock:
             self._open.pop(id(h), None)
             lst = self._by_task.get(h.task_id)
@@ -478,99 +274,52 @@ class PlanClient:
                 lst[:] = [x for x in lst if x is not h]
                 if not lst:
                     del self._by_task[h.task_id]
-        h.tracking.event.set()
-        if h.on_done is not None:
-            try:
-                h.on_done(h)
-            except Exception as e:  # noqa: BLE001
-                self.node.get_logger().error(f"on_done of task {h.task_id} raised {e!r}")
 
     def _handles_of(self, task_id: str) -> list[PlanHandle]:
         with self._lock:
             return list(self._by_task.get(task_id, ()))
 
-    def _on_plan_result(self, msg: PlanResult) -> None:
-        for h in self._handles_of(msg.task_id):
-            with h.tracking.lock:
-                self._offer_result(h, msg, SOURCE_RESULTS_TOPIC)
+    def _count(self, what: str) -> None:
+        with self._lock:
+            self.stats[what] += 1
 
-    def _offer_result(self, h: PlanHandle, msg: PlanResult, source: str) -> None:
-        """A result that did not come through the action (it carries no segment list). It becomes the
-        candidate outcome; :meth:`_settle` decides when to take it."""
-        if h.tracking.phase == PHASE_DONE:
-            return
-        now = time.monotonic()
-        if h.tracking.candidate is None:
-            h.tracking.candidate = (msg, source, now + self.result_grace)
-        if h.tracking.phase == PHASE_FALLBACK and source == SOURCE_RESULTS_TOPIC and len(h.segments) < msg.num_segments:
-            # published by the running planner, which keeps the result: a rejoin gets every segment
-            self._maybe_rejoin(h, now)
-        self._settle(h, now)
+    def _log(self, level: str, message: str) -> None:
+        getattr(self.node.get_logger(), level)(message)
 
-    def _settle(self, h: PlanHandle, now: float) -> None:
-        """Take the candidate result, or wait for better: the action's own result (every segment) usually
-        follows within ``result_grace``; a rejoin's within ``goal_response_timeout``. While the action still
-        looks alive, a candidate with segments missing turns into a fallback (and a rejoin) first."""
-        if h.tracking.candidate is None or h.tracking.phase == PHASE_DONE:
-            return
-        msg, source, until = h.tracking.candidate
-        missing = len(h.segments) < msg.num_segments
-        if h.tracking.phase != PHASE_FALLBACK:
-            if now < until:
-                return
-            if missing:
-                self._enter_fallback(h, "the planner finished the task; its action result did not come", now)
-                h.tracking.candidate = (msg, source, now + self.goal_response_timeout + self.result_grace)
-                return
-        elif now < until and (missing or self._rejoin_pending(h)):
-            return
-        self._finish_from(h, msg, source)
+    # -- the action (I/O the goal's GoalTracker asks for, and what comes back) ---------------------------
+    def _send_goal(self, h: PlanHandle, att: Attempt):
+        fut = self._action.send_goal_async(h.goal, feedback_callback=lambda m, h=h: self._on_feedback(h, m))
+        fut.add_done_callback(lambda f, h=h, att=att: self._on_goal_response(h, att, f))
+        return fut
 
-    def _rejoin_pending(self, h: PlanHandle) -> bool:
-        """A rejoin attempt that may still bring the action result (with every segment)."""
-        now = time.monotonic()
-        for a in h.tracking.attempt_list:
-            if not a.rejoin or a.broken:
-                continue
-            if a.result_future is not None:
-                if not a.result_future.done():
-                    return True
-            elif not a.responded and now - a.sent_at < self.goal_response_timeout:
-                return True
-        return False
+    def _on_goal_response(self, h: PlanHandle, att: Attempt, fut) -> None:
+        try:
+            gh = fut.result()
+        except Exception:  # noqa: BLE001
+            gh = None
+        h.tracking.goal_response(att, gh)
 
-    def _maybe_rejoin(self, h: PlanHandle, now: float) -> None:
-        """The planner holds the task: re-send the same goal to join it (once per server instance, again only if
-        that re-send went unanswered, e.g. sent before the new server's endpoints matched ours)."""
-        if (h.tracking.phase != PHASE_FALLBACK or not h.goal.robot_id or not self._server.ready
-                or self._rejoin_pending(h)):
-            return
-        if h.tracking.rejoined_epoch == self._server.epoch and (h.tracking.rejoins_in_epoch >= 3 or any(
-                a.rejoin and a.responded and not a.broken for a in h.tracking.attempt_list)):
-            return
-        if h.tracking.rejoined_epoch == self._server.epoch:
-            h.tracking.rejoins_in_epoch += 1
+    def _get_result(self, h: PlanHandle, att: Attempt, gh):
+        fut = gh.get_result_async()
+        fut.add_done_callback(lambda f, h=h, att=att: self._on_result_response(h, att, f))
+        return fut
+
+    def _on_result_response(self, h: PlanHandle, att: Attempt, fut) -> None:
+        try:
+            resp = fut.result()
+        except Exception:  # noqa: BLE001
+            resp = None
+        if resp is None:
+            h.tracking.action_result(att, None, "result request failed")
+        elif resp.status == GoalStatus.STATUS_UNKNOWN:
+            h.tracking.action_result(att, None, "the action server does not know the goal (restarted?)")
         else:
-            h.tracking.rejoins_in_epoch = 1
-        self._send_attempt(h, now, rejoin=True)
-        if h.tracking.candidate is not None:  # give the joined goal's result (every segment) time to come
-            msg, source, until = h.tracking.candidate
-            h.tracking.candidate = (msg, source, max(until, now + self.goal_response_timeout))
+            h.tracking.action_result(att, resp.result)
 
-    def _finish_from(self, h: PlanHandle, msg: PlanResult, source: str) -> None:
-        h.tracking.candidate_n = int(msg.num_segments)
-        self._finish(h, result_from_plan_result(msg), source)
+    def _on_feedback(self, h: PlanHandle, msg) -> None:
+        h.tracking.offer(msg.feedback.segment, "feedback")
 
-    # -- fallback ------------------------------------------------------------------------------------
-    def _enter_fallback(self, h: PlanHandle, why: str, now: float) -> None:
-        if h.tracking.phase in (PHASE_DONE, PHASE_FALLBACK):
-            return
-        h.tracking.phase = PHASE_FALLBACK
-        h.fallback_reason = why
-        h.tracking.poll_due = now
-        self._count("fallbacks")
-        self._ensure_fallback_subs()
-
+    # -- the fallback ----------------------------------------------------------------------------------
     def _ensure_fallback_subs(self) -> None:
         with self._lock:
             if self._subs or self._closed:
@@ -582,130 +331,44 @@ class PlanClient:
                 PlanSegment, self._segments_topic, self._on_topic_segment, topics.REPORTS,
                 callback_group=self._group))
 
-    def _poll(self, h: PlanHandle, now: float) -> None:
-        if h.tracking.poll_future is not None:
-            if now - h.tracking.poll_sent_at < self.poll_timeout:
-                return
-            self._srv.remove_pending_request(h.tracking.poll_future)  # the planner went away with our request
-            h.tracking.poll_future = None
-        if now < h.tracking.poll_due or not self._srv.service_is_ready():
-            return
-        h.tracking.poll_sent_at = now
-        h.polls += 1
-        self._count("polls")
+    def _on_topic_segment(self, msg: PlanSegment) -> None:
+        for h in self._handles_of(msg.task_id):
+            h.tracking.topic_segment(msg)
+
+    def _on_plan_result(self, msg: PlanResult) -> None:
+        for h in self._handles_of(msg.task_id):
+            h.tracking.offer_result(msg, SOURCE_RESULTS_TOPIC)
+
+    def _send_poll(self, h: PlanHandle):
+        if not self._srv.service_is_ready():
+            return None
         fut = self._srv.call_async(result_request(h.task_id))
-        h.tracking.poll_future = fut
         fut.add_done_callback(lambda f, h=h: self._on_poll(h, f))
+        return fut
+
+    def _drop_poll(self, fut) -> None:
+        self._srv.remove_pending_request(fut)
 
     def _on_poll(self, h: PlanHandle, fut) -> None:
         try:
             resp = fut.result()
         except Exception:  # noqa: BLE001
             resp = None
-        with h.tracking.lock:
-            if h.tracking.poll_future is fut:
-                h.tracking.poll_future = None
-            if h.tracking.phase == PHASE_DONE or resp is None:
-                return
-            now = time.monotonic()
-            state = lookup_state(resp)
-            if state == "done":
-                h.tracking.unknown = 0
-                for seg in resp.segments:  # every segment the planner sent: the fallback's gaps close here
-                    if seg.segment_index >= max(h.tracking.next, 0) and seg.segment_index not in h.tracking.held:
-                        h.tracking.held[seg.segment_index] = seg
-                if h.tracking.next < 0 and h.tracking.held:
-                    h.tracking.next = min(h.tracking.held)
-                self._flush(h, SOURCE_SERVICE)
-                # No rejoin here: a result the planner only has in its journal (the task ended before a restart)
-                # is not joined by a repeated goal but planned again (planner/service.py, PlannerService._join).
-                self._offer_result(h, resp.result, SOURCE_SERVICE)
-                h.tracking.poll_due = now + self.poll_period
-                return
-            if state == "active":
-                h.tracking.unknown = 0
-                h.tracking.last_progress = now
-                if h.tracking.phase == PHASE_ACCEPTED:
-                    h.tracking.probe_due = now + self.stale_after
-                else:
-                    self._maybe_rejoin(h, now)
-                    h.tracking.poll_due = now + self.poll_period
-                return
-            # "unknown"
-            if h.tracking.phase == PHASE_ACCEPTED:  # the planner forgot a goal its action server accepted: restarted
-                self._enter_fallback(h, "the planner does not know the task (restarted?)", now)
-                h.tracking.unknown = 1
-                h.tracking.poll_due = now + self.poll_period
-                return
-            h.tracking.unknown += 1
-            if h.tracking.unknown >= self.unknown_limit:
-                if h.accepted:
-                    self._fail(h, ERR_LOST, f"task {h.task_id}: accepted, then unknown to the planner "
-                                            f"(restarted without its journal?)")
-                elif h.attempts:
-                    self._fail(h, ERR_NO_RESPONSE, f"task {h.task_id}: no goal response after {h.attempts} "
-                                                   f"attempts and the planner does not know the task")
-                else:
-                    self._fail(h, ERR_LOST, f"task {h.task_id}: unknown to the planner")
-            else:
-                h.tracking.poll_due = now + self.poll_period
+        h.tracking.poll_answer(fut, resp, None if resp is None else lookup_state(resp))
 
     # -- the timer -----------------------------------------------------------------------------------
     def _tick(self) -> None:
         if self._closed or not self._open:
             return
         now = time.monotonic()
-        ready = self._server.update(now)
-        down_since = self._server.down_since
+        ready = self.server.update(now)
+        down_since = self.server.down_since
         down_for = 0.0 if down_since is None else now - down_since
         for h in self.open_handles():
-            with h.tracking.lock:
-                try:
-                    self._step(h, now, ready, down_for)
-                except Exception as e:  # noqa: BLE001 - one bad handle must not stop the others
-                    self.node.get_logger().error(f"PlanClient: task {h.task_id}: {e!r}")
-
-    def _step(self, h: PlanHandle, now: float, ready: bool, down_for: float) -> None:
-        ph = h.tracking.phase
-        if ph == PHASE_DONE:
-            return
-        if now >= h.tracking.deadline:
-            self._fail(h, ERR_TIMEOUT, f"task {h.task_id}: no result within {h.timeout:g} s "
-                                       f"({h.attempts} attempts, phase {ph})")
-            return
-        if h.tracking.candidate is not None:
-            self._settle(h, now)
-            ph = h.tracking.phase
-            if ph == PHASE_DONE:
-                return
-        if ph == PHASE_WAIT_SERVER:
-            if ready:
-                self._send_attempt(h, now)
-            elif now >= h.tracking.server_deadline:
-                self._fail(h, ERR_NO_SERVER, f"no PlanTask action server within {self.server_timeout:g} s "
-                                             "(is the planner running?)")
-        elif ph == PHASE_SENDING:
-            if h.tracking.next_send_at is None and now >= h.tracking.response_deadline:
-                if h.attempts >= self.max_attempts:
-                    self._enter_fallback(h, f"no goal response after {h.attempts} attempts", now)
-                    return
-                backoff = min(self.retry_backoff * 2 ** (h.attempts - 1), self.max_backoff)
-                h.tracking.next_send_at = now + backoff
-                h.tracking.server_deadline = now + backoff + self.server_timeout
-            if h.tracking.next_send_at is not None and now >= h.tracking.next_send_at:
-                if ready:
-                    self._send_attempt(h, now)
-                elif now >= h.tracking.server_deadline:
-                    self._enter_fallback(h, "the action server disappeared while re-sending", now)
-        elif ph == PHASE_ACCEPTED:
-            if (not ready and down_for >= self.server_lost_grace) or (ready and self._server.epoch != h.tracking.epoch):
-                self._enter_fallback(h, "the action server went away", now)
-            elif now >= h.tracking.probe_due:  # no news for a while: ask whether the planner still knows the task
-                h.tracking.probe_due = now + self.stale_after
-                h.tracking.poll_due = now
-                self._poll(h, now)
-        if h.tracking.phase == PHASE_FALLBACK:
-            self._poll(h, now)
+            try:
+                h.tracking.step(now, ready, down_for)
+            except Exception as e:  # noqa: BLE001 - one bad handle must not stop the others
+                self.node.get_logger().error(f"PlanClient: task {h.task_id}: {e!r}")
 
 
 def send_task(node: Node, client: ActionClient, goal: PlanTask.Goal, *, timeout: float = 120.0,

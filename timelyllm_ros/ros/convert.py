@@ -28,7 +28,7 @@ from timelyllm_ros.msg import (
     TaskRequest,
 )
 from timelyllm_ros.msg import TimeUtility as TimeUtilityMsg
-from timelyllm_ros.planner.journal_records import status_of_record
+from timelyllm_ros.planner.recovery import journaled_result
 from timelyllm_ros.srv import GetPlanResult, Plan
 
 if TYPE_CHECKING:  # annotations only: executors import this module, not the planner's
@@ -153,7 +153,7 @@ def _arg_text(a) -> str:
 
 def segment_msg(task_id: str, robot_id: str, seg: Segment, bridge: ClockBridge, skillset_id: str) -> PlanSegment:
     """A core Segment as a PlanSegment message: live, re-sent, in a result, or journaled by a planner that died
-    (restored as the core's, planner/service.py ``_restored_segments``), every segment is sent alike."""
+    (restored as the core's, planner/recovery.py ``restored_segments``), every segment is sent alike."""
     return _plan_segment(task_id, robot_id, seg.index, seg.text, [skill_call_msg(c, skillset_id) for c in seg.calls],
                          bool(seg.final), bridge.to_msg(seg.ready), duration_msg(seg.est_exec_s),
                          bridge.to_msg(seg.pred_end))
@@ -254,14 +254,11 @@ def plan_result_msg(res: TaskResult, stamp: Time) -> PlanResult:
 
 def plan_result_from_record(rec: dict) -> PlanResult:
     """A journaled result (from before a restart) as the message that says how its task ended."""
-    status = status_of_record(rec)
-    return PlanResult(task_id=rec.get("task_id", ""), robot_id=rec.get("robot_id", ""),
-                      status=status_code(status),
-                      message=rec.get("message") or status.value, plan_text=rec.get("plan_text", ""),
-                      num_segments=int(rec.get("num_segments", 0)),
-                      response_time=duration_msg(rec.get("response_time") or 0.0),
-                      response_time_from_send=nan_if_none(rec.get("response_time_from_send")),
-                      utility=nan_if_none(rec.get("utility")))
+    r = journaled_result(rec)
+    return PlanResult(task_id=r.task_id, robot_id=r.robot_id, status=status_code(r.status),
+                      message=r.message or r.status.value, plan_text=r.plan_text, num_segments=r.num_segments,
+                      response_time=duration_msg(r.response_time or 0.0),
+                      response_time_from_send=nan_if_none(r.response_time_from_send), utility=nan_if_none(r.utility))
 
 
 def task_request_msg(stamp: Time, task_id: str, robot_id: str, robot_type: str, task: str,

@@ -28,7 +28,8 @@ from timelyllm_ros.ros.executor_base import RobotExecutorNode
 from timelyllm_ros.ros.params import all_of, declare, distinct, non_empty
 from timelyllm_ros.ros.spin import run_nodes
 from timelyllm_ros.ros.topics import SCENE_QOS, scene_topic
-from timelyllm_ros.skills.schema import SkillSet, load_skill_set
+from timelyllm_ros.skills.schema import SkillSet
+from timelyllm_ros.skills.skill_files import load_skill_set
 
 
 class _DroneRunner:

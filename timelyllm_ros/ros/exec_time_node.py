@@ -27,7 +27,7 @@ from timelyllm_ros.ros.params import declare, on_change
 from timelyllm_ros.ros.spin import run_nodes
 from timelyllm_ros.ros.topics import ALL_SEGMENTS, ESTIMATE_EXEC_TIME_SERVICE, RELIABLE, SEGMENT_DONE, in_fleet
 from timelyllm_ros.skills.exec_model import ExecTimeModel
-from timelyllm_ros.skills.schema import load_skill_set
+from timelyllm_ros.skills.skill_files import load_skill_set
 from timelyllm_ros.srv import EstimateExecTime
 
 

@@ -1,6 +1,9 @@
 """What every robot executor node shares: segment queue, SegmentDone, preemption, emergency stop.
 
-One node per robot, in the robot's namespace (``/<robot_id>/...``):
+One node per robot, in the robot's namespace (``/<robot_id>/...``). The delivery contract's robot side (the
+segment subscription, writer and fleet-key checks, acks, heartbeats, reports) is ``ros/robot_endpoint.py``'s
+:class:`~timelyllm_ros.ros.robot_endpoint.RobotEndpoint`, the simulated fleet's too; what is here is how a
+segment runs:
 
 * subscribes ``/<robot_id>/plan_segments`` (topics.segment_topic, RELIABLE) and runs the
   segments of one task in order in a worker thread (never in a callback);
@@ -52,28 +55,17 @@ from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallb
 from rclpy.node import Node
 from std_srvs.srv import Trigger
 
-from timelyllm_ros.msg import PlanSegment, SegmentAck, SegmentDone
+from timelyllm_ros.msg import PlanSegment
 from timelyllm_ros.robots.base import ExecutionError, Interrupted, RefusedError, StopSignal
-from timelyllm_ros.ros.convert import segment_ack_msg, segment_done_msg
 from timelyllm_ros.ros.diagnostics import ExecutorState, RobotLink, Status, attach_executor_diagnostics, executor_status
-from timelyllm_ros.ros.fleet_auth import PARAMETER as FLEET_KEY
-from timelyllm_ros.ros.fleet_auth import PARAMETER_DOC as FLEET_KEY_DOC
-from timelyllm_ros.ros.fleet_auth import FleetAuth
 from timelyllm_ros.ros.params import declare
-from timelyllm_ros.ros.segment_gate import ADMIT, SegmentGate
+from timelyllm_ros.ros.robot_endpoint import RobotEndpoint
 from timelyllm_ros.ros.topics import (
     DEFAULT_HEARTBEAT_PERIOD_S,
     PLANNER_NODE,
-    RELIABLE,
-    REPORTS,
-    REPORTS_KEPT,
-    SEGMENT_ACKS,
-    SEGMENT_DONE,
     emergency_stop_service,
     is_end_marker,
-    publish_or_log,
     reset_emergency_service,
-    segment_topic,
 )
 from timelyllm_ros.transport.inbox import DEFAULT_REORDER_TIMEOUT_S
 from timelyllm_ros.transport.session import Refusal, RobotSession
@@ -112,10 +104,9 @@ class RobotExecutorNode(Node):
         self.planner_node = str(declare(
             self, "planner_node", PLANNER_NODE, "fully qualified name of the planner node whose segments this robot "
             "runs ('' = any node on the domain)", read_only=True))
-        self.auth = FleetAuth.from_file(str(declare(self, FLEET_KEY, "", FLEET_KEY_DOC, read_only=True)))
-        # only the planner's segments run (the simulated fleet admits them the same way)
-        self.gate = SegmentGate(self, self.planner_node, self.get_logger().error, self.get_logger().debug,
-                                self.auth)
+        # the delivery contract's robot side (writer check, fleet key, acks, heartbeats, reports): the simulated
+        # fleet's own
+        self.endpoint = RobotEndpoint(self, self.planner_node)
         self.runner: SegmentRunner | None = None
         self._cv = threading.Condition()
         # the robot half of delivery (dedup, order, hold, one task, preemption), shared with the simulated fleet
@@ -125,18 +116,15 @@ class RobotExecutorNode(Node):
         self._closing = False
         self.history: deque[tuple[str, int, bool, str]] = deque(maxlen=10000)  # (task, index, ok, error)
         self.acks: deque[tuple[str, int]] = deque(maxlen=10000)  # (task, index) acknowledged, for tests and logs
-        self._done_pub = self.create_publisher(SegmentDone, SEGMENT_DONE, REPORTS_KEPT)
-        self._ack_pub = self.create_publisher(SegmentAck, SEGMENT_ACKS, REPORTS)
         self.diagnostics = attach_executor_diagnostics(self)  # /diagnostics: link, battery, state, e-stop
 
     def start_executor(self) -> None:
         group = ReentrantCallbackGroup()  # the emergency service must run while segments arrive
         segments = MutuallyExclusiveCallbackGroup()  # arrivals and hold expiry, one at a time
-        self.create_subscription(PlanSegment, segment_topic(self.robot_id), self._received, RELIABLE,
-                                 callback_group=segments)
+        self.endpoint.subscribe(self.robot_id, self._received, self.acks, callback_group=segments)
         self.create_timer(min(0.1, self.reorder_timeout_s / 4), self._expire, callback_group=segments)
-        if self.heartbeat_period_s > 0:
-            self.create_timer(self.heartbeat_period_s, self._heartbeat, callback_group=MutuallyExclusiveCallbackGroup())
+        self.endpoint.start_heartbeats(self.heartbeat_period_s, self._running_now,
+                                       callback_group=MutuallyExclusiveCallbackGroup())
         self.create_service(Trigger, emergency_stop_service(self.robot_id), self._emergency_srv, callback_group=group)
         self.create_service(Trigger, reset_emergency_service(self.robot_id), self._reset_srv, callback_group=group)
         self._worker = threading.Thread(target=self._work, name=f"exec-{self.robot_id}", daemon=True)
@@ -147,18 +135,13 @@ class RobotExecutorNode(Node):
     def refused_segments(self) -> int:
         """Segments refused by the gate so far: written by another node than planner_node, or without a valid fleet
         key tag and fresh counter (/diagnostics)."""
-        return self.gate.refused
+        return self.endpoint.gate.refused
 
-    def _received(self, msg: PlanSegment, info: dict) -> None:  # two parameters: rclpy passes MessageInfo
-        received = time.time()
-        if self.gate.check(self.robot_id, msg, info) != ADMIT:
-            return  # neither run nor acknowledged: the planner re-sends what is really its own
-        try:
-            with self._cv:
-                self._receive(msg, received)
-                self._cv.notify_all()
-        finally:  # every received copy is acknowledged: duplicates, end markers and refused ones too
-            self._ack(msg, received)
+    def _received(self, msg: PlanSegment, now: float) -> None:
+        """A copy the gate admitted (the endpoint acknowledges it after)."""
+        with self._cv:
+            self._receive(msg, now)
+            self._cv.notify_all()
 
     def _receive(self, msg: PlanSegment, now: float) -> None:
         task, index = msg.task_id, msg.segment_index
@@ -167,12 +150,9 @@ class RobotExecutorNode(Node):
             refuse = f"segment for {msg.robot_id!r} sent to {self.robot_id!r}"
         elif self._estopped:
             refuse = f"{EMERGENCY} active on {self.robot_id} (call /{self.robot_id}/reset_emergency)"
-        arrival = self.session.receive(task, index, msg.text, msg.is_final, now, msg, refuse=refuse)
+        arrival = self.endpoint.receive(self.robot_id, self.session, msg, now, refuse)
         if arrival.duplicate:
             self.get_logger().debug(f"{self.robot_id}: duplicate {task}[{index}] dropped")
-            if arrival.report is not None:  # the planner re-sent it: it has no report for it (e.g. it restarted)
-                publish_or_log(self._done_pub, self.auth.sign(arrival.report), self.get_logger(),
-                               f"the report of {task}[{index}]")
             return
         if arrival.preempted:
             self._stop_running(arrival.preempted)
@@ -267,24 +247,13 @@ class RobotExecutorNode(Node):
     def _report(self, msg: PlanSegment, start: float | None, finish: float, ok: bool, error: str) -> None:
         """``start`` None: the segment never started (a zero stamp on the wire)."""
         self.history.append((msg.task_id, msg.segment_index, ok, error))
-        report = segment_done_msg(msg.task_id, self.robot_id, msg.segment_index, start, finish, ok, error)
-        self.session.reports.put(msg.task_id, msg.segment_index, report)
-        publish_or_log(self._done_pub, self.auth.sign(report), self.get_logger(),
-                       f"the report of {msg.task_id}[{msg.segment_index}]")
+        self.endpoint.report(self.robot_id, self.session, msg.task_id, msg.segment_index, start, finish, ok, error)
 
-    def _ack(self, msg: PlanSegment, received: float) -> None:
-        self.acks.append((msg.task_id, msg.segment_index))
-        ack = segment_ack_msg(msg.task_id, self.robot_id, msg.segment_index, received)
-        publish_or_log(self._ack_pub, self.auth.sign(ack), self.get_logger(),
-                       f"the ack of {msg.task_id}[{msg.segment_index}]")
-
-    def _heartbeat(self) -> None:
+    def _running_now(self) -> list[tuple[str, str, int]]:
+        """The segment running now, for the endpoint's heartbeat."""
         with self._cv:
             run = self._running
-        if run is not None:
-            ack = segment_ack_msg(run.task_id, self.robot_id, run.segment_index, time.time(), running=True)
-            publish_or_log(self._ack_pub, self.auth.sign(ack), self.get_logger(),
-                           f"the heartbeat of {run.task_id}[{run.segment_index}]")
+        return [] if run is None else [(self.robot_id, run.task_id, run.segment_index)]
 
     # -- diagnostics --------------------------------------------------------------------
     def diagnostic_status(self) -> Status:
@@ -297,7 +266,7 @@ class RobotExecutorNode(Node):
                                   running=(run.task_id, run.segment_index) if run is not None else None,
                                   queued=len(ses.queue), held=ses.inbox.held_count(), last=last,
                                   refused_segments=self.refused_segments,
-                                  refused_recent=self.gate.refused_recent(60.0))
+                                  refused_recent=self.endpoint.gate.refused_recent(60.0))
         return executor_status(self, state, self.robot_link())
 
     def robot_link(self) -> RobotLink | None:

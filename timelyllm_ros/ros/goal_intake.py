@@ -15,11 +15,10 @@ from typing import Any
 
 from action_msgs.msg import GoalStatus
 
-from timelyllm_ros.planner.robot_links import RobotLinks
 from timelyllm_ros.planner.service import PlannerService
 from timelyllm_ros.planner.service_io import Accepted, GoalError, PlanRequest
 from timelyllm_ros.ros import convert
-from timelyllm_ros.transport.delivery import RejectedMessages
+from timelyllm_ros.transport.delivery import RejectedMessages, RobotLinks
 
 
 class GoalIntake:

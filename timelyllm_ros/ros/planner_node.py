@@ -21,23 +21,20 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 from rclpy.action import CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
-from rclpy.event_handler import PublisherEventCallbacks
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.parameter import Parameter
 
 from timelyllm_ros.action import PlanTask
 from timelyllm_ros.domain.types import Segment, TaskResult, TaskStatus
-from timelyllm_ros.msg import EngineState, PlanResult, PlanSegment, SegmentAck, SegmentDone, TaskRequest
+from timelyllm_ros.msg import EngineState, PlanResult, PlanSegment, TaskRequest
 from timelyllm_ros.planner.config import CoreConfig
 from timelyllm_ros.planner.core import PlannerCore
 from timelyllm_ros.planner.policies import DEFAULT_POLICY
-from timelyllm_ros.planner.robot_links import RobotLinks
 from timelyllm_ros.planner.service import PlannerService
 from timelyllm_ros.planner.service_io import EndMarker, GoalError, PlannerHealth
 from timelyllm_ros.planner.settings import PARAMETERS
@@ -46,11 +43,12 @@ from timelyllm_ros.ros.actions import BatchedActionServer, complete_goal
 from timelyllm_ros.ros.diagnostics import attach_planner_diagnostics
 from timelyllm_ros.ros.fleet_auth import FleetAuth
 from timelyllm_ros.ros.goal_intake import GoalIntake
+from timelyllm_ros.ros.robot_outlet import RobotReports, RosOutlet
 from timelyllm_ros.ros.scheduler_node import SchedulerNode
 from timelyllm_ros.ros.spin import destroy_entities, ros_args_without_node_rename, run_nodes
 from timelyllm_ros.ros.topics import in_fleet
 from timelyllm_ros.srv import GetPlanResult, Plan
-from timelyllm_ros.transport.delivery import RejectedMessages, SegmentDelivery
+from timelyllm_ros.transport.delivery import Outbound, RejectedMessages
 
 
 class PlannerNode(LifecycleNode):
@@ -84,15 +82,14 @@ class PlannerNode(LifecycleNode):
             p["policy"] = policy
             self._scheduler = scheduler
             self._bridge = convert.ClockBridge()
-            self.delivery: SegmentDelivery | None = None
-            self._robots = RobotLinks(self._segment_writer, self.destroy_publisher,
-                                      lambda pub: pub.get_subscription_count() > 0,
-                                      lambda robot_id: self.count_subscribers(topics.segment_topic(robot_id)) > 0)
             self.rejected = RejectedMessages(self.get_logger().warning)  # refused robot messages (/diagnostics)
             self._auth = FleetAuth.from_file(p["fleet_key_file"])  # signs segments, checks acks and reports
-            self.service = PlannerService(p, self, self.get_logger(), self.rejected, self._robots, self._bridge,
-                                          engine=engine, constrained=constrained, engine_factory=engine_factory,
-                                          core_config=core_config)  # checks the parameters
+            # each robot's way out: its link, readiness and delivery (pure Python) over this node's writers
+            self.outbound = Outbound(RosOutlet(self, self._auth))
+            self.service = PlannerService(p, self, self.get_logger(), self.rejected, self.outbound.links,
+                                          self._bridge, engine=engine, constrained=constrained,
+                                          engine_factory=engine_factory, core_config=core_config)  # checks parameters
+            self._reports = RobotReports(self.service, self._auth, self.rejected)
             self._oneshot = threading.BoundedSemaphore(p["max_oneshot_calls"])
             self._servers: list[Any] = []  # action server and services: open from the first activate to cleanup
             self._configured: list[Any] = []  # subscriptions and timers of the configured state
@@ -102,7 +99,7 @@ class PlannerNode(LifecycleNode):
             self._all_segments = self.create_publisher(PlanSegment, in_fleet(topics.ALL_SEGMENTS), topics.REPORTS)
             self._requests = self.create_publisher(TaskRequest, in_fleet(topics.PLAN_REQUESTS), topics.REPORTS)
             self._results = self.create_publisher(PlanResult, in_fleet(topics.PLAN_RESULTS), topics.RESULTS_QOS)
-            self.intake = GoalIntake(self.service, self._robots, self._bridge, self._requests.publish,
+            self.intake = GoalIntake(self.service, self.outbound.links, self._bridge, self._requests.publish,
                                      self.get_logger().warning)
             self.diagnostics = attach_planner_diagnostics(self)  # /diagnostics in every lifecycle state
             if p["control_plane"] == "locked":
@@ -139,7 +136,7 @@ class PlannerNode(LifecycleNode):
 
     @property
     def engine(self) -> Any:
-        return self.service.engine
+        return self.service.supervisor.engine
 
     @property
     def journal(self) -> Any:
@@ -147,7 +144,7 @@ class PlannerNode(LifecycleNode):
 
     @property
     def engine_restarts(self) -> int:
-        return self.service.engine_restarts
+        return self.service.supervisor.restarts
 
     @property
     def lifecycle_state(self) -> str:
@@ -165,64 +162,53 @@ class PlannerNode(LifecycleNode):
     # -- lifecycle transitions ----------------------------------------------------------------------
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
         self.lifecycle_error = None
+        p = self._p
         try:
-            self._configure()
+            delivery = self.outbound.open(period_s=p["resend_period_s"], max_period_s=p["resend_max_period_s"],
+                                          give_up_s=p["delivery_timeout_s"])
+            policy = self._scheduler.policy_name if self._scheduler is not None else p["policy"]
+            self.service.configure(policy, delivery)
+            self._configured = [
+                *self._reports.subscribe(self),
+                self.create_timer(p["state_period_s"], self._publish_engine_state),
+                self.create_timer(p["resend_period_s"] / 2, self.service.housekeeping,
+                                  callback_group=MutuallyExclusiveCallbackGroup())]
+            if p["warm_up"]:
+                self.service.warm_up()
+            self.service.start()
+            if self._scheduler is not None:
+                self._scheduler.attach(self.core)
         except Exception as e:  # noqa: BLE001 - a failed engine start goes to error processing with its reason
             self.lifecycle_error = f"configure failed: {e!r}"
             self.get_logger().error(self.lifecycle_error)
             return TransitionCallbackReturn.ERROR
-        return TransitionCallbackReturn.SUCCESS
-
-    def _configure(self) -> None:
-        p = self._p
-        self.delivery = SegmentDelivery(self._publish_to_robot, period_s=p["resend_period_s"],
-                                        max_period_s=p["resend_max_period_s"], give_up_s=p["delivery_timeout_s"])
-        policy = self._scheduler.policy_name if self._scheduler is not None else p["policy"]
-        self.service.configure(policy, self.delivery)
-        # Reports and acks in groups of their own: a burst of one never queues behind the other.
-        self._configured = [
-            self.create_subscription(SegmentDone, in_fleet(topics.SEGMENT_DONE), self._segment_done,
-                                     topics.REPORTS_IN, callback_group=MutuallyExclusiveCallbackGroup()),
-            self.create_subscription(SegmentAck, in_fleet(topics.SEGMENT_ACKS), self._segment_ack,
-                                     topics.REPORTS_IN, callback_group=MutuallyExclusiveCallbackGroup()),
-            self.create_timer(p["state_period_s"], self._publish_engine_state),
-            self.create_timer(p["resend_period_s"] / 2, self.service.housekeeping,
-                              callback_group=MutuallyExclusiveCallbackGroup())]
-        if p["warm_up"]:
-            self.service.warm_up()
-        self.service.start()
-        if self._scheduler is not None:
-            self._scheduler.attach(self.core)
         self.get_logger().info(
             f"planner configured: policy={policy} admission={p['admission']} engine={type(self.engine).__name__} "
             f"robot types={self.service.robot_types} journal={p['state_dir'] or 'off'}")
+        return TransitionCallbackReturn.SUCCESS
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
-        if not self._servers:
-            self._open_servers()
+        if not self._servers:  # opened once, kept until cleanup
+            goals = ReentrantCallbackGroup()
+            # A burst of goals must not overflow the goal service's request queue (rclpy's default depth is 10),
+            # nor a flood the goal and result queues: what overflows is lost unanswered (issue 39: 10,000 goals in
+            # 7.4 s).
+            self._action = BatchedActionServer(
+                self, PlanTask, in_fleet(topics.PLAN_TASK_ACTION), execute_callback=_execute_noop,
+                goal_callback=_accept_screened, handle_accepted_callback=self._accepted,
+                cancel_callback=self._cancel_cb, callback_group=goals, screen=self.intake.screen,
+                order=self.intake.order, goal_service_qos_profile=topics.INTAKE,
+                result_service_qos_profile=topics.INTAKE, cancel_service_qos_profile=topics.DEEP,
+                feedback_pub_qos_profile=topics.DEEP, result_timeout=int(self._p["action_result_timeout_s"]))
+            self._servers = [
+                self._action,
+                self.create_service(Plan, in_fleet(topics.PLAN_SERVICE), self._plan_srv, callback_group=goals),
+                self.create_service(GetPlanResult, in_fleet(topics.GET_PLAN_RESULT_SERVICE), self._get_result_srv,
+                                    callback_group=goals)]
         self.service.recover()
         self.service.set_active(True)
         self.get_logger().info("planner ready: active, accepting goals")  # tests and tools wait for this line
         return super().on_activate(state)
-
-    def _open_servers(self) -> None:
-        p = self._p
-        goals = ReentrantCallbackGroup()
-        # A burst of goals must not overflow the goal service's request queue (rclpy's default depth is 10), nor
-        # a flood the goal and result queues: what overflows is lost unanswered (issue 39: 10,000 goals in 7.4 s).
-        self._action = BatchedActionServer(self, PlanTask, in_fleet(topics.PLAN_TASK_ACTION),
-                                    execute_callback=_execute_noop,
-                                    goal_callback=self._goal_cb, handle_accepted_callback=self._accepted,
-                                    cancel_callback=self._cancel_cb, callback_group=goals,
-                                    screen=self.intake.screen, order=self.intake.order,
-                                    goal_service_qos_profile=topics.INTAKE, result_service_qos_profile=topics.INTAKE,
-                                    cancel_service_qos_profile=topics.DEEP, feedback_pub_qos_profile=topics.DEEP,
-                                    result_timeout=int(p["action_result_timeout_s"]))
-        self._servers = [
-            self._action,
-            self.create_service(Plan, in_fleet(topics.PLAN_SERVICE), self._plan_srv, callback_group=goals),
-            self.create_service(GetPlanResult, in_fleet(topics.GET_PLAN_RESULT_SERVICE), self._get_result_srv,
-                                callback_group=goals)]
 
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
         self.service.set_active(False)
@@ -260,14 +246,9 @@ class PlannerNode(LifecycleNode):
         if self._scheduler is not None:
             self._scheduler.detach()
         self.service.release()
-        self.delivery = None
+        self.outbound.close()
 
     # -- goals and services -----------------------------------------------------------------------
-    def _goal_cb(self, goal: PlanTask.Goal) -> GoalResponse:
-        # It passed the intake's screen (which stamped its arrival); a later refusal still gets a result with the
-        # reason.
-        return GoalResponse.ACCEPT
-
     def _accepted(self, goal_handle) -> None:
         g = goal_handle.request
         try:
@@ -286,7 +267,7 @@ class PlannerNode(LifecycleNode):
             return
         self.service.taken_in()
         if acc.result is not None:  # a retry of a finished task: its result again
-            self._complete(goal_handle, self._result_msg(acc.result), acc.result.status)
+            self.finish_goals([goal_handle], acc.result)
 
     def _complete(self, goal_handle, out: PlanTask.Result, status: TaskStatus) -> None:
         complete_goal(goal_handle, out, succeeded=status is TaskStatus.DONE, cancelled=status is TaskStatus.CANCELLED,
@@ -317,33 +298,30 @@ class PlannerNode(LifecycleNode):
         return convert.fill_plan_result(resp, req.task_id, self.service.lookup(req.task_id), self._bridge,
                                         self.get_clock().now().to_msg())
 
-    def _result_msg(self, res: TaskResult) -> PlanTask.Result:
-        return convert.result_msg(res, self._bridge, self.service.skillset_id(res.robot_type))
-
     # -- PlannerSender: what the service asks of the node (engine thread, timers, callbacks) -----------
     def send_segment(self, task_id: str, robot_id: str, seg: Segment, skillset_id: str, goals: list[Any]) -> None:
         msg = convert.segment_msg(task_id, robot_id, seg, self._bridge, skillset_id)
-        self._deliver(robot_id, msg)
+        self.outbound.send(robot_id, msg)
         self._all_segments.publish(self._auth.sign(msg))  # fleet-wide copy for recorders and the exec-time node
         fb = convert.feedback_msg(msg)
         for h in goals:
             h.publish_feedback(fb)
 
     def resend_segment(self, task_id: str, robot_id: str, seg: Segment, skillset_id: str) -> None:
-        self._deliver(robot_id, convert.segment_msg(task_id, robot_id, seg, self._bridge, skillset_id))
+        self.outbound.send(robot_id, convert.segment_msg(task_id, robot_id, seg, self._bridge, skillset_id))
 
     def send_end_marker(self, task_id: str, robot_id: str, index: int, generated: float) -> None:
-        self._deliver(robot_id, convert.end_marker_msg(task_id, robot_id, index, self._bridge.to_msg(generated)))
+        self.outbound.send(robot_id, convert.end_marker_msg(task_id, robot_id, index, self._bridge.to_msg(generated)))
 
     def resend_journaled(self, task_id: str, robot_id: str, seg: Segment | EndMarker, skillset_id: str) -> None:
         if isinstance(seg, EndMarker):
             msg = convert.end_marker_msg(task_id, robot_id, seg.index, self._bridge.to_msg(seg.generated))
         else:
             msg = convert.segment_msg(task_id, robot_id, seg, self._bridge, skillset_id)
-        self.delivery.send(robot_id, msg, time.monotonic())
+        self.outbound.send(robot_id, msg, check_ready=False)  # the fast re-send schedule, as for a new robot
 
     def finish_goals(self, goals: list[Any], res: TaskResult) -> None:
-        out = self._result_msg(res)
+        out = convert.result_msg(res, self._bridge, self.service.skillset_id(res.robot_type))
         for h in goals:
             self._complete(h, out, res.status)
 
@@ -353,41 +331,7 @@ class PlannerNode(LifecycleNode):
     def publish_journaled_result(self, rec: dict[str, Any]) -> None:
         self._results.publish(convert.plan_result_from_record(rec))
 
-    # -- robots: their segment topics and reports ---------------------------------------------------
-    def _segment_writer(self, robot_id: str) -> Any:
-        # No QoS event callbacks: with hundreds of robots their waitables slow the whole executor.
-        return self.create_publisher(PlanSegment, in_fleet(topics.segment_topic(robot_id)), topics.RELIABLE,
-                                     event_callbacks=PublisherEventCallbacks(use_default_callbacks=False))
-
-    def _publish_to_robot(self, robot_id: str, msg: PlanSegment) -> None:
-        topics.publish_or_log(self._robots.get(robot_id), self._auth.sign(msg), self.get_logger(),
-                              f"segment {msg.segment_index} of {msg.task_id} to {robot_id}")
-
-    def _deliver(self, robot_id: str, msg: PlanSegment) -> None:
-        matched = self._robots.get(robot_id).get_subscription_count() > 0
-        self.delivery.send(robot_id, msg, time.monotonic(), matched=matched)
-
-    def _segment_done(self, msg: SegmentDone) -> None:
-        if self._refused_by_key(msg, "report"):
-            return
-        self.service.segment_done(msg.task_id, msg.segment_index, msg.robot_id, msg.success, msg.error,
-                                  convert.time_s(msg.start) if convert.started(msg.start) else None,
-                                  convert.time_s(msg.finish) if convert.started(msg.finish) else None)
-
-    def _segment_ack(self, msg: SegmentAck) -> None:
-        if self._refused_by_key(msg, "heartbeat" if msg.running else "ack"):
-            return
-        self.service.segment_ack(msg.task_id, msg.segment_index, msg.robot_id, msg.running,
-                                 convert.time_s(msg.stamp) if convert.started(msg.stamp) else None)
-
-    def _refused_by_key(self, msg: SegmentDone | SegmentAck, kind: str) -> bool:
-        """With a fleet key: a message without a valid tag, or with a counter taken before, is refused and counted
-        (/diagnostics: refused_<kind>_fleet_key), logged once per claimed sender."""
-        why = self._auth.check(msg)
-        if why is not None:
-            self.rejected.note(f"{kind}_fleet_key", msg.robot_id, f"fleet key: {why}")
-        return why is not None
-
+    # -- telemetry ---------------------------------------------------------------------------------
     def _publish_engine_state(self) -> None:
         snapshot = self.service.engine_snapshot()
         if snapshot is not None:
@@ -405,6 +349,11 @@ class PlannerNode(LifecycleNode):
     def shutdown(self) -> None:
         """Stop the engine thread and answer every open task CANCELLED (idempotent; any lifecycle state)."""
         self.service.shutdown()
+
+
+def _accept_screened(goal: PlanTask.Goal) -> GoalResponse:
+    # It passed the intake's screen (which stamped its arrival); a later refusal still gets a result with the reason.
+    return GoalResponse.ACCEPT
 
 
 def _execute_noop(goal_handle) -> PlanTask.Result:  # every goal is completed through PlannerNode._complete

@@ -7,7 +7,8 @@ the planner's segments run (``planner_node``, default ``planner`` in the fleet's
 admits them through the executors' own :class:`~timelyllm_ros.ros.segment_gate.SegmentGate`,
 so a rogue node's segment is neither run nor acknowledged here either.
 
-Delivery contract, the real executors' own (``executor_base.py``): every received
+Delivery contract, the real executors' own (``robot_endpoint.py``'s RobotEndpoint, the
+writer check, acks, heartbeats and reports, and the same RobotSession): every received
 copy of a segment is acknowledged on ``/segment_acks`` (silent robots too: acks
 are the transport layer; "silent" only means no SegmentDone), and each robot's
 :class:`~timelyllm_ros.transport.session.RobotSession` -- the one the executors
@@ -36,29 +37,13 @@ from dataclasses import dataclass, field
 from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.node import Node
 
-from timelyllm_ros.msg import PlanSegment, SegmentAck, SegmentDone
-from timelyllm_ros.ros.convert import segment_ack_msg, segment_done_msg
-from timelyllm_ros.ros.fleet_auth import PARAMETER as FLEET_KEY
-from timelyllm_ros.ros.fleet_auth import PARAMETER_DOC as FLEET_KEY_DOC
-from timelyllm_ros.ros.fleet_auth import FleetAuth
+from timelyllm_ros.msg import PlanSegment
 from timelyllm_ros.ros.params import all_of, declare, distinct, non_empty, on_change
-from timelyllm_ros.ros.segment_gate import ADMIT, SegmentGate
+from timelyllm_ros.ros.robot_endpoint import RobotEndpoint
 from timelyllm_ros.ros.spin import run_nodes
-from timelyllm_ros.ros.topics import (
-    DEFAULT_HEARTBEAT_PERIOD_S,
-    PLANNER_NODE,
-    RELIABLE,
-    REPORTS,
-    REPORTS_KEPT,
-    SEGMENT_ACKS,
-    SEGMENT_DONE,
-    in_fleet,
-    is_end_marker,
-    publish_or_log,
-    segment_topic,
-)
+from timelyllm_ros.ros.topics import DEFAULT_HEARTBEAT_PERIOD_S, PLANNER_NODE, in_fleet, is_end_marker
 from timelyllm_ros.skills.exec_model import ExecTimeModel
-from timelyllm_ros.skills.schema import load_skill_set
+from timelyllm_ros.skills.skill_files import load_skill_set
 from timelyllm_ros.transport.inbox import DEFAULT_REORDER_TIMEOUT_S
 from timelyllm_ros.transport.session import RobotSession
 
@@ -119,25 +104,21 @@ class SimFleetNode(Node):
         planner_node = str(declare(self, "planner_node", PLANNER_NODE.lstrip("/"), "name of the planner node whose "
                                    "segments the robots run, relative to this node's namespace unless it starts with "
                                    "'/' ('' = any node on the domain)", read_only=True))
-        self.auth = FleetAuth.from_file(str(declare(self, FLEET_KEY, "", FLEET_KEY_DOC, read_only=True)))
-        self.gate = SegmentGate(self, planner_node, self.get_logger().error, self.get_logger().debug, self.auth)
+        # the delivery contract's robot side (writer check, fleet key, acks, heartbeats, reports): the executors' own
+        self.endpoint = RobotEndpoint(self, planner_node, topic=in_fleet)
         self.skillset = load_skill_set(robot_type)
         self.model = ExecTimeModel(self.skillset, learn=False)
         self.rng = random.Random(seed)
         kept = max(256, REPORTS_KEPT_FLEET // len(robots))  # the whole fleet's reports bounded, not each robot's
         self.robots = {r: SimRobot(r, robot_type, RobotSession(self.reorder_timeout_s, reports_kept=kept),
                                    silent=r in silent) for r in robots}
-        self._done_pub = self.create_publisher(SegmentDone, in_fleet(SEGMENT_DONE), REPORTS_KEPT)
-        self._ack_pub = self.create_publisher(SegmentAck, in_fleet(SEGMENT_ACKS), REPORTS)
         self._lock = threading.Condition()
-        for r in robots:
+        for rob in self.robots.values():
             # No QoS event callbacks: with a hundred robots their waitables slow the whole executor.
-            self.create_subscription(PlanSegment, in_fleet(segment_topic(r)),
-                                     lambda m, info, r=r: self._received(r, m, info),
-                                     RELIABLE, event_callbacks=SubscriptionEventCallbacks(use_default_callbacks=False))
+            self.endpoint.subscribe(rob.robot_id, lambda m, now, rob=rob: self._received(rob, m, now), rob.acks,
+                                    event_callbacks=SubscriptionEventCallbacks(use_default_callbacks=False))
         self.create_timer(min(0.1, self.reorder_timeout_s / 4), self._expire)  # held segments past the timeout
-        if self.heartbeat_period_s > 0:
-            self.create_timer(self.heartbeat_period_s, self._heartbeat)
+        self.endpoint.start_heartbeats(self.heartbeat_period_s, self._running_now)
         self._events: list[tuple[float, str]] = []  # (finish wall time, robot id)
         self._stop = False
         self._worker = threading.Thread(target=self._run, name="sim-fleet", daemon=True)
@@ -154,42 +135,26 @@ class SimFleetNode(Node):
             for rob in self.robots.values():
                 rob.silent = rob.robot_id in value
 
-    def _received(self, robot_id: str, msg: PlanSegment, info: dict) -> None:
-        now = time.time()
-        if self.gate.check(robot_id, msg, info) != ADMIT:
-            return  # neither run nor acknowledged, as on a real robot (segment_gate.py)
-        rob = self.robots[robot_id]
-        try:
-            with self._lock:
-                arrival = rob.session.receive(msg.task_id, msg.segment_index, msg.text, msg.is_final, now, msg)
-                if arrival.duplicate:
-                    if arrival.report is not None:  # re-sent: the planner has no report for it (e.g. it restarted)
-                        publish_or_log(self._done_pub, self.auth.sign(arrival.report), self.get_logger(),
-                                       f"{robot_id}'s report of {msg.task_id}[{msg.segment_index}]")
-                    return
-                if arrival.preempted:
-                    self._stop_running(rob, arrival.preempted, now)
-                for r in arrival.refused:
-                    self._refuse(rob, r.payload, r.reason, now)
-                if rob.busy_until is None:
-                    self._start_next(rob, now)
-                self._lock.notify()
-        finally:  # every received copy, duplicates and end markers included (silent robots too)
-            rob.acks.append((msg.task_id, msg.segment_index))
-            ack = segment_ack_msg(msg.task_id, robot_id, msg.segment_index, now)
-            publish_or_log(self._ack_pub, self.auth.sign(ack), self.get_logger(),
-                           f"{robot_id}'s ack of {msg.task_id}[{msg.segment_index}]")
-
-    def _heartbeat(self) -> None:
-        """Every robot that is running a segment says so (silent robots too: they are alive, they only never
-        report)."""
-        now = time.time()
+    def _received(self, rob: SimRobot, msg: PlanSegment, now: float) -> None:
+        """A copy the gate admitted (the endpoint acknowledges it after, silent robots too)."""
         with self._lock:
-            running = [(r.robot_id, r.executed[-1][0], r.executed[-1][1]) for r in self.robots.values()
-                       if r.busy_until is not None]
-        for robot_id, task_id, index in running:
-            publish_or_log(self._ack_pub, self.auth.sign(segment_ack_msg(task_id, robot_id, index, now, running=True)),
-                           self.get_logger(), f"{robot_id}'s heartbeat of {task_id}[{index}]")
+            arrival = self.endpoint.receive(rob.robot_id, rob.session, msg, now)
+            if arrival.duplicate:
+                return
+            if arrival.preempted:
+                self._stop_running(rob, arrival.preempted, now)
+            for r in arrival.refused:
+                self._refuse(rob, r.payload, r.reason, now)
+            if rob.busy_until is None:
+                self._start_next(rob, now)
+            self._lock.notify()
+
+    def _running_now(self) -> list[tuple[str, str, int]]:
+        """Every robot running a segment, for the endpoint's heartbeat (silent robots too: they are alive, they only
+        never report)."""
+        with self._lock:
+            return [(r.robot_id, r.executed[-1][0], r.executed[-1][1]) for r in self.robots.values()
+                    if r.busy_until is not None]
 
     def _expire(self) -> None:
         now = time.time()
@@ -243,10 +208,7 @@ class SimFleetNode(Node):
             return
         task_id = msg_or_entry.task_id if isinstance(msg_or_entry, PlanSegment) else msg_or_entry[0]
         index = msg_or_entry.segment_index if isinstance(msg_or_entry, PlanSegment) else msg_or_entry[1]
-        report = segment_done_msg(task_id, rob.robot_id, index, start, finish, ok, error)
-        rob.session.reports.put(task_id, index, report)
-        publish_or_log(self._done_pub, self.auth.sign(report), self.get_logger(),
-                       f"{rob.robot_id}'s report of {task_id}[{index}]")
+        self.endpoint.report(rob.robot_id, rob.session, task_id, index, start, finish, ok, error)
 
     def _run(self) -> None:
         with self._lock:

@@ -234,7 +234,7 @@ def exec_times_for(plan: str, robot_type: str, rng: random.Random) -> list[tuple
 
 @cache
 def _skillset(robot_type: str):  # noqa: ANN202 - load_skill_set re-reads every YAML per call for a robot type
-    from timelyllm_ros.skills.schema import load_skill_set
+    from timelyllm_ros.skills.skill_files import load_skill_set
 
     return load_skill_set(robot_type)
 

@@ -25,7 +25,8 @@ from collections.abc import Sequence
 
 from timelyllm_ros.skills.call_time import ZERO, ExecEstimate, arg_spec, call_estimate, formula
 from timelyllm_ros.skills.minispec import SkillCall, Var, stream_cost
-from timelyllm_ros.skills.schema import SkillSet, SkillSpec, load_skill_set
+from timelyllm_ros.skills.schema import SkillSet, SkillSpec
+from timelyllm_ros.skills.skill_files import load_skill_set
 
 _TEXT = "_text"  # learning key of the chatbot reading-time model
 

@@ -19,8 +19,9 @@ Grammars (``grammar:`` in the skill-set YAML):
 * ``text`` — prose, no skills (chatbot); never parsed.
 
 Lexical rules and the :class:`Lexer`: :mod:`timelyllm_ros.skills.lexer` (its
-names are importable from here too). This module holds the AST, the plan
-bounds and the parser / validator.
+names are importable from here too). This module holds the parser / validator; the
+AST is :mod:`~timelyllm_ros.skills.plan_ast`, the plan bounds :mod:`~timelyllm_ros.skills.plan_cost` (their
+names are importable from here too).
 
 Hostile text is refused (SkillParseError), never crashes the validator (it
 runs on the planner's engine thread): a number has at most
@@ -51,11 +52,9 @@ the plan before it (what the planner and the robot do).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from timelyllm_ros.skills.call_time import call_estimate
 from timelyllm_ros.skills.lexer import (  # the lexer's names are part of this module's API too
     BOOL_LITERALS,
     COMPARISONS,
@@ -78,248 +77,33 @@ from timelyllm_ros.skills.lexer import (  # the lexer's names are part of this m
     is_space,
     tokenize,
 )
+from timelyllm_ros.skills.plan_ast import (  # the syntax tree's names are part of this module's API too
+    ArgValue,
+    Assign,
+    BinOp,
+    CallStatement,
+    EndBlock,
+    Expr,
+    If,
+    Loop,
+    Not,
+    Program,
+    Return,
+    SkillCall,
+    Statement,
+    Var,
+    statement_calls,
+)
+from timelyllm_ros.skills.plan_cost import (  # so are the plan bounds'
+    CallCost,
+    Cost,
+    CostCounter,
+    bound_error,
+    model_cost,
+)
 
 if TYPE_CHECKING:
     from timelyllm_ros.skills.schema import SkillSet, SkillSpec
-
-
-# ---------------------------------------------------------------------------
-# AST
-# ---------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Var:
-    """A MiniSpec variable (``_1``) used as a value; its value is only known on the robot, which must
-    check it against the argument's bounds (:meth:`SkillSpec.check_args`)."""
-
-    name: str
-
-    def __str__(self) -> str:
-        return self.name
-
-
-ArgValue = int | float | str | bool | Var
-
-
-@dataclass(frozen=True)
-class SkillCall:
-    """One parsed, validated skill call."""
-
-    name: str  # canonical short name, whatever alias the LLM used
-    long_name: str
-    args: tuple[ArgValue, ...]  # positional, in signature order
-    raw: str  # the call's text as written
-    skillset_id: str
-    arg_names: tuple[str, ...] = ()
-    position: int = 0  # offset in the parsed text
-    # Where the call appears: statement, condition, assign, return, argument.
-    role: str = "statement"
-
-    def arg(self, name: str) -> ArgValue | None:
-        try:
-            return self.args[self.arg_names.index(name)]
-        except ValueError:
-            return None
-
-
-@dataclass(frozen=True)
-class Not:
-    operand: Expr
-
-
-@dataclass(frozen=True)
-class BinOp:
-    op: str  # one of COMPARISONS, & or |
-    left: Expr
-    right: Expr
-
-
-# A literal is the Python value itself.
-Expr = SkillCall | Var | Not | BinOp | int | float | str | bool
-
-
-@dataclass(frozen=True)
-class CallStatement:
-    call: SkillCall
-    position: int
-
-
-@dataclass(frozen=True)
-class Assign:
-    var: str
-    value: Expr
-    position: int
-
-
-@dataclass(frozen=True)
-class Return:
-    value: Expr
-    position: int
-
-
-@dataclass(frozen=True)
-class If:
-    """``?cond{``: opens a block; its :class:`EndBlock` may come in a later segment."""
-
-    condition: Expr
-    position: int
-
-
-@dataclass(frozen=True)
-class Loop:
-    """``N{``: opens a block run ``count`` times."""
-
-    count: int
-    position: int
-
-
-@dataclass(frozen=True)
-class EndBlock:
-    """``}``: closes the innermost open block, possibly one opened by an earlier segment."""
-
-    position: int
-
-
-Statement = CallStatement | Assign | Return | If | Loop | EndBlock
-
-
-@dataclass(frozen=True)
-class Program:
-    """A parsed and validated plan or plan segment: its statements in order, blocks flat (openers
-    and :class:`EndBlock` markers), since a block may span segments."""
-
-    text: str
-    statements: tuple[Statement, ...]
-    calls: tuple[SkillCall, ...]  # every skill call, in order of appearance
-    assigned: frozenset[str]  # variables this text assigns
-    opened: int  # blocks opened here and still open at the end
-    closed: int  # '}' that closed blocks opened before this text
-
-
-def statement_calls(s: Statement) -> list[SkillCall]:
-    """The skill calls one statement makes each time it runs (an If: those of its condition)."""
-    if isinstance(s, CallStatement):
-        return [s.call]
-    root = s.value if isinstance(s, (Assign, Return)) else s.condition if isinstance(s, If) else None
-    out: list[SkillCall] = []
-    stack: list[Any] = [root]
-    while stack:
-        e = stack.pop()
-        if isinstance(e, SkillCall):
-            out.append(e)
-        elif isinstance(e, Not):
-            stack.append(e.operand)
-        elif isinstance(e, BinOp):
-            stack += (e.right, e.left)
-    return out
-
-
-# ---------------------------------------------------------------------------
-# Cost: plans are bounded
-# ---------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Cost:
-    """What running statements costs, loops unrolled: execution time by the model and iterations (skill
-    executions plus loop passes: an empty loop body still costs its passes)."""
-
-    min_s: float = 0.0
-    max_s: float = 0.0
-    iterations: int = 0
-
-    def __add__(self, o: Cost) -> Cost:
-        return Cost(self.min_s + o.min_s, self.max_s + o.max_s, self.iterations + o.iterations)
-
-    def times(self, k: int) -> Cost:
-        return Cost(self.min_s * k, self.max_s * k, self.iterations * k)
-
-
-CallCost = Callable[[SkillCall], tuple[float, float]]  # one call's (min, max) seconds
-_PASS = Cost(iterations=1)
-
-
-class CostCounter:
-    """Cost of a plan fed statement by statement (blocks may span segments), by the interpreter's rules:
-    a loop runs its body once as it arrives and count-1 more times at its ``}``; every call runs once per pass
-    (worst case: every branch taken, no early return).
-
-    :meth:`feed` returns what a statement costs when the robot runs it (a loop's ``}``: the replays);
-    :attr:`total` is the plan so far with its open blocks closed, which never shrinks as text is added: a plan
-    prefix over a bound can only end over it.
-    """
-
-    def __init__(self, call_cost: CallCost) -> None:
-        self.call_cost = call_cost
-        self._done = Cost()  # statements outside open blocks
-        self._frames: list[tuple[int, Cost]] = []  # open blocks: (loop count, 0 for a conditional; body so far)
-
-    def copy(self) -> CostCounter:
-        c = CostCounter(self.call_cost)
-        c._done, c._frames = self._done, list(self._frames)
-        return c
-
-    def calls(self, s: Statement) -> Cost:
-        lo = hi = 0.0
-        calls = statement_calls(s)
-        for c in calls:
-            a, b = self.call_cost(c)
-            lo, hi = lo + a, hi + b
-        return Cost(lo, hi, len(calls))
-
-    def feed(self, s: Statement) -> Cost:
-        if isinstance(s, EndBlock):
-            if not self._frames:  # closes a block opened before this counter's first statement: kind unknown
-                return Cost()
-            count, body = self._frames.pop()
-            self._add(_closed(count, body))
-            return (body + _PASS).times(count - 1) if count else Cost()
-        now = self.calls(s)
-        if isinstance(s, Loop):
-            self._frames.append((s.count, now))
-            return now + _PASS
-        if isinstance(s, If):
-            self._frames.append((0, now))  # its condition is evaluated again on every pass of an outer loop
-            return now
-        self._add(now)
-        return now
-
-    def _add(self, c: Cost) -> None:
-        if self._frames:
-            count, body = self._frames[-1]
-            self._frames[-1] = (count, body + c)
-        else:
-            self._done = self._done + c
-
-    @property
-    def total(self) -> Cost:
-        acc = Cost()
-        for count, body in reversed(self._frames):
-            acc = _closed(count, body + acc)
-        return self._done + acc
-
-
-def _closed(count: int, body: Cost) -> Cost:
-    return (body + _PASS).times(count) if count else body
-
-
-def bound_error(ss: SkillSet, cost: Cost) -> str | None:
-    """Why a plan of this worst-case cost is refused (naming the bound and the value), or None."""
-    if cost.max_s > ss.max_plan_exec_s:
-        return (f"plan exceeds max_plan_exec_s = {ss.max_plan_exec_s:g} s: it may run {cost.max_s:.1f} s "
-                "(loops unrolled, every call at its longest)")
-    if cost.iterations > ss.max_plan_iterations:
-        return (f"plan exceeds max_plan_iterations = {ss.max_plan_iterations}: it may run {cost.iterations} "
-                "skill executions and loop passes (loops unrolled)")
-    return None
-
-
-def model_cost(ss: SkillSet) -> CallCost:
-    """The skill set's execution-time model (YAML, nothing learned) as a call cost: what bounds are checked with."""
-    def cost(call: SkillCall) -> tuple[float, float]:
-        e = call_estimate(ss[call.name], call)
-        return e.min_s, e.max_s
-
-    return cost
 
 
 def stream_cost(ss: SkillSet, before: str, text: str, call_cost: CallCost | None = None) -> tuple[Cost, Cost]:

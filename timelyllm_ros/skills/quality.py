@@ -50,7 +50,6 @@ from typing import Any
 from timelyllm_ros.domain.plans import PlanTemplate
 from timelyllm_ros.skills import task_analysis as ta
 from timelyllm_ros.skills.exec_model import ExecTimeModel
-from timelyllm_ros.skills.grammar import STOPWORDS
 from timelyllm_ros.skills.minispec import (
     ArgValue,
     Assign,
@@ -67,7 +66,9 @@ from timelyllm_ros.skills.minispec import (
     Var,
     statement_calls,
 )
-from timelyllm_ros.skills.schema import SkillSet, load_skill_set
+from timelyllm_ros.skills.schema import SkillSet
+from timelyllm_ros.skills.skill_files import load_skill_set
+from timelyllm_ros.skills.task_names import STOPWORDS
 
 CHECKS = ("require", "sequence", "numbers", "evasive")
 STRICT_CHECKS = ("repeat", "log", "names", "answer", "count", "unasked")

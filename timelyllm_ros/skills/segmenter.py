@@ -23,7 +23,8 @@ import re
 from collections.abc import Iterable
 
 from timelyllm_ros.skills.lexer import SKILL_NAME_RE, Lexer, Token, is_space
-from timelyllm_ros.skills.schema import SkillSet, load_skill_set
+from timelyllm_ros.skills.schema import SkillSet
+from timelyllm_ros.skills.skill_files import load_skill_set
 
 
 class StopChecker(abc.ABC):

@@ -1,0 +1,152 @@
+"""What a task's text names and asks of a skill set: its things (scene objects and runs of content words), the
+skill it begins with or asks for, its units and moves. The grammar builds each task's regex from these
+(:mod:`timelyllm_ros.skills.grammar`); the plan judge reads tasks with the same words (:data:`STOPWORDS`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from timelyllm_ros.skills import task_analysis as ta
+
+if TYPE_CHECKING:
+    from timelyllm_ros.skills.schema import SkillSet
+
+MAX_NAMES = 32  # names offered per task: bounds the regex (and the model's choice)
+
+# Words that name nothing: function words, and the verbs and words of tasks and their failure reports (an
+# object or place is a run of the other words of the task).
+STOPWORDS = frozenset("""
+a an the and or but if so then than to of in on at by for from with without into onto near under over above
+below behind beside between inside outside it its is are be been was were there here this that these those
+you your me my i we our us can could would will shall should please do does did have has had not no yes
+what which who whom where when how whether up down out off as also just all any some each every again
+finally first second then next after before while until myself yourself let s
+find look search locate seek check see try go fly move turn rise climb approach come pick drop put place
+take grab bring get lift set leave tell report say answer show photo photograph picture snapshot image
+provided plan encountered failure because execution history attempting walking passing approaching
+running flying jumping catch coming towards toward cm degrees seconds
+""".split())
+_WORD = re.compile(r"[A-Za-z][A-Za-z0-9]*|[^A-Za-z0-9\s]")
+_SCENE = re.compile(r"Scene:\s*\[(?P<scene>.*?)\]\s*,?\s*Task:\s*(?P<task>.*)$", re.S)
+_SCENE_NAME = re.compile(r"^\s*([A-Za-z][A-Za-z0-9_]*?)(?:_\d+)?(?=[\s:]|$)")
+_TAG = re.compile(r"^\s*\[[A-Z]\]\s*")
+_TASK_LABEL = re.compile(r"^\s*Task:\s*")
+
+
+def split_task(task_input: str) -> tuple[str, str]:
+    """(scene, task text) of "Scene: [...] Task: ..." (LRTrace's form), "Task: ..." or a bare task."""
+    m = _SCENE.match(task_input.strip())
+    return (m["scene"], m["task"]) if m else ("", _TASK_LABEL.sub("", task_input))
+
+
+_PLACE = frozenset("under on in near at behind beside between inside outside above below onto into over beneath "
+                   "underneath".split())
+_ARTICLE = frozenset("the a an my your this that these those".split())
+
+
+class TaskNames(tuple):
+    """The names of a task (a tuple of str), with ``objects``: those it asks about or to act on, i.e. not
+    introduced as a place (``the toy under the bed``: the toy; ``keys on the countertop``: the keys)."""
+
+    objects: tuple[str, ...]
+
+    def __new__(cls, names: Sequence[str], objects: Sequence[str]) -> TaskNames:
+        t = super().__new__(cls, names)
+        t.objects = tuple(objects) or tuple(names)  # a task that names only places: any of them
+        return t
+
+
+def _scan(task: str) -> list[tuple[str, bool]]:
+    """(name, introduced by a place word) for each run of words of a task text between function words,
+    verbs, adjectives of state, number words and punctuation, in order (``the red box`` is ``red_box``, three
+    words at most)."""
+    out: list[tuple[str, bool]] = []
+    run: list[str] = []
+    before = ""  # the word before the run, articles skipped
+    prev = ""  # the word before this one
+    for tok in [*_WORD.findall(_TAG.sub("", task)), "."]:
+        w, prev_w = tok.lower(), prev
+        prev = tok.lower()
+        # a name word (not a verb, an adjective of state or a number word: task_analysis), a function word only
+        # after an article ("the can")
+        if ta.is_name(w, prev_w, STOPWORDS):
+            run.append(w)
+            continue
+        if run:
+            out.append(("_".join(run[:3]), before in _PLACE))
+            run = []
+        if w not in _ARTICLE:
+            before = w
+    return out
+
+
+def task_names(task_input: str, limit: int = MAX_NAMES) -> TaskNames:
+    """The names a task uses for things: its scene's objects (``countertop_1`` is ``countertop``; places,
+    unless its text names them otherwise), then each run of words of its text (:func:`_scan`: the whole name,
+    ``pen_holder``, not its parts), lower case, in order of appearance, at most ``limit``."""
+    scene, task = split_task(task_input)
+    names: dict[str, None] = {}
+    places: set[str] = set()
+    for entry in scene.split(","):
+        sm = _SCENE_NAME.match(entry)
+        if sm:
+            names[sm[1].lower()] = None
+            places.add(sm[1].lower())
+    scanned = _scan(task)
+    for name, _ in scanned:
+        names[name] = None
+    places |= {n for n, place in scanned if place}
+    places -= {n for n, place in scanned if not place}
+    kept = tuple(names)[:limit]
+    return TaskNames(kept, [n for n in kept if n not in places])
+
+
+def task_mentions(task_input: str) -> tuple[str, ...]:
+    """The names of the task text (not its scene) in the order it mentions them, repeats kept (``Pick up
+    the red box ... on the blue box. Then ... drop it on the red box``: red_box, blue_box, ..., red_box)."""
+    out: list[str] = []
+    for name, _ in _scan(split_task(task_input)[1]):
+        if not out or out[-1] != name:
+            out.append(name)
+    return tuple(out)
+
+
+def leading_skills(ss: SkillSet, task_input: str) -> tuple[str, ...]:
+    """The skill a task begins with, by its words (``Move up and check ...``: mu; a skill's ``phrases``),
+    as the one skill a plan may begin with; () when the task begins with none."""
+    text = " ".join(w.lower() for w in _WORD.findall(_TAG.sub("", split_task(task_input)[1]))
+                    if w[0].isalnum())
+    best = max(((len(p), sk.name) for sk in ss.skills for p in sk.phrases if (text + " ").startswith(p + " ")),
+               default=None)
+    return (best[1],) if best else ()
+
+
+def asked_skill(ss: SkillSet, task_input: str) -> str | None:
+    """The first skill the task asks for by its words anywhere (``... take a picture of it``: tp; a
+    skill's ``asked_by``), which the plan must call; None when it asks for none."""
+    text = " " + " ".join(w.lower() for w in _WORD.findall(split_task(task_input)[1]) if w[0].isalnum()) + " "
+    hits = [(text.find(f" {p} "), sk.name) for sk in ss.skills for p in sk.asked_by if f" {p} " in text]
+    return min(hits)[1] if hits else None
+
+
+def task_units(ss: SkillSet, task_input: str) -> int:
+    """The units a plan for this task may have (``plan_structure``): one per ``unit_verbs`` word of the
+    task (``Pick up X ... Then, pick up Y`` moves two objects), at least 1, at most ``max_units``."""
+    ps = ss.plan_structure
+    if not ps.unit_verbs:
+        return ps.max_units
+    words = [w.lower() for w in _WORD.findall(split_task(task_input)[1])]
+    return max(1, min(ps.max_units, sum(w in ps.unit_verbs for w in words)))
+
+
+def task_moves(ss: SkillSet, task_input: str) -> tuple[tuple[str, str], ...]:
+    """(object, destination) per object the task moves, from its sentence's structure
+    (:func:`task_analysis.moves`: ``put the A and the B in the C``, ``move the A from the X to the Y``,
+    ``into the C, drop the A``); () where it reads none, or the skill set moves no objects (no ``unit_verbs``)."""
+    verbs = ss.plan_structure.unit_verbs
+    if not verbs:
+        return ()
+    return ta.moves(task_input, STOPWORDS - ta.VERBS, set(verbs) | ta.VERBS)

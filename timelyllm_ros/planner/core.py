@@ -398,6 +398,10 @@ class PlannerCore:
                                                self.intake.latest()) or now
             return self.queue.next_due()
 
+    def note_stamp_lag(self, lag_s: float) -> None:
+        """A robot's stamp ran ``lag_s`` behind the planner's clock (watchdog: silence is judged net of it)."""
+        self.watchdog.note_lag(lag_s, self.clock.now())
+
     def start_step(self) -> StepReport | None:
         """Decide and launch one engine step; None if the engine has nothing to do.
 

@@ -537,7 +537,7 @@ class PlannerService:
         # A report implies receipt (its ack may have been lost), and that the robot is alive.
         delivery.ack(task_id, index, robot_id=robot_id)
         delivery.heard(robot_id, time.monotonic())
-        stamp_lag(finish_wall, self._max_clock_skew_s, lambda lag: core.watchdog.note_lag(lag, core.clock.now()),
+        stamp_lag(finish_wall, self._max_clock_skew_s, core.note_stamp_lag,
                   lambda why: self._rejected.note("stamp", "(any)", why))
         if self.journal is not None:
             self._jot("segment_reported", task_id, index, success, start_wall or None, finish_wall or None, error)
@@ -555,7 +555,7 @@ class PlannerService:
             self._rejected.note("heartbeat" if running else "ack", robot_id, refused)
             return
         delivery.heard(robot_id, now)
-        stamp_lag(stamp_wall, self._max_clock_skew_s, lambda lag: core.watchdog.note_lag(lag, core.clock.now()),
+        stamp_lag(stamp_wall, self._max_clock_skew_s, core.note_stamp_lag,
                   lambda why: self._rejected.note("stamp", "(any)", why))
         if acked and self.journal is not None:
             self._jot("segment_acked", task_id, index)

@@ -19,7 +19,7 @@ import pytest
 from timelyllm_ros import paths
 from timelyllm_ros.domain.plans import plan_templates
 from timelyllm_ros.domain.types import TaskSpec
-from timelyllm_ros.engines import driver, vllm_engine
+from timelyllm_ros.engines import driver, vllm_engine, vllm_hold, vllm_requests
 from timelyllm_ros.engines.base import EngineInfo, EngineRequest, FinishReason, concat_segments
 from timelyllm_ros.engines.factory import EngineConfigError, load_engine_config, make_engine
 from timelyllm_ros.engines.prompts import PromptBuilder
@@ -421,7 +421,7 @@ def test_a_held_generation_is_released_when_another_needs_its_place(eng, pb, cat
     kept = eng.resumed_from_kept
     eng.add(a)  # resubmitted: its full blocks from the prefix cache
     # KV cache filling up: nothing more is held while others run (here: the threshold at 0, always "full").
-    monkeypatch.setattr(vllm_engine, "HOLD_KV_USAGE", 0.0)
+    monkeypatch.setattr(vllm_hold, "HOLD_KV_USAGE", 0.0)
     ev = _serve(eng, a)
     assert "full-b" in eng.running_ids()
     eng.abort("full-b")
@@ -659,8 +659,8 @@ def test_a_clean_stop_succeeds_and_our_own_token_budget_is_left_to_the_scheduler
 
 
 def test_history_and_submissions_stay_bounded(monkeypatch):
-    monkeypatch.setattr(vllm_engine, "HISTORY_LEN", 5)
-    monkeypatch.setattr(vllm_engine, "RETIRED_LEN", 3)
+    monkeypatch.setattr(vllm_requests, "HISTORY_LEN", 5)
+    monkeypatch.setattr(vllm_requests, "RETIRED_LEN", 3)
     e = _bare_engine()
     e.submissions = SubmissionLog(maxlen=4)
     for i in range(10):  # finished generations: history retired, the retired set capped

@@ -42,13 +42,11 @@ import contextlib
 import itertools
 import json
 import logging
-import re
 import threading
 import time
 from collections import deque
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from timelyllm_ros.engines.base import (
@@ -60,28 +58,23 @@ from timelyllm_ros.engines.base import (
     RawTokens,
 )
 from timelyllm_ros.engines.detok import IncrementalDetokenizer
+from timelyllm_ros.engines.remote_protocol import (  # noqa: F401 - the server's errors and checks re-exported
+    KV_USAGE,
+    NEUTRAL_SAMPLING,
+    TOKENIZER_PROBE,
+    RemoteServerError,
+    ServerChecks,
+    cache_config_info,
+    eos_token_ids,
+    error_message,
+    prefix_caching_problem,
+)
 from timelyllm_ros.engines.vllm_common import finish_reason_from_vllm, structured_output
 
 log = logging.getLogger(__name__)
 
 TOKEN_TIMEOUT_S = 30.0  # default longest wait for the next token of a started generation (token_timeout_s)
 USAGE_LOG_LEN = 1024  # per-request usage records kept for stats() (a long-running node must not grow)
-# Tokenized by the local tokenizer and by the server's: the two must agree (plain text, MiniSpec, unicode).
-TOKENIZER_PROBE = "Scene: [cat x:0.5] Task: find the cat. Plan: ?s('cat')==True{g('cat');tc(90);} Grüße 東京"
-
-# Every sampling field the server could otherwise fill in from the model's generation_config
-# (CompletionRequest._DEFAULT_SAMPLING_PARAMS: "user -> server default -> OpenAI default"): set them all,
-# so the server decodes exactly like the in-process backend (SamplingParams defaults, greedy).
-_NEUTRAL_SAMPLING = {"top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
-                     "frequency_penalty": 0.0}
-
-_CACHE_INFO = re.compile(r"^vllm:cache_config_info\{(?P<labels>.*)\}\s+\S+\s*$", re.MULTILINE)
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-_KV_USAGE = re.compile(r"^vllm:kv_cache_usage_perc\{[^}]*\}\s+(\S+)", re.MULTILINE)
-
-
-class RemoteServerError(RuntimeError):
-    """The server cannot serve this engine (unreachable, another model, no prefix caching, ...)."""
 
 
 @dataclass(frozen=True)
@@ -203,64 +196,19 @@ class RemoteEngine(Engine):
         """Run ``coro`` on the event loop and wait for its result (start-up checks, close)."""
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
-    # -- start-up checks --------------------------------------------------------------------------------------
-    async def _get(self, path: str) -> Any:
-        return await self._client.get(path)
-
-    async def _post(self, path: str, body: dict) -> Any:
-        return await self._client.post(path, json=body)
-
-    def _request(self, method: str, path: str, body: dict | None = None) -> Any:
-        import httpx
-
-        coro = self._get(path) if method == "GET" else self._post(path, body or {})
-        try:
-            resp = self._call(coro, timeout=self.connect_timeout_s + self.read_timeout_s + 5.0)
-        except (httpx.HTTPError, OSError, concurrent.futures.TimeoutError) as e:
-            raise RemoteServerError(
-                f"vLLM server at {self.url} is unreachable ({method} {path}: {type(e).__name__}: {e}); "
-                f"start it (vllm serve ... --host/--port) or correct `url` in the engine config") from None
-        return resp
-
-    def _json(self, resp: Any, path: str) -> dict:
-        """The JSON object of a start-up answer; anything else names the URL and what came back."""
-        try:
-            obj = resp.json()
-        except ValueError:
-            obj = None
-        if not isinstance(obj, dict):
-            kind = resp.headers.get("content-type") or "no content-type"
-            raise RemoteServerError(f"{self.url}{path} answered HTTP {resp.status_code} with no JSON object "
-                                    f"({kind}): {resp.text[:200]!r}; is this a vLLM OpenAI-compatible server?")
-        return obj
-
     def _start_up(self, tokenizer: str | None) -> None:
-        resp = self._request("GET", "/v1/models")
-        if resp.status_code != 200:
-            raise RemoteServerError(f"{self.url}/v1/models answered HTTP {resp.status_code}: {resp.text[:300]}; "
-                                    f"is this a vLLM OpenAI-compatible server?")
-        data = self._json(resp, "/v1/models").get("data")
-        served = {m.get("id"): m for m in data if isinstance(m, dict)} if isinstance(data, list) else {}
-        entry = served.get(self.model)
-        if entry is None:
-            raise RemoteServerError(f"the server at {self.url} serves {sorted(served)}, not the configured model "
-                                    f"{self.model!r} (`model` must be the server's --served-model-name)")
-        root = entry.get("root")
-        max_len = entry.get("max_model_len")
+        """The server's checks (:class:`ServerChecks`) and what they tell: tokenizer, block size, the info."""
+        checks = ServerChecks(self.url, self.model, self._client, self._call,
+                              self.connect_timeout_s + self.read_timeout_s + 5.0)
+        root, max_len = checks.served_model()
+        self.block_size = checks.block_size()
 
-        resp = self._request("GET", "/metrics")
-        text = resp.text if resp.status_code == 200 else ""
-        problem = prefix_caching_problem(text)
-        if problem:
-            raise RemoteServerError(f"the server at {self.url}: {problem}")
-        self.block_size = int((cache_config_info(text) or {}).get("block_size") or 0)
-
-        self.tokenizer, self.tokenizer_path = self._load_tokenizer(tokenizer, root)
+        self.tokenizer, self.tokenizer_path = checks.load_tokenizer(tokenizer, root)
         self.vocab_size = len(self.tokenizer)  # ids the server may send (vLLM refuses others as a prompt, too)
-        self.eos_token_ids = _eos_token_ids(self.tokenizer, self.tokenizer_path)
-        self._check_tokenizer(root)
+        self.eos_token_ids = eos_token_ids(self.tokenizer, self.tokenizer_path)
+        checks.check_tokenizer(self.tokenize(TOKENIZER_PROBE), self.tokenizer_path, root)
 
-        self.reports_cached_tokens = self._probe_usage()
+        self.reports_cached_tokens = checks.probe_usage(self.tokenize(TOKENIZER_PROBE))
         if not self.reports_cached_tokens:
             log.warning("the server at %s does not report cached prompt tokens (start it with "
                         "--enable-prompt-tokens-details): prefix-cache hits will read as unknown", self.url)
@@ -268,46 +216,6 @@ class RemoteEngine(Engine):
                                max_model_len=int(max_len) if isinstance(max_len, int) else None,
                                needs_plan_text=False, supports_prefix_cache=True, streamed=True,
                                kv_block_tokens=self.block_size or None)
-
-    def _load_tokenizer(self, tokenizer: str | None, root: str | None) -> tuple[Any, str]:
-        from transformers import AutoTokenizer
-
-        path = tokenizer
-        if path is None:
-            if root and (Path(root) / "tokenizer_config.json").is_file():
-                path = root  # the server runs on this machine from a local folder: the same files
-            else:
-                raise RemoteServerError(
-                    f"set `tokenizer` in the engine config: a local folder with the tokenizer of the model the "
-                    f"server at {self.url} serves (its folder there, {root!r}, is not readable here)")
-        return AutoTokenizer.from_pretrained(path), str(path)
-
-    def _check_tokenizer(self, root: str | None) -> None:
-        local = self.tokenize(TOKENIZER_PROBE)
-        resp = self._request("POST", "/tokenize",
-                             {"model": self.model, "prompt": TOKENIZER_PROBE, "add_special_tokens": False})
-        if resp.status_code != 200:
-            raise RemoteServerError(f"{self.url}/tokenize answered HTTP {resp.status_code}: {resp.text[:300]}")
-        remote = self._json(resp, "/tokenize").get("tokens")
-        if remote != local:
-            raise RemoteServerError(
-                f"the local tokenizer {self.tokenizer_path} disagrees with the server's (model {root!r}) on "
-                f"{TOKENIZER_PROBE!r}: {local} here, {remote} there; `tokenizer` must be the served model's")
-
-    def _probe_usage(self) -> bool:
-        """One 1-token completion from token ids: the path every request takes works, and whether the
-        server reports cached prompt tokens (``usage.prompt_tokens_details``)."""
-        ids = self.tokenize(TOKENIZER_PROBE)
-        resp = self._request("POST", "/v1/completions", {
-            "model": self.model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "return_token_ids": True})
-        if resp.status_code != 200:
-            raise RemoteServerError(f"{self.url}/v1/completions refused a token-id prompt: HTTP "
-                                    f"{resp.status_code}: {resp.text[:300]}")
-        body = self._json(resp, "/v1/completions")
-        if not body.get("choices") or body["choices"][0].get("token_ids") is None:
-            raise RemoteServerError(f"the server at {self.url} returns no token ids (return_token_ids): "
-                                    f"it is not a vLLM server of a version this backend speaks")
-        return (body.get("usage") or {}).get("prompt_tokens_details") is not None
 
     # -- streams ----------------------------------------------------------------------------------------------
     def request_body(self, req: EngineRequest, ids: list[int], remaining: int) -> dict:
@@ -320,7 +228,7 @@ class RemoteEngine(Engine):
             "max_tokens": remaining,
             "temperature": float(ex.get("temperature", 0.0)),  # greedy by default, as VllmEngine
             "top_p": float(ex.get("top_p", 1.0)),
-            **_NEUTRAL_SAMPLING,
+            **NEUTRAL_SAMPLING,
             "ignore_eos": bool(ex.get("ignore_eos", False)),
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -350,7 +258,7 @@ class RemoteEngine(Engine):
                 if resp.status_code != 200:
                     text = (await resp.aread()).decode(errors="replace")
                     self._end(s, error=f"the server at {self.url} refused the request: HTTP {resp.status_code}: "
-                                       f"{_error_message(text)}", server_failed=resp.status_code >= 500)
+                                       f"{error_message(text)}", server_failed=resp.status_code >= 500)
                     return
                 lines = resp.aiter_lines()
                 while True:
@@ -372,7 +280,7 @@ class RemoteEngine(Engine):
                     obj = json.loads(data)
                     if "error" in obj:  # vLLM's mid-stream error event (GenerationError, engine failure)
                         self._end(s, error=f"the server at {self.url} failed the request: "
-                                           f"{_error_message(obj)}")
+                                           f"{error_message(obj)}")
                         return
                     if obj.get("usage"):
                         usage = obj["usage"]
@@ -468,7 +376,7 @@ class RemoteEngine(Engine):
         while True:
             try:
                 resp = await self._client.get("/metrics")
-                vals = [float(v) for v in _KV_USAGE.findall(resp.text)] if resp.status_code == 200 else []
+                vals = [float(v) for v in KV_USAGE.findall(resp.text)] if resp.status_code == 200 else []
                 if vals:
                     self._kv_usage = max(vals)
             except asyncio.CancelledError:
@@ -635,49 +543,3 @@ class RemoteEngine(Engine):
         self._thread.join(timeout=5.0)
         if not self._thread.is_alive():
             self._loop.close()
-
-
-def cache_config_info(metrics_text: str) -> dict[str, str] | None:
-    """The labels of vLLM's ``vllm:cache_config_info`` metric (its CacheConfig as strings, from
-    v1/metrics/loggers.py ``log_metrics_info``) in a Prometheus ``/metrics`` text; None if absent."""
-    m = _CACHE_INFO.search(metrics_text)
-    return dict(_LABEL.findall(m.group("labels"))) if m else None
-
-
-def prefix_caching_problem(metrics_text: str) -> str | None:
-    """Why a server whose ``/metrics`` reads ``metrics_text`` cannot serve resumes from its prefix cache;
-    None if it can."""
-    cache = cache_config_info(metrics_text)
-    if cache is None:
-        return ("its /metrics has no vllm:cache_config_info (not a vLLM server, or started with "
-                "--disable-log-stats): cannot tell whether it caches prefixes")
-    if cache.get("enable_prefix_caching") != "True":
-        return (f"it runs without prefix caching (vllm:cache_config_info enable_prefix_caching="
-                f"{cache.get('enable_prefix_caching')!r}): every resumed segment would re-prefill its whole "
-                f"context; start it with --enable-prefix-caching")
-    return None
-
-
-def _error_message(body: str | dict) -> str:
-    """The message of an OpenAI-style error body (``{"error": {"message": ...}}``), else the text."""
-    obj = body
-    if isinstance(body, str):
-        try:
-            obj = json.loads(body)
-        except ValueError:
-            return body[:300]
-    err = obj.get("error") if isinstance(obj, dict) else None
-    if isinstance(err, dict):
-        return str(err.get("message") or err)[:300]
-    return str(err or obj)[:300]
-
-
-def _eos_token_ids(tokenizer: Any, folder: str) -> set[int]:
-    """EOS ids of the model (generation_config.json, as vLLM reads them; else the tokenizer's)."""
-    eos: Any = None
-    gen = Path(folder) / "generation_config.json"
-    if gen.is_file():
-        eos = json.loads(gen.read_text()).get("eos_token_id")
-    if eos is None:
-        eos = tokenizer.eos_token_id
-    return set(eos if isinstance(eos, list) else [eos]) - {None}

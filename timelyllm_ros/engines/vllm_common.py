@@ -221,6 +221,11 @@ def apply_default_env(overrides: dict[str, str] | None = None) -> None:
         os.environ.setdefault(k, str(v))
 
 
+def constrained(extra: Mapping[str, Any], default_regex: str | None) -> bool:
+    """Whether a request decodes under a grammar (regex or grammar in ``extra``, or the engine's default)."""
+    return bool(extra.get("grammar") or extra.get("regex", default_regex if extra.get("constrained", True) else None))
+
+
 def structured_output(extra: Mapping[str, Any], default_regex: str | None,
                       plan_so_far: Callable[[], str]) -> dict[str, str] | None:
     """vLLM's structured output for a (re)submission: ``{"grammar": ...}`` or ``{"regex": ...}``, None for none.

@@ -25,7 +25,7 @@ state kept, and added back the next time it is scheduled; nothing steps it meanw
 at the end of the running list and it continues with the token it sampled last, exactly as one uninterrupted
 request would: no prefill, no new request. A held request takes no compute, but it pins KV blocks and one of
 the model runner's request states, so it is held only while ``live + held <= max_num_seqs`` and the KV cache is
-below ``HOLD_KV_USAGE``: a generation added (new or resumed) beyond that room, or a KV cache filling up,
+below ``vllm_hold.HOLD_KV_USAGE``: a generation added (new or resumed) beyond that room, or a KV cache filling up,
 **releases** held generations (most recently suspended first: the others' robots have been executing longer,
 so they are likely to come back sooner) by aborting their requests, which makes them ordinary resubmitted
 suspensions. vLLM's native sessions were not used for this: a paused session counts against
@@ -62,12 +62,11 @@ KV-cache use) can be read directly.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from timelyllm_ros.engines.base import (  # noqa: F401 - SubmissionLog, SUBMISSION_LOG_LEN re-exported
@@ -90,6 +89,7 @@ from timelyllm_ros.engines.vllm_common import (  # noqa: F401 - the options and 
     EngineOptionError,
     apply_default_env,
     choose_dtype,
+    constrained,
     cpu_flags,
     describe_speculative,
     finish_reason_from_vllm,
@@ -97,6 +97,8 @@ from timelyllm_ros.engines.vllm_common import (  # noqa: F401 - the options and 
     register_kernel_overrides_once,
     structured_output,
 )
+from timelyllm_ros.engines.vllm_hold import BatchHold
+from timelyllm_ros.engines.vllm_requests import HISTORY_LEN, RequestBook, Submission
 
 log = logging.getLogger(__name__)
 
@@ -105,40 +107,12 @@ def _so_backend(cfg: Any) -> str:
     """The structured-output backend vLLM runs (``structured_outputs_config.backend``; "" when unknown)."""
     return str(getattr(getattr(cfg, "structured_outputs_config", None), "backend", "") or "")
 
-# Bounds on bookkeeping that would otherwise grow with every request of a long-running node
-# (VllmEngine.submissions is a SubmissionLog: its last SUBMISSION_LOG_LEN records).
-HISTORY_LEN = 4096  # generations (live or suspended) whose vLLM request ids are remembered
-RETIRED_LEN = 256  # ended generations still remembered (backend_has_request checks after an abort)
-# A suspended generation is held in place only while vLLM's KV cache is used below this fraction (module doc):
-# a held request pins its blocks, and vLLM cannot preempt what is not in its running list.
-HOLD_KV_USAGE = 0.9
 # After a vLLM step with no output the engine sleeps this long, so that vLLM's threads get the GIL (_backend_step).
 YIELD_S = 0.0002
 # Before a step, the engine waits at most this long for the grammars of requests added since the last step. vLLM
 # compiles a grammar in its own thread and leaves the request out of every step that starts before it is ready:
 # an urgent request added just before a long prefill step lost that whole step (~140 ms) to a ~2 ms compile.
 GRAMMAR_WAIT_S = 0.05
-
-
-@dataclass
-class Submission:
-    """One vLLM request = one (re)submission of a generation."""
-
-    gen_id: str
-    ext_id: str
-    int_id: str
-    prompt_len: int
-    detok: IncrementalDetokenizer
-    submitted: float
-    max_tokens: int = 0  # what vLLM may generate in this submission
-    n_out: int = 0  # tokens it generated so far
-    first_output: float | None = None
-    cached: int | None = None
-    t_first: list[float] = field(default_factory=list)
-    req: EngineRequest | None = None  # the generation's request object (a parked one resumes only for it)
-    # An in-place resume continues vLLM's random draws, a resubmission reseeds (EngineRequest.sampling_seed):
-    # a seeded sampled generation always resubmits, so its plan does not depend on the engine's load.
-    parkable: bool = True
 
 
 @dataclass
@@ -240,20 +214,12 @@ class VllmEngine(Engine):
 
     def _init_state(self) -> None:
         """Per-request bookkeeping (no vLLM needed: :meth:`for_testing` builds an engine with it alone)."""
-        self._seq = itertools.count()
-        self._subs: dict[str, Submission] = {}  # gen_id -> current submission
-        self._by_ext: dict[str, Submission] = {}  # vLLM external request id -> submission
-        # gen_id -> vLLM internal ids it ever used (for checks), live and suspended generations (LRU);
-        # an ended one moves to _retired. Both bounded.
-        self._history: OrderedDict[str, list[str]] = OrderedDict()
-        self._retired: OrderedDict[str, list[str]] = OrderedDict()
+        self._requests = RequestBook()  # the vLLM request of each generation, and the ids it ever used
         # gen_id -> (reason, what vLLM reported) for Engine._finish in the step that ran _backend_step
         self._finish_errors: dict[str, tuple[FinishReason, str]] = {}
-        # Suspended generations whose vLLM request still stands (module doc), in the order they were suspended:
-        # gen_id -> the vLLM Request taken out of the scheduler's running list (held), or None (parked where it
-        # was, on an idle engine). At most max_num_seqs held.
-        self._parked: OrderedDict[str, Any] = OrderedDict()
-        # Suspended generations' tokens past their boundary (speculative decoding), LRU-bounded like _history;
+        # Suspended generations whose vLLM request still stands (module doc): held in place, or parked.
+        self._hold = BatchHold(self, self._cancel)
+        # Suspended generations' tokens past their boundary (speculative decoding), LRU-bounded like the history;
         # on resume they move to _handover and go out first in the next step.
         self._carry: OrderedDict[str, _Carry] = OrderedDict()
         self._handover: dict[str, RawTokens] = {}
@@ -270,11 +236,6 @@ class VllmEngine(Engine):
         # self.submissions (Engine.__init__): one record per (re)submission, with time to first token.
 
     # -- hooks -------------------------------------------------------------
-    def _constrained(self, req: EngineRequest) -> bool:
-        """Whether the request decodes under a grammar (regex or grammar in extra, or the engine's default)."""
-        ex = req.extra
-        return bool(ex.get("grammar") or ex.get("regex", self.default_regex if ex.get("constrained", True) else None))
-
     def sampling_params(self, req: EngineRequest) -> Any:
         """vLLM's ``SamplingParams`` for a (re)submission of ``req``: greedy unless ``extra`` says otherwise, the
         grammar of the plan so far, what is left of ``max_new_tokens`` and the request's seed for this point."""
@@ -312,12 +273,13 @@ class VllmEngine(Engine):
         ahead = carry.raw.token_ids if carry is not None else []
         if carry is not None:
             self._handover[req.gen_id] = carry.raw
-        if self._unpark(req, len(ahead)):
+        if self._hold.unpark(req, len(ahead)):
             self.resumed_in_place += 1
-            self._make_room()
+            self.released_held += self._hold.make_room()
             return
-        self._make_room()  # another generation needs the engine: suspend for real what it needs
-        if carry is not None and carry.raw.finished is None and ahead and self._constrained(req):
+        # another generation needs the engine: suspend for real what it needs
+        self.released_held += self._hold.make_room()
+        if carry is not None and carry.raw.finished is None and ahead and constrained(req.extra, self.default_regex):
             # A resubmission's grammar continues the plan so far, which skills.grammar defines at segment
             # boundaries only (kept, the plan ended mid-call and broke the grammar): generate them again.
             self._handover.pop(req.gen_id, None)
@@ -333,7 +295,7 @@ class VllmEngine(Engine):
         if limit is not None and len(ids) >= limit:
             self._handover.pop(req.gen_id, None)
             raise ValueError(f"{req.gen_id}: context of {len(ids)} tokens >= max_model_len={limit}")
-        ext = f"{req.gen_id}#{next(self._seq)}"
+        ext = self._requests.new_ext_id(req.gen_id)
         params = self.sampling_params(view)
         # vllm.inputs.TokensPrompt is a TypedDict: calling it builds exactly this dict.
         int_id = self._llm.add_request(ext, {"prompt_token_ids": ids}, params)
@@ -343,19 +305,14 @@ class VllmEngine(Engine):
                    IncrementalDetokenizer(self.tokenizer, ids, skip_ids=self.eos_token_ids), time.perf_counter(),
                    max_tokens=params.max_tokens, req=req,
                    parkable=float(req.extra.get("temperature", 0.0)) == 0 or req.sampling_seed is None)
-        self._subs[req.gen_id] = sub
-        self._by_ext[ext] = sub
-        if self._constrained(req):
+        self._requests.add(sub)
+        if constrained(req.extra, self.default_regex):
             self._grammar_pending.append(int_id)
-        revived = self._retired.pop(req.gen_id, None) or []
-        self._history.setdefault(req.gen_id, revived).append(int_id)
-        self._history.move_to_end(req.gen_id)
-        while len(self._history) > HISTORY_LEN:  # suspended and never resumed nor aborted
-            self._history.popitem(last=False)
+        self._requests.used(req.gen_id, int_id)
 
     def _backend_step(self) -> tuple[Sequence[RawTokens], float | None, int]:
-        if self._parked and self._kv_tight():
-            self._make_room(kv=True)
+        if self._hold.parked and self._hold.kv_tight():
+            self.released_held += self._hold.make_room(kv=True)
         self._await_grammars()
         outs = self._llm.step()
         if not outs:
@@ -370,8 +327,8 @@ class VllmEngine(Engine):
         raw: list[RawTokens] = []
         prefill = 0
         for o in outs:
-            sub = self._by_ext.get(o.request_id)
-            if sub is None or self._subs.get(sub.gen_id) is not sub:
+            sub = self._requests.of_output(o.request_id)
+            if sub is None:
                 continue  # output of a submission we already cut or aborted
             comp = o.outputs[0]
             toks = list(comp.token_ids)
@@ -404,7 +361,7 @@ class VllmEngine(Engine):
                     self._finish_errors[sub.gen_id] = (finished, error)
                 if finished is FinishReason.ERROR:
                     toks = []  # nothing of an output vLLM failed reaches the plan
-                self._drop(sub)
+                self._requests.drop(sub)
             pieces = sub.detok.push_many(toks)
             kept = handover.pop(sub.gen_id, None)
             if kept is not None:  # tokens kept from before the suspension come first
@@ -448,131 +405,48 @@ class VllmEngine(Engine):
             error = reported[1]
         super()._finish(live, reason, events, error, engine_failed)
 
-    def _drop(self, sub: Submission) -> None:
-        self._by_ext.pop(sub.ext_id, None)
-        if self._subs.get(sub.gen_id) is sub:
-            del self._subs[sub.gen_id]
-
     def _cancel(self, gen_id: str) -> None:
         """Abort the current vLLM request of a generation, if any."""
         self._finish_errors.pop(gen_id, None)
-        sub = self._subs.get(gen_id)
+        sub = self._requests.subs.get(gen_id)
         if sub is None:
             return
-        self._drop(sub)
+        self._requests.drop(sub)
         self._llm.abort_request([sub.ext_id])
 
     def _backend_suspend(self, gen_id: str) -> None:
-        sub = self._subs.get(gen_id)
+        sub = self._requests.subs.get(gen_id)
         if self.park_idle and sub is not None and sub.parkable:
-            held = self._take_out_of_batch(sub)
+            held = self._hold.take_out_of_batch(sub)
             if held is not None:
-                self._parked[gen_id] = held  # its resume puts it back: no prefill, no new request
+                self._hold.parked[gen_id] = held  # its resume puts it back: no prefill, no new request
                 return
             if not self._live:
-                self._parked[gen_id] = None  # nothing else in the engine: its resume continues this request
+                self._hold.parked[gen_id] = None  # nothing else in the engine: its resume continues this request
                 return
         # Aborting frees the batch slot now; full KV blocks stay in the prefix cache for the resume.
         self._cancel(gen_id)
 
-    def _can_hold(self) -> Any | None:
-        """vLLM's scheduler if a request can be taken out of its running list and put back (module doc): an
-        in-process synchronous core (no async scheduling, no batch queue: nothing of the request in flight)."""
-        sched = self.scheduler
-        if sched is None or not self.park_busy or self.max_batch <= 0:
-            return None
-        if not isinstance(getattr(sched, "running", None), list) or not isinstance(getattr(sched, "requests", None),
-                                                                                   dict):
-            return None  # not the scheduler this was written against (module doc)
-        core = self._core
-        if getattr(core, "batch_queue", None) is not None:
-            return None
-        if getattr(self._llm.vllm_config.scheduler_config, "async_scheduling", False):
-            return None
-        return sched
-
-    def _kv_tight(self) -> bool:
-        sched = self.scheduler
-        return sched is not None and float(sched.kv_cache_manager.usage) >= HOLD_KV_USAGE
-
-    def _take_out_of_batch(self, sub: Submission) -> Any | None:
-        """Hold a suspended generation's vLLM request in place: out of the running list, KV blocks kept. None
-        if it cannot be held (no room, KV cache filling up, not in a state to be taken out)."""
-        from vllm.v1.request import RequestStatus
-
-        sched = self._can_hold()
-        if sched is None:
-            return None
-        held = sum(1 for r in self._parked.values() if r is not None)
-        if len(self._live) + held + 1 > self.max_batch or self._kv_tight():
-            return None
-        r = sched.requests.get(sub.int_id)
-        if (r is None or r.status != RequestStatus.RUNNING or r.num_output_placeholders
-                or r.num_computed_tokens + 1 != r.num_tokens):  # exactly its last sampled token not computed yet
-            return None
-        try:
-            sched.running.remove(r)  # a list of at most max_num_seqs requests
-        except ValueError:
-            return None
-        return r
-
-    def _make_room(self, kv: bool = False) -> None:
-        """Release held generations (abort: resubmitted on resume) until ``live + held <= max_num_seqs`` and, with
-        ``kv``, the KV cache is below HOLD_KV_USAGE; most recently suspended first. A generation parked on an idle
-        engine is released by any other (it still sits in the running list)."""
-        for gen_id, r in reversed(list(self._parked.items())):
-            if gen_id in self._live:
-                continue
-            held = sum(1 for x in self._parked.values() if x is not None)
-            if r is not None and len(self._live) + held <= self.max_batch and not (kv and self._kv_tight()):
-                continue
-            del self._parked[gen_id]
-            self.released_held += 1
-            self._cancel(gen_id)
-
-    def _unpark(self, req: EngineRequest, ahead: int = 0) -> bool:
-        """Resume a held or parked generation in place; False if it must be (re)submitted. ``ahead``: tokens vLLM
-        wrote past the boundary that are kept for the handover."""
-        if req.gen_id not in self._parked:
-            return False
-        held = self._parked.pop(req.gen_id)
-        sub = self._subs.get(req.gen_id)
-        # The same generation, and vLLM's request holds exactly the plan so far and the kept tokens.
-        if sub is not None and sub.req is req and sub.prompt_len + sub.n_out == len(req.all_token_ids) + ahead:
-            if held is None:
-                return True
-            sched = self.scheduler
-            if (sched is not None and sched.requests.get(sub.int_id) is held and not held.is_finished()
-                    and len(sched.running) < self.max_batch):
-                sched.running.append(held)  # scheduled again in the next step, from its last sampled token
-                return True
-        self._cancel(req.gen_id)
-        return False
-
     def suspended_ids(self) -> set[str]:
-        return set(self._parked)
+        return set(self._hold.parked)
 
     def held_ids(self) -> set[str]:
         """Suspended generations held in place out of vLLM's running list (a subset of :meth:`suspended_ids`)."""
-        return {g for g, r in self._parked.items() if r is not None}
+        return {g for g, r in self._hold.parked.items() if r is not None}
 
     def abort(self, gen_id: str) -> None:
-        if gen_id in self._parked:  # suspended, so not live: Engine.abort alone would leave its request
+        if gen_id in self._hold.parked:  # suspended, so not live: Engine.abort alone would leave its request
             self._backend_abort(gen_id)
         self._carry.pop(gen_id, None)
         super().abort(gen_id)
 
     def _backend_abort(self, gen_id: str) -> None:
         # The generation ended (aborted or finished): its request-id history moves to the bounded retired set.
-        self._parked.pop(gen_id, None)
+        self._hold.parked.pop(gen_id, None)
         self._carry.pop(gen_id, None)
         self._handover.pop(gen_id, None)
         self._cancel(gen_id)
-        ids = self._history.pop(gen_id, None)
-        if ids is not None:
-            self._retired[gen_id] = ids
-            while len(self._retired) > RETIRED_LEN:
-                self._retired.popitem(last=False)
+        self._requests.retire(gen_id)
 
     # -- introspection -------------------------------------------------------
     def resume_counters(self) -> dict[str, int]:
@@ -604,7 +478,7 @@ class VllmEngine(Engine):
 
     def submission(self, gen_id: str) -> Submission | None:
         """The vLLM request a generation has now (None: none stands): its ids, the tokens generated so far."""
-        return self._subs.get(gen_id)
+        return self._requests.subs.get(gen_id)
 
     def bookkeeping(self) -> dict[str, list[str]]:
         """A snapshot of what the engine keeps per generation, oldest first, by gen_id (``by_ext``: by vLLM request
@@ -612,24 +486,25 @@ class VllmEngine(Engine):
         generations), ``retired`` (of ended ones), ``finish_errors`` (what vLLM reported in the step in hand),
         ``carry`` (tokens kept past a boundary) and ``handover`` (kept tokens going out in the next step). For
         tests of its bounds and of what an ended generation leaves behind."""
-        return {"submissions": list(self._subs), "by_ext": list(self._by_ext), "history": list(self._history),
-                "retired": list(self._retired), "finish_errors": list(self._finish_errors),
+        book = self._requests
+        return {"submissions": list(book.subs), "by_ext": list(book.by_ext), "history": list(book.history),
+                "retired": list(book.retired), "finish_errors": list(self._finish_errors),
                 "carry": list(self._carry), "handover": list(self._handover)}
 
     def backend_has_request(self, gen_id: str) -> bool:
         """True if vLLM still holds any request of this generation (running or waiting)."""
         sched = self.scheduler
         if sched is None:
-            return gen_id in self._subs
-        ids = set(self._history.get(gen_id) or self._retired.get(gen_id) or ())
+            return gen_id in self._requests.subs
+        ids = self._requests.ever(gen_id)
         return any(r in ids for r in sched.requests) or any(r.request_id in ids for r in sched.running)
 
     def backend_running_ids(self) -> set[str]:
         """gen_ids of the requests in vLLM's running batch right now."""
         sched = self.scheduler
-        int_to_gen = {s.int_id: g for g, s in self._subs.items()}
+        int_to_gen = {s.int_id: g for g, s in self._requests.subs.items()}
         if sched is None:
-            return set(self._subs)
+            return set(self._requests.subs)
         return {int_to_gen.get(r.request_id, r.request_id) for r in sched.running}
 
     def stats(self) -> EngineStats:
@@ -638,7 +513,7 @@ class VllmEngine(Engine):
             running, waiting = len(sched.running), len(sched.waiting)
             kv = float(sched.kv_cache_manager.usage)
         else:
-            running, waiting, kv = len(self._subs), 0, 0.0
+            running, waiting, kv = len(self._requests.subs), 0, 0.0
         return EngineStats(running=running, waiting=waiting, kv_cache_usage=kv,
                            tokens_per_s=self.recent_tokens_per_s(), step_time_s=self.recent_step_time_s(),
                            max_batch=self.max_batch)
@@ -662,11 +537,11 @@ class VllmEngine(Engine):
         return bool(self._llm.reset_prefix_cache())
 
     def close(self) -> None:
-        for g in list(self._subs):
+        for g in list(self._requests.subs):
             self._backend_abort(g)
         self._live.clear()
-        self._history.clear()
-        self._retired.clear()
+        self._requests.history.clear()
+        self._requests.retired.clear()
         self._carry.clear()
         self._handover.clear()
         core = self._llm.engine_core

@@ -11,24 +11,30 @@
 from __future__ import annotations
 
 import queue
+from collections.abc import Callable
 from typing import Any
 
 from action_msgs.msg import GoalStatus
 
+from timelyllm_ros.domain.types import TaskResult, TaskStatus
 from timelyllm_ros.planner.service import PlannerService
 from timelyllm_ros.planner.service_io import Accepted, GoalError, PlanRequest
 from timelyllm_ros.ros import convert
+from timelyllm_ros.ros.actions import complete_goal
 from timelyllm_ros.transport.delivery import RejectedMessages, RobotLinks
 
 
 class GoalIntake:
-    """Requests into the service, for the planner node. ``record(msg)`` publishes a TaskRequest on /plan_requests;
-    ``warn`` is the node's logger's warning."""
+    """Requests into the service, for the planner node: a goal enters the planner here, at rclpy's two callbacks
+    (:meth:`screen` before a goal handle exists, :meth:`accepted` once it does). ``record(msg)`` publishes a
+    TaskRequest on /plan_requests; ``log`` is the node's logger; ``finish(handles, result)`` completes goal
+    handles with a result (the node's, which every result goes out through)."""
 
     def __init__(self, service: PlannerService, robots: RobotLinks, bridge: convert.ClockBridge, record: Any,
-                 warn: Any) -> None:
+                 log: Any, finish: Callable[[list[Any], TaskResult], None]) -> None:
         self._service, self._robots, self._bridge, self._record = service, robots, bridge, record
-        self.refused = RejectedMessages(warn)  # refused goals, counted per kind, logged once per robot id
+        self._log, self._finish = log, finish
+        self.refused = RejectedMessages(log.warning)  # refused goals, counted per kind, logged once per robot id
 
     def order(self, goal: Any) -> tuple[int, float]:
         """A goal's place among those taken together: robots this planner serves first, then by falling beta."""
@@ -52,6 +58,32 @@ class GoalIntake:
             self._refused(req, goal.robot_id, e, goal.task_id)
             return GoalStatus.STATUS_ABORTED, convert.refused_result(goal.task_id, e.status, str(e))
         return None
+
+    def accepted(self, goal_handle: Any) -> None:
+        """rclpy's handle_accepted callback for a goal :meth:`screen` let through: into the service. A refusal
+        (INVALID or BUSY, with the reason), a failure, or a retry of a finished task's result goes back on the
+        handle at once."""
+        g = goal_handle.request
+        try:
+            acc = self.accept(g.task_id, g.robot_id, g.robot_type, g.task, g.tuf,
+                              arrival=self._service.arrival(id(g)), stamp=g.stamp, goal=goal_handle, screened=True)
+        except GoalError as e:
+            self._service.taken_in()
+            self._complete(goal_handle, convert.refused_result(g.task_id, e.status, str(e)), e.status)
+            return
+        except Exception as e:  # noqa: BLE001 - the robot must hear why, whatever broke
+            self._service.taken_in()
+            self._log.error(f"goal from {g.robot_id!r} failed before planning: {e!r}")
+            self._complete(goal_handle, convert.refused_result(g.task_id, TaskStatus.FAILED, f"planner error: {e}"),
+                           TaskStatus.FAILED)
+            return
+        self._service.taken_in()
+        if acc.result is not None:  # a retry of a finished task: its result again
+            self._finish([goal_handle], acc.result)
+
+    def _complete(self, goal_handle: Any, out: Any, status: TaskStatus) -> None:
+        complete_goal(goal_handle, out, succeeded=status is TaskStatus.DONE, cancelled=status is TaskStatus.CANCELLED,
+                      log=self._log)
 
     def accept(self, task_id: str, robot_id: str, robot_type: str, task: str, tuf: Any, *,
                arrival: float | None = None, stamp: Any = None, goal: Any = None, waiter: queue.Queue | None = None,

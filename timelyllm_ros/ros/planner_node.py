@@ -100,7 +100,7 @@ class PlannerNode(LifecycleNode):
             self._requests = self.create_publisher(TaskRequest, in_fleet(topics.PLAN_REQUESTS), topics.REPORTS)
             self._results = self.create_publisher(PlanResult, in_fleet(topics.PLAN_RESULTS), topics.RESULTS_QOS)
             self.intake = GoalIntake(self.service, self.outbound.links, self._bridge, self._requests.publish,
-                                     self.get_logger().warning)
+                                     self.get_logger(), self.finish_goals)
             self.diagnostics = attach_planner_diagnostics(self)  # /diagnostics in every lifecycle state
             if p["control_plane"] == "locked":
                 self._lock_control_plane()
@@ -195,7 +195,7 @@ class PlannerNode(LifecycleNode):
             # 7.4 s).
             self._action = BatchedActionServer(
                 self, PlanTask, in_fleet(topics.PLAN_TASK_ACTION), execute_callback=_execute_noop,
-                goal_callback=_accept_screened, handle_accepted_callback=self._accepted,
+                goal_callback=_accept_screened, handle_accepted_callback=self.intake.accepted,
                 cancel_callback=self._cancel_cb, callback_group=goals, screen=self.intake.screen,
                 order=self.intake.order, goal_service_qos_profile=topics.INTAKE,
                 result_service_qos_profile=topics.INTAKE, cancel_service_qos_profile=topics.DEEP,
@@ -249,26 +249,6 @@ class PlannerNode(LifecycleNode):
         self.outbound.close()
 
     # -- goals and services -----------------------------------------------------------------------
-    def _accepted(self, goal_handle) -> None:
-        g = goal_handle.request
-        try:
-            acc = self.intake.accept(g.task_id, g.robot_id, g.robot_type, g.task, g.tuf,
-                                     arrival=self.service.arrival(id(g)), stamp=g.stamp, goal=goal_handle,
-                                     screened=True)
-        except GoalError as e:  # refused (INVALID or BUSY), with the reason
-            self.service.taken_in()
-            self._complete(goal_handle, convert.refused_result(g.task_id, e.status, str(e)), e.status)
-            return
-        except Exception as e:  # noqa: BLE001 - the robot must hear why, whatever broke
-            self.service.taken_in()
-            self.get_logger().error(f"goal from {g.robot_id!r} failed before planning: {e!r}")
-            self._complete(goal_handle, convert.refused_result(g.task_id, TaskStatus.FAILED, f"planner error: {e}"),
-                           TaskStatus.FAILED)
-            return
-        self.service.taken_in()
-        if acc.result is not None:  # a retry of a finished task: its result again
-            self.finish_goals([goal_handle], acc.result)
-
     def _complete(self, goal_handle, out: PlanTask.Result, status: TaskStatus) -> None:
         complete_goal(goal_handle, out, succeeded=status is TaskStatus.DONE, cancelled=status is TaskStatus.CANCELLED,
                       log=self.get_logger())

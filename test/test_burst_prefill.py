@@ -202,6 +202,35 @@ def test_five_reports_of_two_emergencies_take_two_prefills_and_every_report_come
     assert all(URGENT.tuf0(t) > 0 for t in times), times
 
 
+def test_copies_of_an_admitted_emergency_ride_along_when_a_report_ranked_before_them_is_refused():
+    """The fleet demo's first event: reports of emergencies A, B, C, B, B in the same instant. Once B's first report
+    is admitted its copies cost one partial block each; admission refusing C, which ranks before the last copies,
+    must not keep them waiting for a step of their own (they waited until shed in the demo)."""
+    f = Fleet(CPU)
+    t0 = f.clock.now()
+    for i, which in enumerate((1, 2, 3, 2, 2)):
+        f.submit(f"u{i}", SHARED + turn(which), URGENT, at=t0 + 0.0005 * i)
+    f.clock.set(t0 + 0.008)
+    f.drive()
+    t = {i: f.response(f"u{i}", t0) for i in range(5)}
+    assert t[1] == t[3] == t[4] <= URGENT.ert, t  # B's copies come with its first report, inside the ERT
+    assert t[0] <= URGENT.ert and t[2] > t[1], t  # A first; C, refused beside them, after
+    assert all(f.ended[f"u{i}"] == "done" for i in range(5)), f.ended
+
+
+def test_a_prompt_rides_when_the_cache_holds_all_but_its_last_partial_block():
+    f = Fleet(CPU)
+    f.submit("a", SHARED + turn(1), URGENT)
+    f.submit("b", SHARED + turn(1), URGENT)
+    ga, gb = f.core.generation("a"), f.core.generation("b")
+    assert not f.core.prefill.rides(gb, f.engine)  # only the examples are cached: its turn is 75 tokens
+    f.core.start_step()
+    assert not f.core.prefill.rides(ga, f.engine)  # running: no longer a new prompt
+    f.submit("c", SHARED + turn(1), URGENT)
+    f.core.prefill.reprice([f.core.generation("c")], f.engine, f.core.estimator)
+    assert f.core.prefill.rides(f.core.generation("c"), f.engine)
+
+
 def test_the_prefix_index_counts_whole_blocks_and_forgets_what_it_drops():
     m = PrefillModel(kv_block_tokens=4)
     eng = SimEngine(SimEngineConfig(block_size=4))

@@ -398,6 +398,11 @@ def write_results(results: list[RunResult], out: Path, args: argparse.Namespace,
     metrics.write_csv(out / "results.csv", rows)
     if bound_rows:
         metrics.write_csv(out / "bound.csv", bound_rows)
+    # Every engine step, on the robots' clock (CLOCK_MONOTONIC is one clock for every process on the machine):
+    # set beside records.json, it shows which prompts shared which step and how long each step took.
+    metrics.write_csv(out / "steps.csv", [
+        {"policy": r.policy, "start": f"{t0:.4f}", "duration_s": s, "batch": b, "prefill_tokens": p, "kept_tokens": k}
+        for r in results for b, p, k, s, t0 in r.steps])
     (out / "records.json").write_text(json.dumps(
         {r.policy: [_record_dict(x) for x in r.records] for r in results}, indent=1, default=str))
     groups = [s.group for s in results[0].summary]

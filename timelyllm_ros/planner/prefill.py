@@ -184,6 +184,15 @@ class PrefillModel:
         self.note_served(g.robot_type, ids, engine)
         return True
 
+    def rides(self, g: Generation, engine: Engine) -> bool:
+        """``g`` is a new prompt of which the prefix cache holds all but its last, partial block: the same report
+        as a prompt admitted before it (another robot's copy of one emergency), or one that short. Joining, it
+        adds at most one block to the step's prefill, however it ranks."""
+        ids = g.spec.prompt_token_ids
+        if g.k != 0 or g.req is not None or not ids or g.warm_hit is None:
+            return False
+        return len(ids) - g.warm_hit <= self.block_tokens(engine)
+
     def seed(self, robot_type: str, hit: int | None) -> None:
         """A robot type's first task: its warm hit stands for the learned one until a hit is measured."""
         if hit is None or robot_type in self._hit:

@@ -71,6 +71,8 @@ def schedule(core: PlannerCore, now: float) -> float | None:
                     room -= 1
                     if core.prefill.admitted(g, core.engine, len(core.engine.warm_up_targets()) == 1):
                         break  # the cache will hold its prompt: the rest are priced and ranked again
+            if refused and room > 0:
+                room -= _riders(core, view, picked, now, room)
             if not (pol.eager and q.cands and any(g.k > 0 for g in picked)):
                 break
             # Eager degrading: a later segment admitted ahead of a first segment that can still earn, and that
@@ -89,6 +91,24 @@ def schedule(core: PlannerCore, now: float) -> float | None:
     for g in picked:
         start(core, g, now)
     return spent
+
+
+def _riders(core: PlannerCore, view: AdmissionView, picked: list[Generation], now: float, room: int) -> int:
+    """After a refusal: admit the waiting prompts that ride on one the cache holds (PrefillModel.rides), in the
+    policy's order, as far as admission takes them. Returns how many joined. Why: the copies of one emergency
+    that several robots report come in the same instant and rank among the other reports; the first distinct
+    prompt admission refuses would otherwise keep them out too, though each adds one partial block to the step.
+    In the fleet demo three drones' copies waited behind a fourth report's refusal until shed."""
+    q, prefill, n = core.queue, core.prefill, 0
+    prefill.reprice(q.cands.values(), core.engine, core.estimator)
+    for g in q.best(core.policy, now, core.estimator, min(room, 64)):
+        if n >= room or not prefill.rides(g, core.engine) or not core.admission.admit(view, g):
+            continue
+        picked.append(g)
+        view.running.append(g)
+        q.start(g)
+        n += 1
+    return n
 
 
 def degrade(core: PlannerCore, now: float, gens: list[Generation], contended: bool) -> list[Generation]:

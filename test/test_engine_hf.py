@@ -99,6 +99,25 @@ def test_aligned_prompts_start_the_task_turn_on_a_cache_block(tok, robot, task):
     assert PromptBuilder(tok, robot, align_tokens=1).token_ids(task) == ids
 
 
+def test_a_task_tokenizes_its_own_turn_to_the_ids_of_the_whole_prompt(tok):
+    """The turns before the task's are tokenized once per example set (PromptBuilder._head); a task's prompt
+    is then those ids and its own turn's, equal to the whole prompt tokenized, for every template and robot."""
+    from timelyllm_ros.domain.plans import plan_templates
+
+    for robot in ("drone", "arm", "chatbot"):
+        for align in (None, 32):
+            b = PromptBuilder(tok, robot, align_tokens=align)
+            tasks = [t.task_input for t in plan_templates().values() if t.robot_type == robot] or [
+                "Put the cup in the bin.", "Tell me a story about a robot."]
+            for task in tasks + [t + " Then come back, twice." for t in tasks]:
+                msgs = b.messages(task)
+                whole = tok.encode(tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True),
+                                   add_special_tokens=False)
+                first = b.token_ids(task)  # the example set's first task: split checked against the whole
+                assert first == b.token_ids(task) == (b._align(msgs, whole) if align else whole), (robot, task)
+            assert any(h is not None for h in b._heads.values()), robot  # the split was taken, not skipped
+
+
 def test_prompt_layout(tok):
     pb = PromptBuilder(tok, "drone")
     text = pb.render(CAT)

@@ -195,6 +195,7 @@ class PromptBuilder:
         self.align_tokens = align_tokens if align_tokens and align_tokens > 1 else None
         # examples chosen -> tokens before the task's turn (one entry per few-shot family set: bounded)
         self._head_len: dict[tuple[str, ...], int | None] = {}
+        self._heads: dict[tuple[str, ...], tuple[str, list[int]] | None] = {}  # the same key -> _head's
         self.config = PromptConfig.load(robot_type)
         self.skillset = skillset or load_skill_set(self.config.skill_set)
         if check_examples and self.skillset.grammar != "text":
@@ -251,9 +252,35 @@ class PromptBuilder:
         turn make that turn start on a block boundary (:meth:`_align`)."""
         msgs = self.messages(task_input, scene, examples)
         text = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        # The chat template already contains the special tokens; do not add a BOS again.
-        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        head = self._head(msgs, text)
+        if head is not None and text.startswith(head[0]):
+            ids = head[1] + self._encode(text[len(head[0]):])
+        else:
+            ids = self._encode(text)
         return self._align(msgs, ids) if self.align_tokens else ids
+
+    def _encode(self, text: str) -> list[int]:
+        # The chat template already contains the special tokens; do not add a BOS again.
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _head(self, msgs: list[dict[str, str]], text: str) -> tuple[str, list[int]] | None:
+        """The turns before the task's (the system prompt and examples: ~1.8k tokens) as text and token ids, so a
+        task tokenizes only its own turn: the whole prompt took ~2 ms to tokenize, on the goal's thread, for
+        every goal of a burst. Kept per example set once the split is seen to tokenize as the whole does (the
+        task's turn opens with a special token); None where it does not (the whole prompt is tokenized)."""
+        key = tuple(m["content"] for m in msgs[:-1])
+        got = self._heads.get(key, False)  # renderers call this from several threads: one lookup
+        if got is not False:
+            return got
+        head_text = self.tokenizer.apply_chat_template(msgs[:-1], tokenize=False)
+        head_ids = self._encode(head_text)
+        whole = self._encode(text)
+        ok = (text.startswith(head_text) and whole[:len(head_ids)] == head_ids
+              and self._encode(text[len(head_text):]) == whole[len(head_ids):])
+        if len(self._heads) >= 256:  # bounded: one entry per few-shot family set in practice
+            self._heads.clear()
+        got = self._heads[key] = (head_text, head_ids) if ok else None
+        return got
 
     def _align(self, msgs: list[dict[str, str]], ids: list[int]) -> list[int]:
         """Pad the tokens before the task's turn to a whole number of KV blocks. A prefix cache holds whole

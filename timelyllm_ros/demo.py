@@ -303,17 +303,28 @@ def measure_bound(engine: Any, constrained: bool, policy: str, jobs: list[Job], 
     return bounds.serial_bound(jobs, lone, speed=args.speed)
 
 
+def _step_ratios(r: RunResult) -> tuple[tuple[float, int], tuple[float, int]]:
+    """The run's decode and prefill steps against the bare engine's, as the warm-up measured it in this run."""
+    cal = r.calibration
+    if cal is None:
+        return (float("nan"), 0), (float("nan"), 0)
+    return (bounds.step_ratio(r.steps, cal.decode_step_s),
+            bounds.prefill_step_ratio(r.steps, cal.decode_step_s, cal.prefill_step_s, cal.prefill_s_per_token))
+
+
 def print_shares(results: list[RunResult], bound: dict[int, float]) -> None:
     """Each policy's utility beside the bound of this run, and its engine steps beside the bare engine's."""
     t = Table(title="Against what this machine allows in this run (the bound: each task's first segment served "
                     "alone, a burst's goals one after another; measure/bound.py)")
-    for col in ("policy", "level", "n", "U (sum)", "bound (sum)", "share of bound", "decode step / bare"):
+    for col in ("policy", "level", "n", "U (sum)", "bound (sum)", "share of bound", "decode step / bare",
+                "prefill step / bare"):
         t.add_column(col, justify="left" if col in ("policy", "level") else "right")
     for r in results:
-        ratio, n = bounds.step_ratio(r.steps, r.calibration.decode_step_s if r.calibration else {})
+        (ratio, n), (pratio, pn) = _step_ratios(r)
         for row in bounds.shares(r.records, bound):
             t.add_row(r.policy, row.level, str(row.n), f"{row.utility:.2f}", f"{row.bound:.2f}", f"{row.share:.3f}",
-                      f"{ratio:.2f} ({n} steps)" if row.level == "all" else "")
+                      f"{ratio:.2f} ({n} steps)" if row.level == "all" else "",
+                      f"{pratio:.2f} ({pn} steps)" if row.level == "all" else "")
         t.add_section()
     console.print(t)
 
@@ -380,10 +391,12 @@ def write_results(results: list[RunResult], out: Path, args: argparse.Namespace,
                metrics.to_markdown(r.summary)]
         cal = r.calibration
         if cal is not None:
-            ratio, n = bounds.step_ratio(r.steps, cal.decode_step_s)
+            (ratio, n), (pratio, pn) = _step_ratios(r)
             md += ["", "Measured on the engine at the planner's warm-up (planner/warmup.py): " + ", ".join(
                 f"{k} {v:.1f}" for k, v in cal.describe().items()) + f". A decode step inside this run cost "
-                f"{ratio:.2f}x the warm-up's at the same batch size (median over {n} decode steps)."]
+                f"{ratio:.2f}x the warm-up's at the same batch size (median over {n} decode steps); a step that "
+                f"prefilled, {pratio:.2f}x the warm-up's model of it (its batch's decode, the fixed cost and each "
+                f"prompt token; median over {pn} steps)."]
         if bound:
             md += ["", "| level | n | U (sum) | bound (sum) | share of bound |", "|---|---|---|---|---|"]
             md += [f"| {x.level} | {x.n} | {x.utility:.2f} | {x.bound:.2f} | {x.share:.3f} |"

@@ -196,6 +196,7 @@ class PromptBuilder:
         # examples chosen -> tokens before the task's turn (one entry per few-shot family set: bounded)
         self._head_len: dict[tuple[str, ...], int | None] = {}
         self._heads: dict[tuple[str, ...], tuple[str, list[int]] | None] = {}  # the same key -> _head's
+        self._single: dict[str, int | None] = {}  # _one_token's answers
         self.config = PromptConfig.load(robot_type)
         self.skillset = skillset or load_skill_set(self.config.skill_set)
         if check_examples and self.skillset.grammar != "text":
@@ -346,8 +347,14 @@ class PromptBuilder:
         return lambda plan_so_far="": None if plan_so_far.strip() else text
 
     def _one_token(self, text: str) -> int | None:
+        # Asked for a plan's first skill names at every goal: kept (bounded by the skill set's names).
+        if text in self._single:
+            return self._single[text]
         ids = self.tokenizer.encode(text, add_special_tokens=False)
-        return ids[0] if len(ids) == 1 and self.tokenizer.decode(ids) == text else None
+        one = ids[0] if len(ids) == 1 and self.tokenizer.decode(ids) == text else None
+        if len(self._single) < 1024:
+            self._single[text] = one
+        return one
 
 
 def lark_head_grammar(heads: list[tuple[int, str]]) -> str:

@@ -95,6 +95,28 @@ def shares(records: Sequence[TaskRecord], bound: dict[int, float]) -> list[Bound
     return rows
 
 
+def prefill_step_ratio(steps: Iterable[tuple[int, int, int, float, float]], bare_step_s: dict[int, float],
+                       fixed_s: float, per_token_s: float) -> tuple[float, int]:
+    """:func:`step_ratio` for the steps that prefill: each against the bare engine's model of the same step, its
+    decode at that batch size (``bare_step_s``, linear between the measured sizes, the nearest beyond them) plus
+    the warm-up's fixed cost of a prefilling step and its cost per prompt token behind the cached examples. Why:
+    on a CPU the prefill is most of an urgent first segment, and the decode ratio alone did not show what a burst's
+    prefill costs inside the stack."""
+    if not bare_step_s:
+        return float("nan"), 0
+    sizes = sorted(bare_step_s)
+
+    def decode(b: int) -> float:
+        lo = max((x for x in sizes if x <= b), default=sizes[0])
+        hi = min((x for x in sizes if x >= b), default=sizes[-1])
+        if lo == hi:
+            return bare_step_s[lo]
+        return bare_step_s[lo] + (bare_step_s[hi] - bare_step_s[lo]) * (b - lo) / (hi - lo)
+
+    ratios = [s / (decode(b) + fixed_s + pf * per_token_s) for b, pf, _, s, _ in steps if pf > 0 and b > 0]
+    return (statistics.median(ratios) if ratios else float("nan")), len(ratios)
+
+
 def step_ratio(steps: Iterable[tuple[int, int, int, float, float]], bare_step_s: dict[int, float]
                ) -> tuple[float, int]:
     """How much a decode step inside the running stack costs against the bare engine's at the same batch size

@@ -63,8 +63,9 @@ def test_the_stack_step_ratio_takes_decode_steps_at_measured_batch_sizes_only():
 
 def test_the_prefill_step_ratio_sets_each_prefilling_step_beside_the_bare_model_of_it():
     steps = [(1, 74, 1, 0.2, 0.0), (3, 100, 3, 0.4, 0.0), (2, 0, 4, 0.060, 0.0), (9, 20, 9, 0.2, 0.0)]
-    bare = {1: 0.03, 2: 0.04, 4: 0.06}
-    r, n = bound.prefill_step_ratio(steps, bare, 0.03, 0.0015)
-    want = [0.2 / (0.03 + 0.03 + 74 * 0.0015), 0.4 / (0.05 + 0.03 + 100 * 0.0015), 0.2 / (0.06 + 0.03 + 20 * 0.0015)]
+    bare = {1: 0.03, 2: 0.04, 4: 0.06}  # decode steps; the warm-up took 0.02 (a token's decode) off each probe
+    r, n = bound.prefill_step_ratio(steps, bare, 0.02, 0.03, 0.0015)
+    want = [0.2 / (0.02 + 0.03 + 74 * 0.0015), 0.4 / (0.02 + 0.02 + 0.03 + 100 * 0.0015),
+            0.2 / (0.03 + 0.02 + 0.03 + 20 * 0.0015)]
     assert n == 3 and r == pytest.approx(sorted(want)[1])  # batch 3 between 2 and 4; batch 9 as the largest, 4
-    assert math.isnan(bound.prefill_step_ratio(steps, {}, 0.03, 0.0015)[0])
+    assert math.isnan(bound.prefill_step_ratio(steps, {}, 0.02, 0.03, 0.0015)[0])

@@ -309,7 +309,8 @@ def _step_ratios(r: RunResult) -> tuple[tuple[float, int], tuple[float, int]]:
     if cal is None:
         return (float("nan"), 0), (float("nan"), 0)
     return (bounds.step_ratio(r.steps, cal.decode_step_s),
-            bounds.prefill_step_ratio(r.steps, cal.decode_step_s, cal.prefill_step_s, cal.prefill_s_per_token))
+            bounds.prefill_step_ratio(r.steps, cal.decode_step_s, cal.decode_s.get(1, float("nan")),
+                                      cal.prefill_step_s, cal.prefill_s_per_token))
 
 
 def print_shares(results: list[RunResult], bound: dict[int, float]) -> None:

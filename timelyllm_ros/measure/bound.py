@@ -96,13 +96,14 @@ def shares(records: Sequence[TaskRecord], bound: dict[int, float]) -> list[Bound
 
 
 def prefill_step_ratio(steps: Iterable[tuple[int, int, int, float, float]], bare_step_s: dict[int, float],
-                       fixed_s: float, per_token_s: float) -> tuple[float, int]:
-    """:func:`step_ratio` for the steps that prefill: each against the bare engine's model of the same step, its
-    decode at that batch size (``bare_step_s``, linear between the measured sizes, the nearest beyond them) plus
-    the warm-up's fixed cost of a prefilling step and its cost per prompt token behind the cached examples. Why:
-    on a CPU the prefill is most of an urgent first segment, and the decode ratio alone did not show what a burst's
-    prefill costs inside the stack."""
-    if not bare_step_s:
+                       lone_s: float, fixed_s: float, per_token_s: float) -> tuple[float, int]:
+    """:func:`step_ratio` for the steps that prefill: each against the bare engine's model of the same step as the
+    warm-up fitted it on lone prompts (planner/warmup.py: ``lone_s``, the batch-1 decode it takes off each probe,
+    plus ``fixed_s`` and ``per_token_s`` for each prompt token behind the cached examples), and what decoding the
+    step's other generations adds (``bare_step_s`` at its batch size less at batch 1; linear between the measured
+    sizes, the nearest beyond them). Why: on a CPU the prefill is most of an urgent first segment, and the decode
+    ratio alone did not show what a burst's prefill costs inside the stack."""
+    if not bare_step_s or 1 not in bare_step_s:
         return float("nan"), 0
     sizes = sorted(bare_step_s)
 
@@ -113,7 +114,9 @@ def prefill_step_ratio(steps: Iterable[tuple[int, int, int, float, float]], bare
             return bare_step_s[lo]
         return bare_step_s[lo] + (bare_step_s[hi] - bare_step_s[lo]) * (b - lo) / (hi - lo)
 
-    ratios = [s / (decode(b) + fixed_s + pf * per_token_s) for b, pf, _, s, _ in steps if pf > 0 and b > 0]
+    one = bare_step_s[1]
+    ratios = [s / (decode(b) - one + lone_s + fixed_s + pf * per_token_s)
+              for b, pf, _, s, _ in steps if pf > 0 and b > 0]
     return (statistics.median(ratios) if ratios else float("nan")), len(ratios)
 
 

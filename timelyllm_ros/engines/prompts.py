@@ -273,11 +273,16 @@ class PromptBuilder:
         got = self._heads.get(key, False)  # renderers call this from several threads: one lookup
         if got is not False:
             return got
-        head_text = self.tokenizer.apply_chat_template(msgs[:-1], tokenize=False)
-        head_ids = self._encode(head_text)
-        whole = self._encode(text)
-        ok = (text.startswith(head_text) and whole[:len(head_ids)] == head_ids
-              and self._encode(text[len(head_text):]) == whole[len(head_ids):])
+        ok = False
+        if len(msgs) > 1:
+            try:  # a chat template may refuse a conversation that ends on the assistant's turn
+                head_text = self.tokenizer.apply_chat_template(msgs[:-1], tokenize=False)
+            except Exception:  # noqa: BLE001 - then the whole prompt is tokenized, as before
+                head_text = None
+            if isinstance(head_text, str) and head_text:
+                head_ids, whole = self._encode(head_text), self._encode(text)
+                ok = (text.startswith(head_text) and whole[:len(head_ids)] == head_ids
+                      and self._encode(text[len(head_text):]) == whole[len(head_ids):])
         if len(self._heads) >= 256:  # bounded: one entry per few-shot family set in practice
             self._heads.clear()
         got = self._heads[key] = (head_text, head_ids) if ok else None

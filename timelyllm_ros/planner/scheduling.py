@@ -93,16 +93,22 @@ def schedule(core: PlannerCore, now: float) -> float | None:
     return spent
 
 
+RIDERS_RANKED = 64  # candidates a decision looks through for riders after a refusal (bounded hot path)
+
+
 def _riders(core: PlannerCore, view: AdmissionView, picked: list[Generation], now: float, room: int) -> int:
     """After a refusal: admit the waiting prompts that ride on one the cache holds (PrefillModel.rides), in the
     policy's order, as far as admission takes them. Returns how many joined. Why: the copies of one emergency
     that several robots report come in the same instant and rank among the other reports; the first distinct
     prompt admission refuses would otherwise keep them out too, though each adds one partial block to the step.
-    In the fleet demo three drones' copies waited behind a fourth report's refusal until shed."""
+    In a logged fleet demo run, two copies of an admitted report were never admitted and were shed. The best
+    RIDERS_RANKED candidates are looked at, whatever the room (the refused ones rank first)."""
     q, prefill, n = core.queue, core.prefill, 0
     prefill.reprice(q.cands.values(), core.engine, core.estimator)
-    for g in q.best(core.policy, now, core.estimator, min(room, 64)):
-        if n >= room or not prefill.rides(g, core.engine) or not core.admission.admit(view, g):
+    for g in q.best(core.policy, now, core.estimator, RIDERS_RANKED):
+        if n >= room:
+            break
+        if not prefill.rides(g, core.engine) or not core.admission.admit(view, g):
             continue
         picked.append(g)
         view.running.append(g)

@@ -193,9 +193,8 @@ class PromptBuilder:
             raise ValueError(f"PromptBuilder: align_tokens must be >= 1 (or None), got {align_tokens!r}")
         self.tokenizer = tokenizer
         self.align_tokens = align_tokens if align_tokens and align_tokens > 1 else None
-        # examples chosen -> tokens before the task's turn (one entry per few-shot family set: bounded)
-        self._head_len: dict[tuple[str, ...], int | None] = {}
-        self._heads: dict[tuple[str, ...], tuple[str, list[int]] | None] = {}  # the same key -> _head's
+        # examples chosen -> the turns before the task's, as text and tokens (_head; one per few-shot family set)
+        self._heads: dict[tuple[str, ...], tuple[str, list[int]] | None] = {}
         self._single: dict[str, int | None] = {}  # _one_token's answers
         self.config = PromptConfig.load(robot_type)
         self.skillset = skillset or load_skill_set(self.config.skill_set)
@@ -254,11 +253,10 @@ class PromptBuilder:
         msgs = self.messages(task_input, scene, examples)
         text = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
         head = self._head(msgs, text)
-        if head is not None and text.startswith(head[0]):
-            ids = head[1] + self._encode(text[len(head[0]):])
-        else:
-            ids = self._encode(text)
-        return self._align(msgs, ids) if self.align_tokens else ids
+        if head is None or not text.startswith(head[0]):
+            return self._encode(text)  # no split that tokenizes as the whole does: nothing to align on either
+        ids = head[1] + self._encode(text[len(head[0]):])
+        return self._align(ids, len(head[1])) if self.align_tokens else ids
 
     def _encode(self, text: str) -> list[int]:
         # The chat template already contains the special tokens; do not add a BOS again.
@@ -288,30 +286,17 @@ class PromptBuilder:
         got = self._heads[key] = (head_text, head_ids) if ok else None
         return got
 
-    def _align(self, msgs: list[dict[str, str]], ids: list[int]) -> list[int]:
-        """Pad the tokens before the task's turn to a whole number of KV blocks. A prefix cache holds whole
+    def _align(self, ids: list[int], head: int) -> list[int]:
+        """Pad the ``head`` tokens before the task's turn to a whole number of KV blocks. A prefix cache holds whole
         blocks only, so the block where the examples end and the task begins is computed again for every task:
         on the bundled model and a 32-token block that was 26 of an emergency's 95 uncached prompt tokens.
         Aligned, only the task's own turn is prefilled. The padding is newlines between two turns; prompts
-        whose chat template does not render the turns before the task as a prefix of the whole are left as
-        they are."""
-        key = tuple(m["content"] for m in msgs[:-1])
-        head = self._head_len.get(key, -1)  # renderers call this from several threads: one lookup, no KeyError
-        if head == -1:
-            if len(self._head_len) >= 256:  # bounded: one entry per few-shot family set in practice
-                self._head_len.clear()
-            head = self._head_len[key] = self._turns_len(msgs[:-1], ids)
+        whose chat template does not render the turns before the task as a prefix of the whole (:meth:`_head`)
+        are left as they are."""
         pad = self._pad_id
-        if head is None or pad is None:
+        if pad is None:
             return ids
         return ids[:head] + [pad] * (-head % self.align_tokens) + ids[head:]
-
-    def _turns_len(self, turns: list[dict[str, str]], ids: list[int]) -> int | None:
-        """Tokens of ``turns`` as they open a prompt whose tokens are ``ids``; None when they do not tokenize to a
-        prefix of it."""
-        text = self.tokenizer.apply_chat_template(turns, tokenize=False)
-        head = list(self.tokenizer.encode(text, add_special_tokens=False))
-        return len(head) if ids[:len(head)] == head and len(head) < len(ids) else None
 
     @functools.cached_property
     def _pad_id(self) -> int | None:

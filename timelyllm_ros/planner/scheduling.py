@@ -65,9 +65,7 @@ def schedule(core: PlannerCore, now: float) -> float | None:
                     if not core.admission.admit(view, g):
                         refused = True
                         break
-                    picked.append(g)
-                    view.running.append(g)
-                    q.start(g)
+                    _take(core, view, picked, g)
                     room -= 1
                     if core.prefill.admitted(g, core.engine, len(core.engine.warm_up_targets()) == 1):
                         break  # the cache will hold its prompt: the rest are priced and ranked again
@@ -110,11 +108,16 @@ def _riders(core: PlannerCore, view: AdmissionView, picked: list[Generation], no
             break
         if not prefill.rides(g, core.engine) or not core.admission.admit(view, g):
             continue
-        picked.append(g)
-        view.running.append(g)
-        q.start(g)
+        _take(core, view, picked, g)
         n += 1
     return n
+
+
+def _take(core: PlannerCore, view: AdmissionView, picked: list[Generation], g: Generation) -> None:
+    """``g`` was admitted: it runs from this decision on (started in the engine after it)."""
+    picked.append(g)
+    view.running.append(g)
+    core.queue.start(g)
 
 
 def degrade(core: PlannerCore, now: float, gens: list[Generation], contended: bool) -> list[Generation]:

@@ -189,6 +189,26 @@ def test_weighing_the_tufs_lets_two_of_five_simultaneous_urgent_prompts_go_first
     assert LatencyGuided(weigh=True).admit(AdmissionView([late], 0.005, 0.008, 0.1, est), burst[0])
 
 
+def test_a_normal_prompt_that_cannot_wait_still_does_not_join_when_it_costs_urgent_first_segments_more():
+    """Issue 37, seen in the demo at the paper's TUFs: 4 urgent first segments decoding, past their ERT and short of
+    their cut-off, and 5 normal prompts that could not wait without missing their own ERT joined their step: its
+    prefill took the urgent ones past the cut-off (-1.7 each). Weighed, the normal prompt's loss from waiting
+    (~0.2) is less than what it costs the urgent ones (~3.4), so it waits."""
+    from types import SimpleNamespace
+
+    est = LatencyEstimator(decode_s=0.02, slope_s=0.001, prefill_s_per_token=0.0008)
+    urgent = [gen("urgent", seq=i, tok=6.0, prefill=0.075) for i in range(4)]
+    for g in urgent:
+        g.req = SimpleNamespace(output_token_ids=[7])  # prefilled, one token written
+    normal = gen("normal", arrival=-0.3, seq=9, tok=20.0, prefill=0.2)
+    at = AdmissionView(urgent, 0.25, 0.008, 0.1, est)
+    assert LatencyGuided(weigh=False).admit(at, normal)  # it cannot afford to wait: the deadline rule takes it
+    assert not LatencyGuided(weigh=True).admit(at, normal)
+    # nothing to protect: the urgent ones end in time with it, or are past their cut-off either way
+    assert LatencyGuided(weigh=True).admit(AdmissionView(urgent, 0.0, 0.008, 0.1, est), gen("normal", seq=8))
+    assert LatencyGuided(weigh=True).admit(AdmissionView(urgent, 0.49, 0.008, 0.1, est), normal)
+
+
 def _five_urgent_at_once(policy: str, admission: str) -> dict[str, float]:
     """Response times of 5 urgent goals that arrive together at a CPU-like simulated engine whose prefix cache
     holds their shared prompt prefix (each prompt has ~90 tokens of its own to prefill)."""

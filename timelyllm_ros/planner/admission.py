@@ -121,6 +121,13 @@ class LatencyGuided(Admission):
     generation lost in an overloaded engine (simulated WID 2 trace on this CPU's fitted step model: edf-seg
     all-tasks U/beta -0.26 against -0.12).
 
+    Weighing also covers the one case the deadline rule lets through: a candidate that cannot afford to wait for a
+    more urgent first segment it would push past that one's deadline. Its joining is weighed like a peer's (the
+    urgent one's loss to its cut-off against the candidate's loss from waiting and the work behind it). Why: in a
+    demo run at the paper's TUFs (a trial that gathered each burst before its first step), 5 normal prompts, each
+    short of time to wait, joined the step right after 4 urgent prompts were prefilled; the 330 ms step took all 4
+    urgent first segments past their cut-off (-1.7 each).
+
     ``mode="cutoff"`` (the previous rule, kept for comparison): refuse only when a
     running generation that can still finish before its TUF *cutoff* at the
     current batch size could not with c; already-late ones do not constrain.
@@ -197,7 +204,10 @@ class LatencyGuided(Admission):
             end_without = now + pending + left * t_now
             if dl < c_dl and end_with > dl and end_without + c_gen <= c_dl:
                 return False
-            if peer:
+            # c cannot afford to wait for g (else refused above), but a more urgent first segment pushed past its
+            # deadline loses utility too: weighed like a peer's, so a normal prompt does not join when that costs
+            # the urgent ones more than waiting costs it
+            if peer or (weigh and g.k == 0 and dl < c_dl):
                 loss += _lost(g, dl, end_without, end_with)
                 c_start = max(c_start, end_without)
         if loss > 0.0:  # c joining now ends with them; waiting, it starts when they are through

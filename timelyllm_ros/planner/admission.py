@@ -204,10 +204,9 @@ class LatencyGuided(Admission):
             end_without = now + pending + left * t_now
             if dl < c_dl and end_with > dl and end_without + c_gen <= c_dl:
                 return False
-            # c cannot afford to wait for g (else refused above), but a more urgent first segment pushed past its
-            # deadline loses utility too: weighed like a peer's, so a normal prompt does not join when that costs
-            # the urgent ones more than waiting costs it
-            if peer or (weigh and g.k == 0 and dl < c_dl):
+            # Here g is a peer, or more urgent and c cannot afford to wait for it (else refused above): either
+            # way a first segment's loss is weighed, so c does not join when that costs g more than waiting costs c
+            if weigh and g.k == 0:
                 loss += _lost(g, dl, end_without, end_with)
                 c_start = max(c_start, end_without)
         if loss > 0.0:  # c joining now ends with them; waiting, it starts when they are through

@@ -131,6 +131,34 @@ def test_the_arm_grammar_takes_roles_from_the_sentence_and_the_drone_grammar_cou
     assert grammar.task_names("Scene: [] Task: [A] Spin around on the spot twice.") == ("spot",)
 
 
+@pytest.mark.parametrize(("task", "looped", "refused"), [
+    ("Scene: [] Task: [A] Fly up 40 cm three times, then take a picture.", "3{mu(40);};tp();",
+     "mu(40);mu(40);mu(40);tp();"),
+    ("Scene: [kite_1 x:0.5] Task: [A] Snap four pictures of the kite.", "?iv('kite')==True{g('kite');};4{tp();}",
+     "?iv('kite')==True{tp();tp();tp();tp();}"),
+    ("Scene: [] Task: [A] Turn around twice.", "2{tc(360);}", "tc(360);"),
+    ("Scene: [] Task: [A] Turn right 90 degrees in four steps and take a photo after each.", "4{tc(90);tp();}",
+     "tc(90);tp();"),
+])
+def test_a_count_is_a_loop_of_the_skill_it_repeats(task: str, looped: str, refused: str) -> None:
+    r = grammar.plan_regex(DRONE, task)
+    assert re.fullmatch(r, looped) and not re.fullmatch(r, refused)
+    assert not re.fullmatch(r, re.sub(r"[0-9]\{", "9{", looped))  # no count the task does not ask for
+    # resumed inside a conditional block, the counted skill still waits for its loop
+    rest = grammar.continuation_regex(DRONE, "?iv('kite')==True{", task)
+    counted = grammar.counted_skill(DRONE, task)
+    assert not re.fullmatch(rest, f"{counted}();}}") and not re.fullmatch(rest, f"{counted}(90);}}")
+
+
+def test_the_counted_skill_is_read_from_the_count_s_sentence() -> None:
+    c = grammar.counted_skill
+    assert c(DRONE, "Scene: [] Task: [A] Go down 30 cm twice and look for the cat.") == "md"  # named before
+    assert c(DRONE, "Scene: [] Task: [A] Three times, take a photo of the sky.") == "tp"  # named after
+    assert c(DRONE, "Scene: [] Task: [A] Fly to the car and shoot five photographs.") == "tp"  # the thing counted
+    assert c(DRONE, "Scene: [] Task: [A] Look for two dogs. Then move up.") is None  # not in its sentence
+    assert c(DRONE, "Scene: [] Task: [A] Move up 50 cm.") is None  # no count
+
+
 def test_no_movement_by_an_amount_unless_asked_and_a_question_ends_once_answered():
     photo = "Scene: [window_1 x:0.6] Task: [A] Look for a kite near the window and take a photo of it."
     r = grammar.plan_regex(DRONE, photo)

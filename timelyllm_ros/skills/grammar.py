@@ -48,6 +48,7 @@ from timelyllm_ros.skills.task_names import (  # noqa: F401 (the task-reading na
     STOPWORDS,
     TaskNames,
     asked_skill,
+    counted_skill,
     leading_skills,
     split_task,
     task_mentions,
@@ -86,6 +87,7 @@ class _Grammar:
     # a [Q] question's answers: per object, the calls a block that tests it takes (its logs name that object)
     # and its log calls alone
     answer_calls: tuple[tuple[str, str, str], ...] = ()
+    need_loop: bool = False  # the need statement is a loop of the task's count (a count's skill)
 
 
 _CACHE: OrderedDict[tuple[int, str | None], _Grammar] = OrderedDict()
@@ -112,10 +114,17 @@ def _grammar(ss: SkillSet, task: str | None) -> _Grammar:
             first = leading_skills(ss, task)
         need = asked_skill(ss, task) if task is not None else None
         loops = tuple(sorted({k for k in ta.counts(task) if 2 <= k <= ss.max_loop_count})) if task else ()
+        need_loop = False
+        if loops and ss.grammar == "minispec" and ta.tag(task) not in ("E", "Q"):
+            # a count is honoured: the skill it repeats is called in a loop of that count (not once, not as
+            # the same statement written again), which replaces the leading skill and the asked one
+            counted = counted_skill(ss, task)
+            if counted is not None:
+                need, first, need_loop = counted, (), True
         tss = _task_skill_set(ss, task, names) if task is not None else ss
         answers = tuple(names.objects) if task is not None and names is not None and ta.tag(task) == "Q" else ()
         g = _CACHE[key] = _build(tss, names, units, mentions, first, None if need in first else need, loops,
-                                 answers)
+                                 answers, need_loop)
         g = _CACHE[key] = dataclasses.replace(g, ps=tss.plan_structure)
         while len(_CACHE) > _CACHE_LEN:
             _CACHE.popitem(last=False)
@@ -178,7 +187,7 @@ def _only(ss: SkillSet, skills: Sequence[str]) -> SkillSet:
 
 def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
            mentions: tuple[str, ...] | None = None, first: tuple[str, ...] = (), need: str | None = None,
-           loops: tuple[int, ...] = (), answers: tuple[str, ...] = ()) -> _Grammar:
+           loops: tuple[int, ...] = (), answers: tuple[str, ...] = (), need_loop: bool = False) -> _Grammar:
     ps = ss.plan_structure
     # a count of the task (task_analysis.counts: "twice", "in four steps") may be a loop of that count, one level
     # deep like a conditional; no other loop count
@@ -217,15 +226,17 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
         call_nn = call_regex(_only(ss, others), names=names)
         bool_nn = call_regex(_only(ss, others), ("bool",), names)
         stmt_nn = f"{call_nn};"
-        need_stmt = f"{need_call};"
+        need_loop = need_loop and bool(loop)
+        need_stmt = "" if need_loop else f"{need_call};"
         side = None if m is None else m - 1
         conds = ([(r"|\?" + bool_nn + r"==(?:True|False)\{", True)] if bool_nn else []) + ([("|" + loop, False)]
                                                                                          if loop else [])
         for cond, is_if in conds:
             stmt_nn += cond + rep(f"{call_nn};", 1, m) + r"\};?"
-            if is_if and answer_calls:
-                continue  # a question's blocks answer about what they test: below
-            need_stmt += cond + rep(f"{call_nn};", 0, side) + f"{need_call};" + rep(f"{call};", 0, side) + r"\};?"
+            if is_if and (answer_calls or need_loop):
+                continue  # a question's blocks answer about what they test (below); a count's skill is looped
+            alt = cond + rep(f"{call_nn};", 0, side) + f"{need_call};" + rep(f"{call};", 0, side) + r"\};?"
+            need_stmt += alt if need_stmt else alt[1:]
         for n, body, log in answer_calls:
             need_stmt += (r"|\?" + call_regex(_only(ss, others), ("bool",), [n]) + r"==(?:True|False)\{"
                           + rep(f"{call_nn};", 0, side) + f"{log};" + rep(f"{body};", 0, side) + r"\};?")
@@ -243,7 +254,7 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
     else:
         top = head + rep(stmt, 0 if head else 1, n_max)
     return _Grammar(call, stmt, top, names, units, need_skill=need if need_call else None, need_call=need_call,
-                    need_stmt=need_stmt, head=1 if head else 0, need_gap=gap_n, stmt_nn=stmt_nn, call_nn=call_nn,
+                    need_stmt=need_stmt, need_loop=bool(need_call) and need_loop, head=1 if head else 0, need_gap=gap_n, stmt_nn=stmt_nn, call_nn=call_nn,
                     head_skills=first if head else (), after_head=top[len(head):] if head else "",
                     answer_calls=answer_calls)
 
@@ -471,7 +482,7 @@ def _need_rest(ps, g: _Grammar, done: str, cut: bool) -> str:
     if in_blk:  # the open block calls it: it is the need statement
         return lead + rep(f"{g.call};", 0, dec(m, 1 + after_need)) + close + post_any
     alts = []
-    if m is None or b <= m - 1:  # the block calls it before it closes
+    if (m is None or b <= m - 1) and (not g.need_loop or _open_loop(done)):  # the block calls it before it closes
         alts.append(rep(f"{g.call_nn};", 0, dec(m, 1 + b)) + f"{g.need_call};" + rep(f"{g.call};", 0, dec(m, 1))
                     + close + post_any)
     if G is None or stmts + 1 <= G:  # or it closes without it, and a later statement calls it
@@ -494,7 +505,7 @@ def _need_scan(text: str, need: str, head: int) -> tuple[int, int | None, int, i
         is_call = t.kind == "ident" and i + 1 < len(toks) and toks[i + 1].value == "("
         if is_call and t.value == need:
             cur = True
-            if depth > 0:
+            if depth > 0 and not in_blk:  # the block's calls after its first call of need (a later one counts)
                 in_blk, after = True, -1
         if t.kind == "op" and t.value == "{":
             depth, b, after = depth + 1, 0, 0
@@ -516,6 +527,14 @@ def _need_scan(text: str, need: str, head: int) -> tuple[int, int | None, int, i
         else:
             done, first, cur, in_blk = _end_stmt(done, first, cur, head)
     return max(0, done - head), (None if first is None else first - head), depth, b, in_blk, max(0, after)
+
+
+def _open_loop(text: str) -> bool:
+    """The block open at the end of a MiniSpec plan so far is a loop (``3{``), not a conditional."""
+    lx = Lexer()
+    toks = [t for t in lx.feed(text) + lx.end() if t.kind != "eof"]
+    opens = [i for i, t in enumerate(toks) if t.kind == "op" and t.value == "{"]
+    return bool(opens) and opens[-1] > 0 and toks[opens[-1] - 1].kind == "num"
 
 
 def _end_stmt(done: int, first: int | None, cur: bool, head: int) -> tuple[int, int | None, bool, bool]:

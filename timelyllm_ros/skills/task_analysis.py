@@ -92,20 +92,26 @@ def asks_to_move(task_input: str, phrases: Iterable[str] = ()) -> bool:
     return bool(said & (MOTION_VERBS | {p.split()[0] for p in phrases if p.strip()}))
 
 
-def counts(task_input: str) -> tuple[int, ...]:
-    """The counts the task text asks for, in order: ``twice`` (2), ``three times``, ``in four steps``,
-    ``snap three pictures`` (3: a number word before a thing, not before a unit: ``30 cm`` is an amount)."""
+def counted(task_input: str) -> tuple[tuple[int, int], ...]:
+    """(word index, count) of each count the task text asks for, in order, the index into
+    ``words(task text without its tag)``: ``twice`` (2), ``three times``, ``in four steps``, ``snap three
+    pictures`` (3: a number word before a thing, not before a unit: ``30 cm`` is an amount)."""
     ws = words(_TAG.sub("", split_task(task_input)[1]))
-    out: list[int] = []
+    out: list[tuple[int, int]] = []
     for i, w in enumerate(ws):
         nxt = ws[i + 1] if i + 1 < len(ws) else ""
         if w in ("twice", "thrice"):
-            out.append(NUMBER_WORDS[w])
+            out.append((i, NUMBER_WORDS[w]))
         elif w in NUMBER_WORDS and nxt[:1].isalpha() and nxt not in UNITS:
-            out.append(NUMBER_WORDS[w])
+            out.append((i, NUMBER_WORDS[w]))
         elif w.isdigit() and nxt in ("times", "steps") and int(w) > 1:
-            out.append(int(w))
+            out.append((i, int(w)))
     return tuple(out)
+
+
+def counts(task_input: str) -> tuple[int, ...]:
+    """The counts the task text asks for, in order (:func:`counted`)."""
+    return tuple(k for _, k in counted(task_input))
 
 
 def is_name_word(w: str) -> bool:

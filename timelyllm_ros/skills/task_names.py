@@ -132,6 +132,38 @@ def asked_skill(ss: SkillSet, task_input: str) -> str | None:
     return min(hits)[1] if hits else None
 
 
+def counted_skill(ss: SkillSet, task_input: str) -> str | None:
+    """The skill the task's first count (:func:`task_analysis.counted`) repeats, by the words of its sentence:
+    the skill one of whose ``asked_by`` ends with the thing counted (``snap three pictures``: tp), else the
+    last skill the sentence names before the count (``phrases``, ``asked_by``: ``go up by 30 cm two times``:
+    mu), else the first it names after it (``a full turn in four steps, a photo after each``: tp); None when
+    the task has no count or its sentence names no skill."""
+    cs = ta.counted(task_input)
+    if not cs:
+        return None
+    at = cs[0][0]
+    ws = ta.words(_TAG.sub("", split_task(task_input)[1]))
+    thing = ws[at + 1] if at + 1 < len(ws) else ""
+    for w in (thing, thing[:-1] if thing.endswith("s") else thing):
+        hit = next((sk.name for sk in ss.skills for p in sk.asked_by if p.split()[-1] == w), None)
+        if hit:
+            return hit
+    ends = {".", "!", "?", ";"}
+    lo = max((i for i in range(at) if ws[i] in ends), default=-1) + 1
+    hi = next((i for i in range(at, len(ws)) if ws[i] in ends), len(ws))
+    named: list[tuple[int, int, str]] = []  # (start, -length, skill) of each phrase the sentence says
+    for sk in ss.skills:
+        for p in (*sk.phrases, *sk.asked_by):
+            pw = p.split()
+            named += [(i, -len(pw), sk.name) for i in range(lo, hi - len(pw) + 1) if ws[i:i + len(pw)] == pw]
+    before = [n for n in sorted(named) if n[0] < at]
+    after = [n for n in sorted(named) if n[0] > at]
+    if before:
+        start = before[-1][0]  # the longest phrase starting at the last named position
+        return min(n for n in before if n[0] == start)[2]
+    return after[0][2] if after else None
+
+
 def task_units(ss: SkillSet, task_input: str) -> int:
     """The units a plan for this task may have (``plan_structure``): one per ``unit_verbs`` word of the
     task (``Pick up X ... Then, pick up Y`` moves two objects), at least 1, at most ``max_units``."""

@@ -254,7 +254,8 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
     else:
         top = head + rep(stmt, 0 if head else 1, n_max)
     return _Grammar(call, stmt, top, names, units, need_skill=need if need_call else None, need_call=need_call,
-                    need_stmt=need_stmt, need_loop=bool(need_call) and need_loop, head=1 if head else 0, need_gap=gap_n, stmt_nn=stmt_nn, call_nn=call_nn,
+                    need_stmt=need_stmt, need_loop=bool(need_call) and need_loop,
+                    head=1 if head else 0, need_gap=gap_n, stmt_nn=stmt_nn, call_nn=call_nn,
                     head_skills=first if head else (), after_head=top[len(head):] if head else "",
                     answer_calls=answer_calls)
 

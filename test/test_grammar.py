@@ -35,6 +35,7 @@ TASKS = {"drone": [t.task_input for t in TEMPLATES if t.robot_type == "drone"]
                      "Scene: [] Task: hover here",  # names nothing: no perception call fits
                      "Scene: [] Task: [A] Turn right in three steps, then take two photos of the kite.",  # loops
                      "Scene: [] Task: [A] If you meet the postman, say good morning to him twice.",
+                     "Scene: [] Task: [A] Fly up 40 cm three times, then take a picture.",  # begins with its loop
                      "Scene: [roof_1 x:0.5] Task: [Q] Is there a kite on the roof?"],  # a capped question
          "arm": [t.task_input for t in TEMPLATES if t.robot_type == "arm"]
                 + [ex["input"] for ex in LIBRARY["arm"]]
@@ -148,6 +149,22 @@ def test_a_count_is_a_loop_of_the_skill_it_repeats(task: str, looped: str, refus
     rest = grammar.continuation_regex(DRONE, "?iv('kite')==True{", task)
     counted = grammar.counted_skill(DRONE, task)
     assert not re.fullmatch(rest, f"{counted}();}}") and not re.fullmatch(rest, f"{counted}(90);}}")
+
+
+def test_a_count_s_loop_repeats_a_small_pattern_and_comes_first_when_the_task_begins_with_it() -> None:
+    up = "Scene: [] Task: [A] Fly up 40 cm three times, then take a picture."
+    r = grammar.plan_regex(DRONE, up)
+    assert re.fullmatch(r, "3{mu(40);tp();};") and re.fullmatch(r, "3{mu(40);};tp();")
+    for wrong in ("tp();3{mu(40);};",  # the task begins with the counted move
+                  "3{mu(40);l('going up');};",  # no log, no call on a name in the count's loop
+                  "3{mu(40);tp();tp();};",  # one call at most each side of the counted one
+                  "2{tp();};3{mu(40);};"):  # no other loop before the count's
+        assert not re.fullmatch(r, wrong), wrong
+    rest = grammar.continuation_regex(DRONE, "3{mu(40);", up)
+    assert re.fullmatch(rest, "};tp();") and re.fullmatch(rest, "d(1);};")
+    assert not re.fullmatch(rest, "l('up');};") and not re.fullmatch(rest, "d(1);d(1);};")
+    kite = "Scene: [kite_1 x:0.5] Task: [A] Snap four pictures of the kite."
+    assert not re.fullmatch(grammar.plan_regex(DRONE, kite), "?iv('kite')==True{g('kite');};4{g('kite');tp();}")
 
 
 def test_the_counted_skill_is_read_from_the_count_s_sentence() -> None:

@@ -88,6 +88,8 @@ class _Grammar:
     # and its log calls alone
     answer_calls: tuple[tuple[str, str, str], ...] = ()
     need_loop: bool = False  # the need statement is a loop of the task's count (a count's skill)
+    loop_call: str = ""  # ... whose other calls (at most one each side of the counted one) are these
+    need_first: bool = False  # the need statement is the plan's first (the task begins with its skill)
 
 
 _CACHE: OrderedDict[tuple[int, str | None], _Grammar] = OrderedDict()
@@ -114,17 +116,18 @@ def _grammar(ss: SkillSet, task: str | None) -> _Grammar:
             first = leading_skills(ss, task)
         need = asked_skill(ss, task) if task is not None else None
         loops = tuple(sorted({k for k in ta.counts(task) if 2 <= k <= ss.max_loop_count})) if task else ()
-        need_loop = False
+        need_loop = need_first = False
         if loops and ss.grammar == "minispec" and ta.tag(task) not in ("E", "Q"):
             # a count is honoured: the skill it repeats is called in a loop of that count (not once, not as
-            # the same statement written again), which replaces the leading skill and the asked one
+            # the same statement written again), which replaces the leading skill and the asked one; a task
+            # that begins with that skill begins with its loop
             counted = counted_skill(ss, task)
             if counted is not None:
-                need, first, need_loop = counted, (), True
+                need, need_first, first, need_loop = counted, counted in first, (), True
         tss = _task_skill_set(ss, task, names) if task is not None else ss
         answers = tuple(names.objects) if task is not None and names is not None and ta.tag(task) == "Q" else ()
         g = _CACHE[key] = _build(tss, names, units, mentions, first, None if need in first else need, loops,
-                                 answers, need_loop)
+                                 answers, need_loop, need_first)
         g = _CACHE[key] = dataclasses.replace(g, ps=tss.plan_structure)
         while len(_CACHE) > _CACHE_LEN:
             _CACHE.popitem(last=False)
@@ -177,6 +180,14 @@ def _answer_calls(ss: SkillSet, names: Sequence[str] | None, answers: tuple[str,
     return tuple(out)
 
 
+def _repeatable(sk) -> bool:
+    """A call a count's loop may repeat beside the counted one: a move, turn or wait by an amount, or an action
+    with no arguments that returns nothing (a photo); not a call on a name, a log, a question or a re-plan."""
+    if sk.kind in ("movement", "control"):
+        return _numeric(sk)
+    return sk.kind == "perception" and all(not sig for sig in sk.signatures) and not sk.returns
+
+
 def _numeric(sk) -> bool:
     return any(a.type in ("int", "float") for sig in sk.signatures for a in sig)
 
@@ -187,7 +198,8 @@ def _only(ss: SkillSet, skills: Sequence[str]) -> SkillSet:
 
 def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
            mentions: tuple[str, ...] | None = None, first: tuple[str, ...] = (), need: str | None = None,
-           loops: tuple[int, ...] = (), answers: tuple[str, ...] = (), need_loop: bool = False) -> _Grammar:
+           loops: tuple[int, ...] = (), answers: tuple[str, ...] = (), need_loop: bool = False,
+           need_first: bool = False) -> _Grammar:
     ps = ss.plan_structure
     # a count of the task (task_analysis.counts: "twice", "in four steps") may be a loop of that count, one level
     # deep like a conditional; no other loop count
@@ -217,7 +229,7 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
         stmt += "|" + loop + rep(f"{call};", 1, ps.max_block_statements) + r"\};?"
     n_max = ps.max_statements
     need_call = call_regex(_only(ss, (need,)), names=names) if ss.grammar == "minispec" and need else ""
-    need_stmt = stmt_nn = call_nn = ""
+    need_stmt = stmt_nn = call_nn = loop_call = ""
     if need_call:
         # Unambiguous, so a resumed plan's grammar (continuation_regex) is exactly what is left of this one:
         # the statements before the first one that calls the asked-for skill call it nowhere.
@@ -231,6 +243,15 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
         side = None if m is None else m - 1
         conds = ([(r"|\?" + bool_nn + r"==(?:True|False)\{", True)] if bool_nn else []) + ([("|" + loop, False)]
                                                                                          if loop else [])
+        if need_loop:
+            # The count's loop repeats a small pattern: the counted call, at most one repeatable call (a move or
+            # turn by an amount, a photo, a wait: no name, no log) before and after it. It is the plan's one
+            # loop before it: no other loop to fill with what the count does not repeat.
+            loop_call = call_regex(_only(ss, [sk.name for sk in ss.skills if sk.name != need and _repeatable(sk)]),
+                                   names=names)
+            around = rep(f"{loop_call};", 0, 1) if loop_call else ""
+            need_stmt = loop + around + f"{need_call};" + around + r"\};?"
+            conds = [c for c in conds if c[1]]
         for cond, is_if in conds:
             stmt_nn += cond + rep(f"{call_nn};", 1, m) + r"\};?"
             if is_if and (answer_calls or need_loop):
@@ -250,11 +271,12 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
         # Close to the start, and the plan ends soon after it: with the whole bound on each side, a model that
         # left the call out of its first statements wandered (20 segments of scans) before it was made to.
         gap_n = NEED_GAP if gap_n is None else min(gap_n, NEED_GAP)
-        top = head + rep(stmt_nn, 0, gap_n) + f"(?:{need_stmt})" + rep(stmt, 0, gap_n)
+        top = head + rep(stmt_nn, 0, 0 if need_first else gap_n) + f"(?:{need_stmt})" + rep(stmt, 0, gap_n)
     else:
         top = head + rep(stmt, 0 if head else 1, n_max)
     return _Grammar(call, stmt, top, names, units, need_skill=need if need_call else None, need_call=need_call,
-                    need_stmt=need_stmt, need_loop=bool(need_call) and need_loop,
+                    need_stmt=need_stmt, need_loop=bool(need_call) and need_loop, loop_call=loop_call,
+                    need_first=bool(need_call) and need_first,
                     head=1 if head else 0, need_gap=gap_n, stmt_nn=stmt_nn, call_nn=call_nn,
                     head_skills=first if head else (), after_head=top[len(head):] if head else "",
                     answer_calls=answer_calls)
@@ -467,27 +489,33 @@ def _need_rest(ps, g: _Grammar, done: str, cut: bool) -> str:
     before the first that calls it call it nowhere, at most ``need_gap`` on each side of it)."""
     stmts, p, depth, b, in_blk, after_need = _need_scan(done, g.need_skill or "", g.head)
     G, m = g.need_gap, ps.max_block_statements
+    Gb = 0 if g.need_first else G  # statements allowed before it
     dec = lambda x, k: None if x is None else x - k  # noqa: E731
     post_any = rep(g.stmt, 0, G)
     if depth <= 0:
         if p is not None:  # written: the statements after it are the rest of the gap after it
             more = rep(g.stmt, 0, dec(G, stmts - p - 1))
             return (f"(?:;{more})?" if more else ";?") if cut else more
-        rest = rep(g.stmt_nn, 0, dec(G, stmts)) + f"(?:{g.need_stmt})" + post_any
+        rest = rep(g.stmt_nn, 0, dec(Gb, stmts)) + f"(?:{g.need_stmt})" + post_any
         return (";" if cut else "") + rest
     lead = ";" if cut else ""
     close = r"\}" + r";?"
     if p is not None:  # the open block is one more statement after it
         return (lead + rep(f"{g.call};", 0 if b else 1, dec(m, b)) + close
                 + rep(g.stmt, 0, dec(G, stmts - p)))
+    if g.need_loop and _open_loop(done):  # the count's loop: one repeatable call at most on each side of it
+        one = (lambda k: rep(f"{g.loop_call};", 0, k) if g.loop_call and k > 0 else "")  # noqa: E731
+        if in_blk:
+            return lead + one(1 - after_need) + close + post_any
+        return lead + one(1 - b) + f"{g.need_call};" + one(1) + close + post_any
     if in_blk:  # the open block calls it: it is the need statement
         return lead + rep(f"{g.call};", 0, dec(m, 1 + after_need)) + close + post_any
     alts = []
-    if (m is None or b <= m - 1) and (not g.need_loop or _open_loop(done)):  # the block calls it before it closes
+    if (m is None or b <= m - 1) and not g.need_loop:  # the block calls it before it closes
         alts.append(rep(f"{g.call_nn};", 0, dec(m, 1 + b)) + f"{g.need_call};" + rep(f"{g.call};", 0, dec(m, 1))
                     + close + post_any)
-    if G is None or stmts + 1 <= G:  # or it closes without it, and a later statement calls it
-        alts.append(rep(f"{g.call_nn};", 0 if b else 1, dec(m, b)) + close + rep(g.stmt_nn, 0, dec(G, stmts + 1))
+    if Gb is None or stmts + 1 <= Gb:  # or it closes without it, and a later statement calls it
+        alts.append(rep(f"{g.call_nn};", 0 if b else 1, dec(m, b)) + close + rep(g.stmt_nn, 0, dec(Gb, stmts + 1))
                     + f"(?:{g.need_stmt})" + post_any)
     return lead + "(?:" + "|".join(alts) + ")"
 

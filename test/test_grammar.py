@@ -156,6 +156,7 @@ def test_a_count_s_loop_repeats_a_small_pattern_and_comes_first_when_the_task_be
     r = grammar.plan_regex(DRONE, up)
     assert re.fullmatch(r, "3{mu(40);tp();};") and re.fullmatch(r, "3{mu(40);};tp();")
     for wrong in ("tp();3{mu(40);};",  # the task begins with the counted move
+                  "3{tp();mu(40);};",  # the count's loop begins with the call it counts
                   "3{mu(40);l('going up');};",  # no log, no call on a name in the count's loop
                   "3{mu(40);tp();tp();};",  # one call at most each side of the counted one
                   "2{tp();};3{mu(40);};"):  # no other loop before the count's
@@ -165,6 +166,22 @@ def test_a_count_s_loop_repeats_a_small_pattern_and_comes_first_when_the_task_be
     assert not re.fullmatch(rest, "l('up');};") and not re.fullmatch(rest, "d(1);d(1);};")
     kite = "Scene: [kite_1 x:0.5] Task: [A] Snap four pictures of the kite."
     assert not re.fullmatch(grammar.plan_regex(DRONE, kite), "?iv('kite')==True{g('kite');};4{g('kite');tp();}")
+
+
+def test_stated_amounts_bound_the_arguments_of_their_unit_and_a_log_is_never_one_word() -> None:
+    task = "Scene: [] Task: [A] Fly forward 80 cm, turn left 30 degrees, then say what you see."
+    r = grammar.plan_regex(DRONE, task)
+    assert re.fullmatch(r, "mf(80);tu(30);l('i see a door');")
+    assert not re.fullmatch(r, "mf(50);tu(30);l('i see a door');")  # 50 cm: the task says 80
+    assert not re.fullmatch(r, "mf(80);tu(90);l('i see a door');")  # 90 degrees: the task says 30
+    assert not re.fullmatch(r, "mf(80);tu(30);l('door');")  # a fragment
+    free = grammar.plan_regex(DRONE, "Scene: [] Task: [A] Fly forward, then turn left.")  # no amount: free
+    assert re.fullmatch(free, "mf(50);tu(90);")
+    two = "Scene: [countertop_1 x:0.48] Task: [Q] Are there keys and a wallet on the countertop?"
+    r = grammar.plan_regex(DRONE, two)  # an answer is more than the object's name
+    assert re.fullmatch(r, "?iv('keys')==True{l('the keys are here');};?iv('wallet')==False{l('no wallet');}")
+    assert not re.fullmatch(r, "?iv('keys')==True{l('keys');}")
+    assert not re.fullmatch(r, "?iv('keys')==True{l('the keys');}")
 
 
 def test_the_counted_skill_is_read_from_the_count_s_sentence() -> None:

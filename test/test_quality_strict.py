@@ -176,3 +176,10 @@ ARM_VERBS = set(ARM.plan_structure.unit_verbs) | ta.VERBS
 ])
 def test_moves_take_roles_from_prepositions_conjunctions_and_pronouns(task: str, moves) -> None:
     assert ta.moves(f"Task: [A] {task}", STOPWORDS - ta.VERBS, ARM_VERBS) == moves
+
+
+def test_amounts_are_read_by_unit_from_a_whole_number_before_a_unit_word() -> None:
+    assert ta.amounts("Scene: [] Task: [A] Go up 30 cm, fly 2 m, turn 90 degrees and wait 3 seconds.") == {
+        "cm": (30, 200), "deg": (90,), "s": (3,)}
+    assert ta.amounts("Scene: [] Task: [A] Fly 1.5 m forward, take 3 photos.") == {}  # no decimal, no count
+

@@ -84,6 +84,7 @@ class _Grammar:
     head_skills: tuple[str, ...] = ()  # the skills the plan must begin with (first_by_tag, leading_skills)
     after_head: str = ""  # the regex of the plan after its first statement
     ps: PlanStructure | None = None  # the task's plan structure (its bounds: _task_skill_set)
+    tss: SkillSet | None = None  # the task's skill set (_task_skill_set: its skills and argument bounds)
     # a [Q] question's answers: per object, the calls a block that tests it takes (its logs name that object)
     # and its log calls alone
     answer_calls: tuple[tuple[str, str, str], ...] = ()
@@ -128,7 +129,7 @@ def _grammar(ss: SkillSet, task: str | None) -> _Grammar:
         answers = tuple(names.objects) if task is not None and names is not None and ta.tag(task) == "Q" else ()
         g = _CACHE[key] = _build(tss, names, units, mentions, first, None if need in first else need, loops,
                                  answers, need_loop, need_first)
-        g = _CACHE[key] = dataclasses.replace(g, ps=tss.plan_structure)
+        g = _CACHE[key] = dataclasses.replace(g, ps=tss.plan_structure, tss=tss)
         while len(_CACHE) > _CACHE_LEN:
             _CACHE.popitem(last=False)
     else:
@@ -147,6 +148,8 @@ def _task_skill_set(ss: SkillSet, task: str, names: TaskNames | None) -> SkillSe
     ps = ss.plan_structure
     if ta.tag(task) != "E" and not ta.asks_to_move(task, [p for sk in ss.skills for p in sk.phrases]):
         ss = _only(ss, [sk.name for sk in ss.skills if not (sk.kind == "movement" and _numeric(sk))])
+    if ta.tag(task) != "E":
+        ss = _stated_amounts(ss, ta.amounts(task))
     if ta.tag(task) != "E" and ps.max_statements is not None and names is not None:
         things = (len(leading_skills(ss, task)) > 0) + 2 * len(names.objects) + (asked_skill(ss, task) is not None)
         cap = max(2, min(ps.max_statements, things + sum(ta.counts(task))))
@@ -175,9 +178,32 @@ def _answer_calls(ss: SkillSet, names: Sequence[str] | None, answers: tuple[str,
         if rest < 0 or not re.fullmatch(f"{STR_BODY}*", said):
             return ()
         text = f"'(?:(?:the|a|an|no) )?{re.escape(said)}[a-z0-9_ ]{{0,{rest}}}'"
+        if log.args[0].min_words >= 2 and rest >= 2:  # "no wallet ...", else the name and more: never it alone
+            text = (f"'(?:no {re.escape(said)}[a-z0-9_ ]{{0,{rest}}}|(?:(?:the|a|an) )?{re.escape(said)}"
+                    f" [a-z0-9_][a-z0-9_ ]{{0,{rest - 2}}})'")
         lg = re.escape(log.name) + r"\(" + text + r"\)"
         out.append((n, f"(?:{others}|{lg})" if others else lg, lg))
     return tuple(out)
+
+
+def _stated_amounts(ss: SkillSet, amounts: dict[str, tuple[int, ...]]) -> SkillSet:
+    """A task that states amounts in a unit (``go up 30 cm``, ``turn 45 degrees``) gets them, not others, in
+    the arguments of that unit: from its least to its largest stated amount, within the skill's own bounds.
+    Units the task does not state stay free."""
+    if not amounts:
+        return ss
+
+    def arg(a: SkillArg) -> SkillArg:
+        vals = amounts.get(a.unit)
+        if a.type != "int" or not vals:
+            return a
+        lo, hi = max(min(vals), a.min if a.min is not None else min(vals)), min(max(vals), a.max if a.max
+                                                                                  is not None else max(vals))
+        return dataclasses.replace(a, min=lo, max=hi) if lo <= hi else a
+
+    skills = tuple(dataclasses.replace(sk, signatures=tuple(tuple(arg(a) for a in sig) for sig in sk.signatures))
+                   for sk in ss.skills)
+    return dataclasses.replace(ss, skills=skills, _by_name={})
 
 
 def _repeatable(sk) -> bool:
@@ -244,13 +270,13 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
         conds = ([(r"|\?" + bool_nn + r"==(?:True|False)\{", True)] if bool_nn else []) + ([("|" + loop, False)]
                                                                                          if loop else [])
         if need_loop:
-            # The count's loop repeats a small pattern: the counted call, at most one repeatable call (a move or
-            # turn by an amount, a photo, a wait: no name, no log) before and after it. It is the plan's one
-            # loop before it: no other loop to fill with what the count does not repeat.
+            # The count's loop repeats a small pattern: it begins with the counted call, then at most one
+            # repeatable call (a move or turn by an amount, a photo, a wait: no name, no log). It is the plan's
+            # one loop before it: no other loop to fill with what the count does not repeat.
             loop_call = call_regex(_only(ss, [sk.name for sk in ss.skills if sk.name != need and _repeatable(sk)]),
                                    names=names)
             around = rep(f"{loop_call};", 0, 1) if loop_call else ""
-            need_stmt = loop + around + f"{need_call};" + around + r"\};?"
+            need_stmt = loop + f"{need_call};" + around + r"\};?"
             conds = [c for c in conds if c[1]]
         for cond, is_if in conds:
             stmt_nn += cond + rep(f"{call_nn};", 1, m) + r"\};?"
@@ -437,7 +463,7 @@ def plan_head(ss: SkillSet, task: str) -> tuple[tuple[str, str], ...]:
     if ss.grammar == "text":
         return ()
     g = _grammar(ss, task)
-    return tuple((sk, args_regex(ss, sk, g.names) + ";" + g.after_head) for sk in g.head_skills)
+    return tuple((sk, args_regex(g.tss or ss, sk, g.names) + ";" + g.after_head) for sk in g.head_skills)
 
 
 def continuation_regex(ss: SkillSet, plan_so_far: str, task: str | None = None) -> str | None:
@@ -507,7 +533,7 @@ def _need_rest(ps, g: _Grammar, done: str, cut: bool) -> str:
         one = (lambda k: rep(f"{g.loop_call};", 0, k) if g.loop_call and k > 0 else "")  # noqa: E731
         if in_blk:
             return lead + one(1 - after_need) + close + post_any
-        return lead + one(1 - b) + f"{g.need_call};" + one(1) + close + post_any
+        return lead + f"{g.need_call};" + one(1) + close + post_any  # a fresh loop: the counted call first
     if in_blk:  # the open block calls it: it is the need statement
         return lead + rep(f"{g.call};", 0, dec(m, 1 + after_need)) + close + post_any
     alts = []

@@ -89,6 +89,8 @@ def arg_regex(a: SkillArg, names: Sequence[str] | None = None) -> str | None:
     if a.from_task and names is not None:
         return names_regex(a, getattr(names, "objects", names) if a.from_task == "object" else names)
     n = min(int(getattr(a, "max_length", None) or 32), 32)
+    if a.min_words >= 2:  # words of up to 12 characters, one space between them
+        return rf"'[a-z][a-z0-9_]{{0,11}}(?: [a-z0-9_]{{1,12}}){{{a.min_words - 1},{max(a.min_words - 1, 7)}}}'"
     return f"'{STR_BODY}{{0,{n - 1}}}'"
 
 

@@ -65,6 +65,9 @@ class SkillArg:
     # "any" of them, or an "object" the task asks about (not one it names as a place: "the toy under the
     # bed" is the toy); "" = a free string. The robot may still be sent other names by hand.
     from_task: str = ""
+    # strings: a constrained plan writes at least this many words in a literal of it (a log states something,
+    # not a one-word fragment); a grammar rule only, plans sent by hand are not held to it
+    min_words: int = 0
 
     def check(self, value: ArgValue, skill: str) -> ArgValue:
         """Return the value normalised to the arg type, or raise ValueError."""

@@ -306,7 +306,7 @@ def _arg(v: _V, a: Any, at: str) -> SkillArg:
     if not isinstance(a, dict):
         v.fail(at, "expected a mapping")
     v.no_extra(a, {"name", "type", "min", "max", "unit", "typical", "min_length", "max_length", "pattern",
-                   "description", "from_task"}, at)
+                   "description", "from_task", "min_words"}, at)
     name = v.string(a, "name", at=f"{at}.name")
     typ = v.choice(a, "type", ARG_TYPES, at=f"{at}.type")
     lo = v.number(a, "min", f"{at}.min", default=None)
@@ -328,6 +328,7 @@ def _arg(v: _V, a: Any, at: str) -> SkillArg:
         max_length=v.integer(a, "max_length", lo=0, default=100, at=f"{at}.max_length"),
         pattern=pattern, description=str(a.get("description", "")),
         from_task=_from_task(v, a, typ, at),
+        min_words=v.integer(a, "min_words", lo=0, default=0, at=f"{at}.min_words"),
     )
 
 

@@ -114,6 +114,25 @@ def counts(task_input: str) -> tuple[int, ...]:
     return tuple(k for _, k in counted(task_input))
 
 
+_UNIT_OF = {**dict.fromkeys(("cm", "centimetres", "centimeters"), ("cm", 1)),
+            **dict.fromkeys(("m", "metre", "metres", "meter", "meters"), ("cm", 100)),
+            **dict.fromkeys(("degrees", "degree", "deg"), ("deg", 1)),
+            **dict.fromkeys(("seconds", "second", "s"), ("s", 1))}
+
+
+def amounts(task_input: str) -> dict[str, tuple[int, ...]]:
+    """The amounts the task text states, by the unit the skill files use (``cm``, ``deg``, ``s``), in order:
+    ``go up 30 cm`` (cm: 30), ``1 m`` (cm: 100), ``turn 90 degrees`` (deg: 90). A whole number before a unit
+    word; a decimal (``1.5 m``) is left out, which leaves that unit's amounts to the plan."""
+    ws = words(_TAG.sub("", split_task(task_input)[1]))
+    out: dict[str, list[int]] = {}
+    for i, w in enumerate(ws[:-1]):
+        if w.isdigit() and ws[i + 1] in _UNIT_OF and not (i >= 2 and ws[i - 1] == "." and ws[i - 2].isdigit()):
+            unit, scale = _UNIT_OF[ws[i + 1]]
+            out.setdefault(unit, []).append(int(w) * scale)
+    return {u: tuple(v) for u, v in out.items()}
+
+
 def is_name_word(w: str) -> bool:
     """A word that may be part of an object's name: a content word of two letters or more, not a verb, an
     adjective of state, a number word or a unit."""

@@ -184,6 +184,18 @@ def test_stated_amounts_bound_the_arguments_of_their_unit_and_a_log_is_never_one
     assert not re.fullmatch(r, "?iv('keys')==True{l('the keys');}")
 
 
+def test_a_question_is_answered_under_its_tests_and_a_speech_act_is_said() -> None:
+    q = "Scene: [shelf_1 x:0.5] Task: [Q] Are a cup and a spoon on the shelf?"
+    r = grammar.plan_regex(DRONE, q)
+    assert re.fullmatch(r, "?iv('cup')==True{l('the cup is there');};?iv('spoon')==False{l('no spoon here');}")
+    assert not re.fullmatch(r, "l('the cup is on the shelf');l('the spoon is on the shelf');")  # said unseen
+    assert not re.fullmatch(r, "?iv('cup')==True{l('the cup is there');};l('the spoon is there');")
+    warn = "Scene: [] Task: [A] Find the painter and warn him about the wet paint."
+    r = grammar.plan_regex(DRONE, warn)
+    assert re.fullmatch(r, "?s('painter')==True{g('painter');l('careful the paint is wet');}")
+    assert not re.fullmatch(r, "?s('painter')==True{g('painter');}")  # found him, said nothing
+
+
 def test_the_counted_skill_is_read_from_the_count_s_sentence() -> None:
     c = grammar.counted_skill
     assert c(DRONE, "Scene: [] Task: [A] Go down 30 cm twice and look for the cat.") == "md"  # named before

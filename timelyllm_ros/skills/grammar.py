@@ -242,9 +242,12 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
             if unit:
                 return _Grammar(call, unit, rep(unit, 1, units), names, units, unit_plan=True)
         return _Grammar(call, f"{call};", rep(f"{call};", 1, ps.max_statements), names, units)
-    stmt = f"{call};"
-    boolcall = call_regex(ss, ("bool",), names)
     answer_calls = _answer_calls(ss, names, answers, need)
+    # a question's answers are logged under the tests they answer, never said before looking
+    top_call = call_regex(_only(ss, [sk.name for sk in ss.skills if sk.op != "log"]), names=names) \
+        if answer_calls else call
+    stmt = f"{top_call};"
+    boolcall = call_regex(ss, ("bool",), names)
     if answer_calls:  # a question: a block that tests an object answers about that object
         for n, body, _log in answer_calls:
             stmt += (r"|\?" + call_regex(ss, ("bool",), [n]) + r"==(?:True|False)\{" + rep(f"{body};", 1,
@@ -265,7 +268,7 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
         bool_nn = call_regex(_only(ss, others), ("bool",), names)
         stmt_nn = f"{call_nn};"
         need_loop = need_loop and bool(loop)
-        need_stmt = "" if need_loop else f"{need_call};"
+        need_stmt = "" if need_loop or answer_calls else f"{need_call};"
         side = None if m is None else m - 1
         conds = ([(r"|\?" + bool_nn + r"==(?:True|False)\{", True)] if bool_nn else []) + ([("|" + loop, False)]
                                                                                          if loop else [])
@@ -287,6 +290,7 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
         for n, body, log in answer_calls:
             need_stmt += (r"|\?" + call_regex(_only(ss, others), ("bool",), [n]) + r"==(?:True|False)\{"
                           + rep(f"{call_nn};", 0, side) + f"{log};" + rep(f"{body};", 0, side) + r"\};?")
+        need_stmt = need_stmt.removeprefix("|")
     head = ""
     if first:
         head = f"{call_regex(_only(ss, first), names=names)};"

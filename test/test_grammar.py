@@ -159,7 +159,8 @@ def test_a_count_s_loop_repeats_a_small_pattern_and_comes_first_when_the_task_be
                   "3{tp();mu(40);};",  # the count's loop begins with the call it counts
                   "3{mu(40);l('going up');};",  # no log, no call on a name in the count's loop
                   "3{mu(40);tp();tp();};",  # one call at most each side of the counted one
-                  "2{tp();};3{mu(40);};"):  # no other loop before the count's
+                  "2{tp();};3{mu(40);};",  # no other loop before the count's
+                  "3{mu(40);};3{tp();};"):  # nor one after it: the task has one count
         assert not re.fullmatch(r, wrong), wrong
     rest = grammar.continuation_regex(DRONE, "3{mu(40);", up)
     assert re.fullmatch(rest, "};tp();") and re.fullmatch(rest, "d(1);};")

@@ -116,15 +116,17 @@ def _grammar(ss: SkillSet, task: str | None) -> _Grammar:
         if task is not None and not first:
             first = leading_skills(ss, task)
         need = asked_skill(ss, task) if task is not None else None
-        loops = tuple(sorted({k for k in ta.counts(task) if 2 <= k <= ss.max_loop_count})) if task else ()
-        need_loop = need_first = False
+        counts = [k for k in ta.counts(task) if 2 <= k <= ss.max_loop_count] if task else []
+        loops = tuple(sorted(set(counts)))
+        need_loop, need_first = 0, False
         if loops and ss.grammar == "minispec" and ta.tag(task) not in ("E", "Q"):
             # a count is honoured: the skill it repeats is called in a loop of that count (not once, not as
             # the same statement written again), which replaces the leading skill and the asked one; a task
             # that begins with that skill begins with its loop
             counted = counted_skill(ss, task)
-            if counted is not None:
-                need, need_first, first, need_loop = counted, counted in first, (), True
+            if counted is not None:  # its loop has the first count; a later loop, another count of the task
+                need, need_first, first, need_loop = counted, counted in first, (), counts[0]
+                loops = tuple(sorted(set(counts[1:])))
         tss = _task_skill_set(ss, task, names) if task is not None else ss
         answers = tuple(names.objects) if task is not None and names is not None and ta.tag(task) == "Q" else ()
         g = _CACHE[key] = _build(tss, names, units, mentions, first, None if need in first else need, loops,
@@ -224,11 +226,13 @@ def _only(ss: SkillSet, skills: Sequence[str]) -> SkillSet:
 
 def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
            mentions: tuple[str, ...] | None = None, first: tuple[str, ...] = (), need: str | None = None,
-           loops: tuple[int, ...] = (), answers: tuple[str, ...] = (), need_loop: bool = False,
+           loops: tuple[int, ...] = (), answers: tuple[str, ...] = (), need_loop: int = 0,
            need_first: bool = False) -> _Grammar:
     ps = ss.plan_structure
     # a count of the task (task_analysis.counts: "twice", "in four steps") may be a loop of that count, one level
     # deep like a conditional; no other loop count
+    if need_loop and not (need and call_regex(_only(ss, (need,)), names=names)):  # the counted skill is out
+        loops, need_loop = tuple(sorted({*loops, need_loop})), 0
     loop = "(?:" + "|".join(str(k) for k in loops) + r")\{" if loops and ss.grammar == "minispec" else ""
     call = call_regex(ss, names=names)
     if ss.grammar != "minispec":
@@ -267,7 +271,7 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
         call_nn = call_regex(_only(ss, others), names=names)
         bool_nn = call_regex(_only(ss, others), ("bool",), names)
         stmt_nn = f"{call_nn};"
-        need_loop = need_loop and bool(loop)
+        need_loop = need_loop if ss.grammar == "minispec" else 0
         need_stmt = "" if need_loop or answer_calls else f"{need_call};"
         side = None if m is None else m - 1
         conds = ([(r"|\?" + bool_nn + r"==(?:True|False)\{", True)] if bool_nn else []) + ([("|" + loop, False)]
@@ -279,7 +283,7 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
             loop_call = call_regex(_only(ss, [sk.name for sk in ss.skills if sk.name != need and _repeatable(sk)]),
                                    names=names)
             around = rep(f"{loop_call};", 0, 1) if loop_call else ""
-            need_stmt = loop + f"{need_call};" + around + r"\};?"
+            need_stmt = f"{need_loop}" + r"\{" + f"{need_call};" + around + r"\};?"
             conds = [c for c in conds if c[1]]
         for cond, is_if in conds:
             stmt_nn += cond + rep(f"{call_nn};", 1, m) + r"\};?"
@@ -305,7 +309,7 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
     else:
         top = head + rep(stmt, 0 if head else 1, n_max)
     return _Grammar(call, stmt, top, names, units, need_skill=need if need_call else None, need_call=need_call,
-                    need_stmt=need_stmt, need_loop=bool(need_call) and need_loop, loop_call=loop_call,
+                    need_stmt=need_stmt, need_loop=bool(need_call and need_loop), loop_call=loop_call,
                     need_first=bool(need_call) and need_first,
                     head=1 if head else 0, need_gap=gap_n, stmt_nn=stmt_nn, call_nn=call_nn,
                     head_skills=first if head else (), after_head=top[len(head):] if head else "",

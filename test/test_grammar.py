@@ -180,17 +180,28 @@ def test_stated_amounts_bound_the_arguments_of_their_unit_and_a_log_is_never_one
     assert re.fullmatch(free, "mf(50);tu(90);")
     two = "Scene: [countertop_1 x:0.48] Task: [Q] Are there keys and a wallet on the countertop?"
     r = grammar.plan_regex(DRONE, two)  # an answer is more than the object's name
-    assert re.fullmatch(r, "?iv('keys')==True{l('the keys are here');};?iv('wallet')==False{l('no wallet');}")
+    assert re.fullmatch(r, KEYS_WALLET)
     assert not re.fullmatch(r, "?iv('keys')==True{l('keys');}")
     assert not re.fullmatch(r, "?iv('keys')==True{l('the keys');}")
 
 
-def test_a_question_is_answered_under_its_tests_and_a_speech_act_is_said() -> None:
+KEYS_WALLET = ("?iv('keys')==True{l('the keys are here');};?iv('keys')==False{l('no keys here');};"
+               "?iv('wallet')==True{l('the wallet is here');};?iv('wallet')==False{l('no wallet');}")
+
+
+def test_a_question_is_answered_on_every_outcome_once_and_a_speech_act_is_said() -> None:
     q = "Scene: [shelf_1 x:0.5] Task: [Q] Are a cup and a spoon on the shelf?"
     r = grammar.plan_regex(DRONE, q)
-    assert re.fullmatch(r, "?iv('cup')==True{l('the cup is there');};?iv('spoon')==False{l('no spoon here');}")
+    cup = "?iv('cup')==True{l('the cup is there');};?iv('cup')==False{l('no cup here');g('cup');}"
+    spoon = "?iv('spoon')==True{l('a spoon is there');};?iv('spoon')==False{l('no spoon here');}"
+    assert re.fullmatch(r, cup + ";" + spoon)
     assert not re.fullmatch(r, "l('the cup is on the shelf');l('the spoon is on the shelf');")  # said unseen
-    assert not re.fullmatch(r, "?iv('cup')==True{l('the cup is there');};l('the spoon is there');")
+    assert not re.fullmatch(r, cup + ";" + spoon.split(";")[0] + ";")  # the spoon missing answers no
+    assert not re.fullmatch(r, cup + ";" + cup + ";" + spoon)  # an answer said twice
+    assert not re.fullmatch(r, cup.replace("no cup here", "the cup is here") + ";" + spoon)  # "yes" on False
+    assert not re.fullmatch(r, cup.replace("the cup is there", "no cup there") + ";" + spoon)  # "no" on True
+    rest = grammar.continuation_regex(DRONE, "?iv('cup')==True{l('the cup is there');};?iv('cup')==False{", q)
+    assert re.fullmatch(rest, "l('no cup here');};" + spoon) and not re.fullmatch(rest, "l('no spoon here');}")
     warn = "Scene: [] Task: [A] Find the painter and warn him about the wet paint."
     r = grammar.plan_regex(DRONE, warn)
     assert re.fullmatch(r, "?s('painter')==True{g('painter');l('careful the paint is wet');}")
@@ -216,17 +227,17 @@ def test_no_movement_by_an_amount_unless_asked_and_a_question_ends_once_answered
     q = "Scene: [] Task: [Q] Is there a kite on the roof?"  # one object: two statements, one per outcome
     r = grammar.plan_regex(DRONE, q)
     yes_no = "?iv('kite')==True{l('a kite is on the roof');};?iv('kite')==False{l('no kite on the roof');}"
-    assert re.fullmatch(r, yes_no) and not re.fullmatch(r, yes_no + ";?iv('kite')==False{l('no kite');}")
+    assert re.fullmatch(r, yes_no) and not re.fullmatch(r, yes_no + ";?iv('kite')==False{l('no kite here');}")
     assert grammar.continuation_regex(DRONE, yes_no + ";", q) == "(?:)"
     down = "Scene: [chair_2 x:0.45] Task: [A] Fly down and look for a kite under the chair."  # move + 2 outcomes
     r = grammar.plan_regex(DRONE, down)
     assert re.fullmatch(r, "md(40);" + yes_no) and not re.fullmatch(r, "md(40);" + yes_no + ";tp();")
     two = "Scene: [countertop_1 x:0.48] Task: [Q] Are there keys and a wallet on the countertop?"
     r = grammar.plan_regex(DRONE, two)  # an answer under a test names the object tested, no other
-    assert re.fullmatch(r, "?iv('keys')==True{l('the keys are here');};?iv('wallet')==False{l('no wallet here');}")
-    assert not re.fullmatch(r, "?iv('keys')==False{l('no wallet on the countertop');}")
-    rest = grammar.continuation_regex(DRONE, "?iv('keys')==False{", two)
-    assert re.fullmatch(rest, "l('no keys here');}") and not re.fullmatch(rest, "l('no wallet here');}")
+    assert re.fullmatch(r, KEYS_WALLET)
+    assert not re.fullmatch(r, KEYS_WALLET.replace("no keys here", "no wallet on the countertop"))
+    rest = grammar.continuation_regex(DRONE, KEYS_WALLET.split("False{")[0] + "False{", two)
+    assert re.fullmatch(rest, KEYS_WALLET.split("False{", 1)[1]) and not re.fullmatch(rest, "l('no wallet here');}")
 
 
 def test_the_arm_grammar_takes_the_task_s_objects_in_the_order_it_mentions_them():

@@ -87,7 +87,7 @@ class _Grammar:
     tss: SkillSet | None = None  # the task's skill set (_task_skill_set: its skills and argument bounds)
     # a [Q] question's answers: per object, the calls a block that tests it takes (its logs name that object)
     # and its log calls alone
-    answer_calls: tuple[tuple[str, str, str], ...] = ()
+    answers: tuple[_Answer, ...] = ()  # a [Q] question's plan after its head: these blocks in this order
     need_loop: bool = False  # the need statement is a loop of the task's count (a count's skill)
     loop_call: str = ""  # ... whose other calls (at most one each side of the counted one) are these
     need_first: bool = False  # the need statement is the plan's first (the task begins with its skill)
@@ -162,29 +162,49 @@ def _task_skill_set(ss: SkillSet, task: str, names: TaskNames | None) -> SkillSe
 _MAX_ANSWERED = 4  # objects of a question whose blocks get answers of their own (the regex grows with them)
 
 
-def _answer_calls(ss: SkillSet, names: Sequence[str] | None, answers: tuple[str, ...],
-                  need: str | None) -> tuple[tuple[str, str, str], ...]:
-    """For a ``[Q]`` question about a few objects: per object, (its name, the calls of a block that tests it,
-    its logs), where a log begins by naming that object (``no wallet on the countertop`` under
-    ``?iv('wallet')``), never another the question asks about. () where the rule does not apply."""
+@dataclass(frozen=True)
+class _Answer:
+    """One block of a ``[Q]`` question's plan: a test of one object and its answer on one outcome."""
+
+    opener: str  # ?iv('keys')==True{
+    log: str  # the answer's log call
+    other: str  # a call the block may add after it (not a log)
+
+    @property
+    def whole(self) -> str:
+        return self.opener + self.body(0) + r"\};?"
+
+    def body(self, written: int) -> str:
+        """The block's calls left after ``written`` of them: the answer, then at most one other call."""
+        more = rep(f"{self.other};", 0, 1) if self.other else ""
+        return (f"{self.log};" + more) if written == 0 else (more if written == 1 else "")
+
+
+def _answers(ss: SkillSet, names: Sequence[str] | None, answers: tuple[str, ...],
+             need: str | None) -> tuple[_Answer, ...]:
+    """A ``[Q]`` question about a few objects is answered object by object, in the task's order: a test of the
+    object on True, then on False, each with its answer, which names that object and no other, says it is there
+    on True and that it is not (``no wallet ...``) on False. So every outcome gets one answer, none is said
+    twice and none is said before looking. () where the rule does not apply (more objects than
+    :data:`_MAX_ANSWERED`, no log skill, or the task asks for another skill)."""
     logs = [sk for sk in ss.skills if sk.op == "log" and len(sk.args) == 1 and sk.args[0].type == "str"]
     if not answers or len(answers) > _MAX_ANSWERED or not logs or (need is not None and need != logs[0].name):
         return ()
     log = logs[0]
-    others = call_regex(_only(ss, [sk.name for sk in ss.skills if sk.name != log.name]), names=names)
     n_max = min(int(log.args[0].max_length or 32), 32)
     out = []
     for n in answers:
-        said = n.replace("_", " ")
-        rest = n_max - len(said) - 4  # "'no " and the name within the free strings' length
-        if rest < 0 or not re.fullmatch(f"{STR_BODY}*", said):
+        said = re.escape(n.replace("_", " "))
+        rest = n_max - len(n) - 4  # "'no " and the name within the free strings' length
+        test = call_regex(ss, ("bool",), [n])
+        if rest < 2 or not re.fullmatch(f"{STR_BODY}*", n.replace("_", " ")) or not test:
             return ()
-        text = f"'(?:(?:the|a|an|no) )?{re.escape(said)}[a-z0-9_ ]{{0,{rest}}}'"
-        if log.args[0].min_words >= 2 and rest >= 2:  # "no wallet ...", else the name and more: never it alone
-            text = (f"'(?:no {re.escape(said)}[a-z0-9_ ]{{0,{rest}}}|(?:(?:the|a|an) )?{re.escape(said)}"
-                    f" [a-z0-9_][a-z0-9_ ]{{0,{rest - 2}}})'")
-        lg = re.escape(log.name) + r"\(" + text + r"\)"
-        out.append((n, f"(?:{others}|{lg})" if others else lg, lg))
+        other = call_regex(_only(ss, [sk.name for sk in ss.skills if sk.op != "log"]), names=[n])
+        yes = (f"(?:(?:the|a|an) )?{said} [a-z0-9_][a-z0-9_ ]{{0,{rest - 2}}}" if log.args[0].min_words >= 2
+               else f"(?:(?:the|a|an) )?{said}[a-z0-9_ ]{{0,{rest}}}")
+        for outcome, text in (("True", yes), ("False", f"no {said}[a-z0-9_ ]{{0,{rest}}}")):
+            out.append(_Answer(r"\?" + test + f"=={outcome}" + r"\{", re.escape(log.name) + rf"\('{text}'\)",
+                               other))
     return tuple(out)
 
 
@@ -246,17 +266,12 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
             if unit:
                 return _Grammar(call, unit, rep(unit, 1, units), names, units, unit_plan=True)
         return _Grammar(call, f"{call};", rep(f"{call};", 1, ps.max_statements), names, units)
-    answer_calls = _answer_calls(ss, names, answers, need)
-    # a question's answers are logged under the tests they answer, never said before looking
-    top_call = call_regex(_only(ss, [sk.name for sk in ss.skills if sk.op != "log"]), names=names) \
-        if answer_calls else call
-    stmt = f"{top_call};"
+    blocks = _answers(ss, names, answers, need)
+    if blocks:
+        need = None  # the answers are the plan
+    stmt = f"{call};"
     boolcall = call_regex(ss, ("bool",), names)
-    if answer_calls:  # a question: a block that tests an object answers about that object
-        for n, body, _log in answer_calls:
-            stmt += (r"|\?" + call_regex(ss, ("bool",), [n]) + r"==(?:True|False)\{" + rep(f"{body};", 1,
-                     ps.max_block_statements) + r"\};?")
-    elif boolcall:
+    if boolcall:
         stmt += r"|\?" + boolcall + r"==(?:True|False)\{" + rep(f"{call};", 1, ps.max_block_statements) + r"\};?"
     if loop:
         stmt += "|" + loop + rep(f"{call};", 1, ps.max_block_statements) + r"\};?"
@@ -272,7 +287,7 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
         bool_nn = call_regex(_only(ss, others), ("bool",), names)
         stmt_nn = f"{call_nn};"
         need_loop = need_loop if ss.grammar == "minispec" else 0
-        need_stmt = "" if need_loop or answer_calls else f"{need_call};"
+        need_stmt = "" if need_loop else f"{need_call};"
         side = None if m is None else m - 1
         conds = ([(r"|\?" + bool_nn + r"==(?:True|False)\{", True)] if bool_nn else []) + ([("|" + loop, False)]
                                                                                          if loop else [])
@@ -287,21 +302,19 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
             conds = [c for c in conds if c[1]]
         for cond, is_if in conds:
             stmt_nn += cond + rep(f"{call_nn};", 1, m) + r"\};?"
-            if is_if and (answer_calls or need_loop):
-                continue  # a question's blocks answer about what they test (below); a count's skill is looped
+            if is_if and need_loop:
+                continue  # a count's skill is looped
             alt = cond + rep(f"{call_nn};", 0, side) + f"{need_call};" + rep(f"{call};", 0, side) + r"\};?"
             need_stmt += alt if need_stmt else alt[1:]
-        for n, body, log in answer_calls:
-            need_stmt += (r"|\?" + call_regex(_only(ss, others), ("bool",), [n]) + r"==(?:True|False)\{"
-                          + rep(f"{call_nn};", 0, side) + f"{log};" + rep(f"{body};", 0, side) + r"\};?")
-        need_stmt = need_stmt.removeprefix("|")
     head = ""
     if first:
         head = f"{call_regex(_only(ss, first), names=names)};"
         first = tuple(sk for sk in first if args_regex(ss, sk, names))
         n_max = None if n_max is None else n_max - 1
     gap_n = None if n_max is None else max(0, n_max - 1)
-    if need_stmt:
+    if blocks:
+        top = head + "".join(b.whole for b in blocks)
+    elif need_stmt:
         # Close to the start, and the plan ends soon after it: with the whole bound on each side, a model that
         # left the call out of its first statements wandered (20 segments of scans) before it was made to.
         gap_n = NEED_GAP if gap_n is None else min(gap_n, NEED_GAP)
@@ -313,7 +326,7 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
                     need_first=bool(need_call) and need_first,
                     head=1 if head else 0, need_gap=gap_n, stmt_nn=stmt_nn, call_nn=call_nn,
                     head_skills=first if head else (), after_head=top[len(head):] if head else "",
-                    answer_calls=answer_calls)
+                    answers=blocks)
 
 
 _MAX_ASSIGNMENTS = 400  # name assignments a unit enumerates before its variables are left untied
@@ -492,11 +505,8 @@ def _continuation(ss: SkillSet, plan_so_far: str, g: _Grammar) -> str:
     if ss.grammar == "minispec":
         top, depth, block = _progress(done)
         left = None if ps.max_statements is None else ps.max_statements - top
-        if depth > 0 and g.answer_calls:  # inside a question's block: its calls are those of the object it tests
-            tested = re.search(r"\?[a-z]+\('([^']*)'\)==(?:True|False)$", done[:done.rfind("{")])
-            for n, body, log in g.answer_calls:
-                if tested and tested[1] == n:
-                    g = dataclasses.replace(g, call=body, need_call=log if g.need_skill else g.need_call)
+        if g.answers:
+            return _answers_rest(g, done, cut, top, depth, block)
         if g.need_skill:
             return _need_rest(ps, g, done, cut)
         if depth <= 0:  # a call cut at its ')' ends the plan, or its ';' comes before the next statement
@@ -516,6 +526,19 @@ def _continuation(ss: SkillSet, plan_so_far: str, g: _Grammar) -> str:
     n = _calls(ss, done)
     left = None if ps.max_statements is None or n is None else ps.max_statements - len(n)
     return lead + rep(f"{g.call};", 0, left)
+
+
+def _answers_rest(g: _Grammar, done: str, cut: bool, top: int, depth: int, block: int) -> str:
+    """The rest of a question's plan (:func:`_answers`): what is left of the open block, then the blocks after
+    it; before the first block, the head's ';' if it was cut."""
+    i = top - g.head  # blocks closed
+    if depth <= 0:
+        rest = "".join(b.whole for b in g.answers[max(0, i):])
+        return (";" if cut else ";?" if done.endswith("}") else "") + rest
+    if i >= len(g.answers):
+        return ""
+    return ((";" if cut else "") + g.answers[i].body(block) + r"\};?"
+            + "".join(b.whole for b in g.answers[i + 1:]))
 
 
 def _need_rest(ps, g: _Grammar, done: str, cut: bool) -> str:

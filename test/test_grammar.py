@@ -200,6 +200,11 @@ def test_a_question_is_answered_on_every_outcome_once_and_a_speech_act_is_said()
     assert not re.fullmatch(r, cup + ";" + cup + ";" + spoon)  # an answer said twice
     assert not re.fullmatch(r, cup.replace("no cup here", "the cup is here") + ";" + spoon)  # "yes" on False
     assert not re.fullmatch(r, cup.replace("the cup is there", "no cup there") + ";" + spoon)  # "no" on True
+    by = grammar.plan_regex(DRONE, "Scene: [gate_1 x:0.5] Task: [Q] Are the bike and the ball by the gate?")
+    bike = "?iv('bike')==True{l('the bike is here');};?iv('bike')==False{l('no bike here');}"
+    ball = "?iv('ball')==True{l('the ball is here');};?iv('ball')==False{l('no ball here');}"
+    assert re.fullmatch(by, bike + ";" + ball)  # in the order asked; the gate is where, not what is asked
+    assert not re.fullmatch(by, ball + ";" + bike)
     rest = grammar.continuation_regex(DRONE, "?iv('cup')==True{l('the cup is there');};?iv('cup')==False{", q)
     assert re.fullmatch(rest, "l('no cup here');};" + spoon) and not re.fullmatch(rest, "l('no spoon here');}")
     warn = "Scene: [] Task: [A] Find the painter and warn him about the wet paint."

@@ -128,7 +128,10 @@ def _grammar(ss: SkillSet, task: str | None) -> _Grammar:
                 need, need_first, first, need_loop = counted, counted in first, (), counts[0]
                 loops = tuple(sorted(set(counts[1:])))
         tss = _task_skill_set(ss, task, names) if task is not None else ss
-        answers = tuple(names.objects) if task is not None and names is not None and ta.tag(task) == "Q" else ()
+        answers = ()
+        if task is not None and names is not None and ta.tag(task) == "Q":  # in the order the question asks
+            said = [n for n in task_mentions(task) if n in names.objects]
+            answers = tuple(dict.fromkeys([*said, *names.objects]))
         g = _CACHE[key] = _build(tss, names, units, mentions, first, None if need in first else need, loops,
                                  answers, need_loop, need_first)
         g = _CACHE[key] = dataclasses.replace(g, ps=tss.plan_structure, tss=tss)

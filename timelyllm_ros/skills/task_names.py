@@ -43,7 +43,7 @@ def split_task(task_input: str) -> tuple[str, str]:
 
 
 _PLACE = frozenset("under on in near at behind beside between inside outside above below onto into over beneath "
-                   "underneath".split())
+                   "underneath by".split())
 _ARTICLE = frozenset("the a an my your this that these those".split())
 
 

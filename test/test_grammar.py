@@ -213,6 +213,30 @@ def test_a_question_is_answered_on_every_outcome_once_and_a_speech_act_is_said()
     assert not re.fullmatch(r, "?s('painter')==True{g('painter');}")  # found him, said nothing
 
 
+def test_an_emergency_resumes_the_plan_it_was_given_unless_it_fled_the_other_way() -> None:
+    dog = ("Scene: [dog x:0.5] Task: [E] You provided me with plan ml,100, but I encountered a failure because a "
+           "dog is attempting to catch me. Execution history: ml(50)")
+    r = grammar.plan_regex(DRONE, dog)
+    assert re.fullmatch(r, "mu(100);ml(100);") and re.fullmatch(r, "mb(80);ml(50);")  # the given move, 50-100
+    assert not re.fullmatch(r, "mb(100);mf(100);") and not re.fullmatch(r, "mu(100);ml(30);")
+    assert not re.fullmatch(r, "mu(100);")
+    assert re.fullmatch(r, "mr(100);mf(50);")  # fled right, against the given left: the rest is the plan's
+    heads = dict(grammar.plan_head(DRONE, dog))
+    assert re.fullmatch(heads["mu"], "(100);ml(100);") and not re.fullmatch(heads["mu"], "(100);mf(100);")
+    rest = grammar.continuation_regex(DRONE, "mu(100);", dog)
+    assert re.fullmatch(rest, "ml(60);") and not re.fullmatch(rest, "mf(60);")
+
+
+def test_what_a_task_asks_for_if_it_finds_something_is_done_on_finding_it() -> None:
+    book = "Scene: [cabinet_1 x:0.5] Task: [A] Fly up, and if you see a book on the cabinet, take a picture of it."
+    r = grammar.plan_regex(DRONE, book)
+    assert re.fullmatch(r, "mu(50);?iv('book')==True{tp();}")
+    assert not re.fullmatch(r, "mu(50);?iv('book')==False{l('no book here');tp();}")  # a photo of no book
+    assert not re.fullmatch(r, "mu(50);tp();")  # whether or not it is there
+    rest = grammar.continuation_regex(DRONE, "mu(50);?iv('book')==False{", book)
+    assert not re.fullmatch(rest, "tp();}") and re.fullmatch(rest, "l('no book here');};?iv('book')==True{tp();}")
+
+
 def test_the_counted_skill_is_read_from_the_count_s_sentence() -> None:
     c = grammar.counted_skill
     assert c(DRONE, "Scene: [] Task: [A] Go down 30 cm twice and look for the cat.") == "md"  # named before

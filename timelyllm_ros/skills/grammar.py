@@ -91,6 +91,9 @@ class _Grammar:
     need_loop: bool = False  # the need statement is a loop of the task's count (a count's skill)
     loop_call: str = ""  # ... whose other calls (at most one each side of the counted one) are these
     need_first: bool = False  # the need statement is the plan's first (the task begins with its skill)
+    need_if_true: bool = False  # ... is a test on True that calls it (the task asks for it if it finds something)
+    then: tuple[tuple[str, str], ...] = ()  # an emergency's given plan: (skill, its call's regex) per call
+    after_heads: tuple[tuple[str, str], ...] = ()  # (head skill, the plan's regex after it) where they differ
 
 
 _CACHE: OrderedDict[tuple[int, str | None], _Grammar] = OrderedDict()
@@ -127,13 +130,18 @@ def _grammar(ss: SkillSet, task: str | None) -> _Grammar:
             if counted is not None:  # its loop has the first count; a later loop, another count of the task
                 need, need_first, first, need_loop = counted, counted in first, (), counts[0]
                 loops = tuple(sorted(set(counts[1:])))
+        need_if_true = bool(task) and ta.tag(task) not in ("E", "Q") and not need_loop and ta.conditional(task)
+        then = ()
+        if tag and tag[1] == "E" and first:  # after moving away, the plan the report says it was given
+            then = tuple((c[0], _given_call(ss, *c)) for c in ta.given_plan(task))
+            then = then if all(r for _, r in then) else ()
         tss = _task_skill_set(ss, task, names) if task is not None else ss
         answers = ()
         if task is not None and names is not None and ta.tag(task) == "Q":  # in the order the question asks
             said = [n for n in task_mentions(task) if n in names.objects]
             answers = tuple(dict.fromkeys([*said, *names.objects]))
         g = _CACHE[key] = _build(tss, names, units, mentions, first, None if need in first else need, loops,
-                                 answers, need_loop, need_first)
+                                 answers, need_loop, need_first, need_if_true, then)
         g = _CACHE[key] = dataclasses.replace(g, ps=tss.plan_structure, tss=tss)
         while len(_CACHE) > _CACHE_LEN:
             _CACHE.popitem(last=False)
@@ -231,6 +239,31 @@ def _stated_amounts(ss: SkillSet, amounts: dict[str, tuple[int, ...]]) -> SkillS
     return dataclasses.replace(ss, skills=skills, _by_name={})
 
 
+_OPPOSITE = {"forward": "back", "back": "forward", "left": "right", "right": "left", "up": "down", "down": "up"}
+
+
+def _opposite(ss: SkillSet, a: str, b: str) -> bool:
+    """Skills ``a`` and ``b`` move the same way in opposite directions (``md`` and ``mu``)."""
+    sa, sb = ss.get(a), ss.get(b)
+    if sa is None or sb is None or sa.op != sb.op:
+        return False
+    da, db = sa.op_args.get("direction"), sb.op_args.get("direction")
+    return da is not None and _OPPOSITE.get(str(da)) == db
+
+
+def _given_call(ss: SkillSet, skill: str, least: int, most: int) -> str:
+    """The regex of one call of a plan an emergency was given (``ml`` from 50 to 100 cm: ``ml(50)`` ... ``ml(100)``),
+    "" where the skill set has no such skill with one whole-number argument."""
+    sk = ss.get(skill)
+    sig = next((s for s in sk.signatures if len(s) == 1 and s[0].type == "int"), None) if sk else None
+    if sig is None:
+        return ""
+    a = sig[0]
+    lo, hi = max(least, int(a.min if a.min is not None else least)), min(most, int(a.max if a.max is not None
+                                                                                    else most))
+    return re.escape(sk.name) + r"\(" + int_range_regex(lo, hi) + r"\)" if lo <= hi else ""
+
+
 def _repeatable(sk) -> bool:
     """A call a count's loop may repeat beside the counted one: a move, turn or wait by an amount, or an action
     with no arguments that returns nothing (a photo); not a call on a name, a log, a question or a re-plan."""
@@ -250,7 +283,8 @@ def _only(ss: SkillSet, skills: Sequence[str]) -> SkillSet:
 def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
            mentions: tuple[str, ...] | None = None, first: tuple[str, ...] = (), need: str | None = None,
            loops: tuple[int, ...] = (), answers: tuple[str, ...] = (), need_loop: int = 0,
-           need_first: bool = False) -> _Grammar:
+           need_first: bool = False, need_if_true: bool = False,
+           then: tuple[tuple[str, str], ...] = ()) -> _Grammar:
     ps = ss.plan_structure
     # a count of the task (task_analysis.counts: "twice", "in four steps") may be a loop of that count, one level
     # deep like a conditional; no other loop count
@@ -290,7 +324,7 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
         bool_nn = call_regex(_only(ss, others), ("bool",), names)
         stmt_nn = f"{call_nn};"
         need_loop = need_loop if ss.grammar == "minispec" else 0
-        need_stmt = "" if need_loop else f"{need_call};"
+        need_stmt = "" if need_loop or need_if_true else f"{need_call};"
         side = None if m is None else m - 1
         conds = ([(r"|\?" + bool_nn + r"==(?:True|False)\{", True)] if bool_nn else []) + ([("|" + loop, False)]
                                                                                          if loop else [])
@@ -305,11 +339,14 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
             conds = [c for c in conds if c[1]]
         for cond, is_if in conds:
             stmt_nn += cond + rep(f"{call_nn};", 1, m) + r"\};?"
-            if is_if and need_loop:
-                continue  # a count's skill is looped
+            if (is_if and need_loop) or (need_if_true and not is_if):
+                continue  # a count's skill is looped; what the task asks if it finds something, under a test
+            if need_if_true:
+                cond = cond.replace("==(?:True|False)", "==True")
             alt = cond + rep(f"{call_nn};", 0, side) + f"{need_call};" + rep(f"{call};", 0, side) + r"\};?"
             need_stmt += alt if need_stmt else alt[1:]
     head = ""
+    after_heads: tuple[tuple[str, str], ...] = ()
     if first:
         head = f"{call_regex(_only(ss, first), names=names)};"
         first = tuple(sk for sk in first if args_regex(ss, sk, names))
@@ -317,6 +354,13 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
     gap_n = None if n_max is None else max(0, n_max - 1)
     if blocks:
         top = head + "".join(b.whole for b in blocks)
+    elif then and head:
+        # Away, then the plan it was given; unless the way away is the opposite of that plan's first move (the
+        # danger lies that way: a fan above, a plan going up), which leaves what follows to the plan
+        resume = "".join(f"{r};" for _, r in then)
+        free = rep(stmt, 0, n_max)
+        after_heads = tuple((h, free if _opposite(ss, h, then[0][0]) else resume) for h in first)
+        top = "(?:" + "|".join(f"{call_regex(_only(ss, [h]), names=names)};{rest}" for h, rest in after_heads) + ")"
     elif need_stmt:
         # Close to the start, and the plan ends soon after it: with the whole bound on each side, a model that
         # left the call out of its first statements wandered (20 segments of scans) before it was made to.
@@ -326,9 +370,11 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
         top = head + rep(stmt, 0 if head else 1, n_max)
     return _Grammar(call, stmt, top, names, units, need_skill=need if need_call else None, need_call=need_call,
                     need_stmt=need_stmt, need_loop=bool(need_call and need_loop), loop_call=loop_call,
-                    need_first=bool(need_call) and need_first,
+                    need_first=bool(need_call) and need_first, need_if_true=bool(need_call) and need_if_true,
+                    then=then if head and not blocks else (), after_heads=after_heads,
                     head=1 if head else 0, need_gap=gap_n, stmt_nn=stmt_nn, call_nn=call_nn,
-                    head_skills=first if head else (), after_head=top[len(head):] if head else "",
+                    head_skills=first if head else (),
+                    after_head=top[len(head):] if head and not after_heads else "",
                     answers=blocks)
 
 
@@ -487,7 +533,9 @@ def plan_head(ss: SkillSet, task: str) -> tuple[tuple[str, str], ...]:
     if ss.grammar == "text":
         return ()
     g = _grammar(ss, task)
-    return tuple((sk, args_regex(g.tss or ss, sk, g.names) + ";" + g.after_head) for sk in g.head_skills)
+    after = dict(g.after_heads)
+    return tuple((sk, args_regex(g.tss or ss, sk, g.names) + ";" + after.get(sk, g.after_head))
+                 for sk in g.head_skills)
 
 
 def continuation_regex(ss: SkillSet, plan_so_far: str, task: str | None = None) -> str | None:
@@ -510,6 +558,10 @@ def _continuation(ss: SkillSet, plan_so_far: str, g: _Grammar) -> str:
         left = None if ps.max_statements is None else ps.max_statements - top
         if g.answers:
             return _answers_rest(g, done, cut, top, depth, block)
+        if g.then and depth <= 0:  # an emergency that resumes its given plan after the head it began with
+            began = re.match(r"\s*([a-z]+)\(", done)
+            if began and dict(g.after_heads).get(began[1]) == "".join(f"{r};" for _, r in g.then):
+                return (";" if cut else "") + "".join(f"{r};" for _, r in g.then[max(0, top - g.head):])
         if g.need_skill:
             return _need_rest(ps, g, done, cut)
         if depth <= 0:  # a call cut at its ')' ends the plan, or its ';' comes before the next statement
@@ -571,7 +623,8 @@ def _need_rest(ps, g: _Grammar, done: str, cut: bool) -> str:
     if in_blk:  # the open block calls it: it is the need statement
         return lead + rep(f"{g.call};", 0, dec(m, 1 + after_need)) + close + post_any
     alts = []
-    if (m is None or b <= m - 1) and not g.need_loop:  # the block calls it before it closes
+    if (m is None or b <= m - 1) and not g.need_loop and (not g.need_if_true or _open_block(done) == "True"):
+        # the block calls it before it closes
         alts.append(rep(f"{g.call_nn};", 0, dec(m, 1 + b)) + f"{g.need_call};" + rep(f"{g.call};", 0, dec(m, 1))
                     + close + post_any)
     if Gb is None or stmts + 1 <= Gb:  # or it closes without it, and a later statement calls it
@@ -618,12 +671,23 @@ def _need_scan(text: str, need: str, head: int) -> tuple[int, int | None, int, i
     return max(0, done - head), (None if first is None else first - head), depth, b, in_blk, max(0, after)
 
 
-def _open_loop(text: str) -> bool:
-    """The block open at the end of a MiniSpec plan so far is a loop (``3{``), not a conditional."""
+def _open_block(text: str) -> str | None:
+    """What the block open at the end of a MiniSpec plan so far is: "loop" (``3{``), "True" or "False" (a test
+    on that outcome); None when there is none to tell."""
     lx = Lexer()
     toks = [t for t in lx.feed(text) + lx.end() if t.kind != "eof"]
     opens = [i for i, t in enumerate(toks) if t.kind == "op" and t.value == "{"]
-    return bool(opens) and opens[-1] > 0 and toks[opens[-1] - 1].kind == "num"
+    if not opens or opens[-1] == 0:
+        return None
+    before = toks[opens[-1] - 1]
+    if before.kind == "num":
+        return "loop"
+    return str(before.value) if str(before.value) in ("True", "False") else None
+
+
+def _open_loop(text: str) -> bool:
+    """The block open at the end of a MiniSpec plan so far is a loop (``3{``), not a conditional."""
+    return _open_block(text) == "loop"
 
 
 def _end_stmt(done: int, first: int | None, cur: bool, head: int) -> tuple[int, int | None, bool, bool]:

@@ -133,6 +133,41 @@ def amounts(task_input: str) -> dict[str, tuple[int, ...]]:
     return {u: tuple(v) for u, v in out.items()}
 
 
+_IF = frozenset({"if", "when", "whenever", "once"})
+
+
+def conditional(task_input: str) -> bool:
+    """The task makes what it asks for depend on what the robot finds (``if you see a book, take a picture``,
+    ``when a person comes into view, say hello``)."""
+    return bool(_IF & set(words(_TAG.sub("", split_task(task_input)[1]))))
+
+
+_GIVEN = re.compile(r"plan\s+((?:[a-z]+,\s*\d+\s*;?\s*)+)")
+_DONE = re.compile(r"([a-z]+)\((\d+)\)")
+
+
+def given_plan(task_input: str) -> tuple[tuple[str, int, int], ...]:
+    """The plan an emergency report says it was given (``You provided me with plan ml,100 ... Execution
+    history: ml(50)``), as (skill, least, most) per call: most is the amount given, least what is left of it
+    after the history's calls of the same skill (``ml``, 50, 100). () when the report gives none."""
+    text = split_task(task_input)[1]
+    m = _GIVEN.search(text)
+    if not m:
+        return ()
+    hist = text[text.find("history"):] if "history" in text else ""
+    done: dict[str, int] = {}
+    for sk, n in _DONE.findall(hist):
+        done[sk] = done.get(sk, 0) + int(n)
+    out = []
+    for part in m[1].split(";"):
+        sk, _, n = part.strip().partition(",")
+        if sk and n.strip().isdigit():
+            most = int(n)
+            left = most - done.pop(sk, 0)
+            out.append((sk, left if left > 0 else most, most))
+    return tuple(out)
+
+
 def is_name_word(w: str) -> bool:
     """A word that may be part of an object's name: a content word of two letters or more, not a verb, an
     adjective of state, a number word or a unit."""

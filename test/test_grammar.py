@@ -233,8 +233,10 @@ def test_what_a_task_asks_for_if_it_finds_something_is_done_on_finding_it() -> N
     assert re.fullmatch(r, "mu(50);?iv('book')==True{tp();}")
     assert not re.fullmatch(r, "mu(50);?iv('book')==False{l('no book here');tp();}")  # a photo of no book
     assert not re.fullmatch(r, "mu(50);tp();")  # whether or not it is there
-    rest = grammar.continuation_regex(DRONE, "mu(50);?iv('book')==False{", book)
-    assert not re.fullmatch(rest, "tp();}") and re.fullmatch(rest, "l('no book here');};?iv('book')==True{tp();}")
+    assert not re.fullmatch(r, "mu(50);?iv('book')==True{l('a book is here');};?iv('book')==True{tp();}")  # twice
+    rest = grammar.continuation_regex(DRONE, "mu(50);?iv('book')==True{", book)
+    assert re.fullmatch(rest, "tp();}") and re.fullmatch(rest, "l('a book is here');tp();}")
+    assert not re.fullmatch(rest, "l('a book is here');}")  # found it, and no photo
 
 
 def test_the_counted_skill_is_read_from_the_count_s_sentence() -> None:

@@ -17,6 +17,11 @@ misname the object (``iv('keyboard')`` for keys) nor turn a hazard into a skill.
 object, the same name in the calls of one ``$variable``), and bounds on units and statements, so every
 constrained plan can end and must end within them.
 
+The task's sentence shapes the MiniSpec plan too (skills/task_analysis.py reads it): a count is a loop of the
+skill it repeats; amounts the task states bound the arguments of their unit; a ``[Q]`` question is answered
+object by object on both outcomes; what the task asks for if it finds something is done under a test on True;
+an emergency moves away, then resumes the plan its report says it was given; a log says at least two words.
+
 A suspended generation is resubmitted as a new vLLM request, whose grammar starts from scratch, so
 :func:`continuation_regex` builds the regex for the state the plan so far left off in (inside an open block,
 right after a call cut at its ``)``, part-way through a unit, with the statements left).
@@ -85,11 +90,9 @@ class _Grammar:
     after_head: str = ""  # the regex of the plan after its first statement
     ps: PlanStructure | None = None  # the task's plan structure (its bounds: _task_skill_set)
     tss: SkillSet | None = None  # the task's skill set (_task_skill_set: its skills and argument bounds)
-    # a [Q] question's answers: per object, the calls a block that tests it takes (its logs name that object)
-    # and its log calls alone
     answers: tuple[_Answer, ...] = ()  # a [Q] question's plan after its head: these blocks in this order
     need_loop: bool = False  # the need statement is a loop of the task's count (a count's skill)
-    loop_call: str = ""  # ... whose other calls (at most one each side of the counted one) are these
+    loop_call: str = ""  # ... whose other call (at most one, after the counted one) is one of these
     need_first: bool = False  # the need statement is the plan's first (the task begins with its skill)
     need_if_true: bool = False  # ... is a test on True that calls it (the task asks for it if it finds something)
     then: tuple[tuple[str, str], ...] = ()  # an emergency's given plan: (skill, its call's regex) per call
@@ -338,7 +341,8 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
             need_stmt = f"{need_loop}" + r"\{" + f"{need_call};" + around + r"\};?"
             conds = [c for c in conds if c[1]]
         for cond, is_if in conds:
-            stmt_nn += cond + rep(f"{call_nn};", 1, m) + r"\};?"
+            if not need_if_true:  # a test before the one that finds it would only say the same again
+                stmt_nn += cond + rep(f"{call_nn};", 1, m) + r"\};?"
             if (is_if and need_loop) or (need_if_true and not is_if):
                 continue  # a count's skill is looped; what the task asks if it finds something, under a test
             if need_if_true:
@@ -627,7 +631,7 @@ def _need_rest(ps, g: _Grammar, done: str, cut: bool) -> str:
         # the block calls it before it closes
         alts.append(rep(f"{g.call_nn};", 0, dec(m, 1 + b)) + f"{g.need_call};" + rep(f"{g.call};", 0, dec(m, 1))
                     + close + post_any)
-    if Gb is None or stmts + 1 <= Gb:  # or it closes without it, and a later statement calls it
+    if (Gb is None or stmts + 1 <= Gb) and not g.need_if_true:  # or it closes without, a later statement calls it
         alts.append(rep(f"{g.call_nn};", 0 if b else 1, dec(m, b)) + close + rep(g.stmt_nn, 0, dec(Gb, stmts + 1))
                     + f"(?:{g.need_stmt})" + post_any)
     return lead + "(?:" + "|".join(alts) + ")"

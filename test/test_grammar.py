@@ -237,6 +237,7 @@ def test_what_a_task_asks_for_if_it_finds_something_is_done_on_finding_it() -> N
     rest = grammar.continuation_regex(DRONE, "mu(50);?iv('book')==True{", book)
     assert re.fullmatch(rest, "tp();}") and re.fullmatch(rest, "l('a book is here');tp();}")
     assert not re.fullmatch(rest, "l('a book is here');}")  # found it, and no photo
+    assert not re.fullmatch(rest, "l('a book is here');l('a book is here');tp();}")  # chatter before the photo
 
 
 def test_the_counted_skill_is_read_from_the_count_s_sentence() -> None:

@@ -345,9 +345,10 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
                 stmt_nn += cond + rep(f"{call_nn};", 1, m) + r"\};?"
             if (is_if and need_loop) or (need_if_true and not is_if):
                 continue  # a count's skill is looped; what the task asks if it finds something, under a test
-            if need_if_true:
-                cond = cond.replace("==(?:True|False)", "==True")
-            alt = cond + rep(f"{call_nn};", 0, side) + f"{need_call};" + rep(f"{call};", 0, side) + r"\};?"
+            before = side
+            if need_if_true:  # on finding it, what the task asks for comes first or second, not after chatter
+                cond, before = cond.replace("==(?:True|False)", "==True"), 1
+            alt = cond + rep(f"{call_nn};", 0, before) + f"{need_call};" + rep(f"{call};", 0, side) + r"\};?"
             need_stmt += alt if need_stmt else alt[1:]
     head = ""
     after_heads: tuple[tuple[str, str], ...] = ()
@@ -629,7 +630,8 @@ def _need_rest(ps, g: _Grammar, done: str, cut: bool) -> str:
     alts = []
     if (m is None or b <= m - 1) and not g.need_loop and (not g.need_if_true or _open_block(done) == "True"):
         # the block calls it before it closes
-        alts.append(rep(f"{g.call_nn};", 0, dec(m, 1 + b)) + f"{g.need_call};" + rep(f"{g.call};", 0, dec(m, 1))
+        alts.append(rep(f"{g.call_nn};", 0, max(0, 1 - b) if g.need_if_true else dec(m, 1 + b)) + f"{g.need_call};"
+                    + rep(f"{g.call};", 0, dec(m, 1))
                     + close + post_any)
     if (Gb is None or stmts + 1 <= Gb) and not g.need_if_true:  # or it closes without, a later statement calls it
         alts.append(rep(f"{g.call_nn};", 0 if b else 1, dec(m, b)) + close + rep(g.stmt_nn, 0, dec(Gb, stmts + 1))

@@ -238,6 +238,8 @@ def test_what_a_task_asks_for_if_it_finds_something_is_done_on_finding_it() -> N
     assert re.fullmatch(rest, "tp();}") and re.fullmatch(rest, "l('a book is here');tp();}")
     assert not re.fullmatch(rest, "l('a book is here');}")  # found it, and no photo
     assert not re.fullmatch(rest, "l('a book is here');l('a book is here');tp();}")  # chatter before the photo
+    keys = "Scene: [] Task: [A] If you don't find the keys on the desk, tell me."  # on not finding: either test
+    assert re.fullmatch(grammar.plan_regex(DRONE, keys), "?iv('keys')==False{l('the keys are not here');}")
 
 
 def test_the_counted_skill_is_read_from_the_count_s_sentence() -> None:

@@ -136,10 +136,16 @@ def amounts(task_input: str) -> dict[str, tuple[int, ...]]:
 _IF = frozenset({"if", "when", "whenever", "once"})
 
 
+_NEGATION = frozenset({"not", "no", "never", "cannot", "nothing", "nobody", "none"})
+
+
 def conditional(task_input: str) -> bool:
     """The task makes what it asks for depend on what the robot finds (``if you see a book, take a picture``,
-    ``when a person comes into view, say hello``)."""
-    return bool(_IF & set(words(_TAG.sub("", split_task(task_input)[1]))))
+    ``when a person comes into view, say hello``). Not when the sentence negates (``if you don't find the
+    keys, tell me``: what it asks for is on not finding)."""
+    ws = words(_TAG.sub("", split_task(task_input)[1]))
+    negated = bool(_NEGATION & set(ws)) or any(a == "'" and b == "t" for a, b in zip(ws, ws[1:], strict=False))
+    return bool(_IF & set(ws)) and not negated
 
 
 _GIVEN = re.compile(r"plan\s+((?:[a-z]+,\s*\d+\s*;?\s*)+)")

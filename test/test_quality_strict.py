@@ -183,3 +183,9 @@ def test_amounts_are_read_by_unit_from_a_whole_number_before_a_unit_word() -> No
         "cm": (30, 200), "deg": (90,), "s": (3,)}
     assert ta.amounts("Scene: [] Task: [A] Fly 1.5 m forward, take 3 photos.") == {}  # no decimal, no count
 
+
+def test_a_huge_number_in_a_task_is_no_count_or_amount_and_raises_nothing() -> None:
+    huge = "9" * 5000
+    assert ta.amounts(f"Task: [A] Fly up {huge} cm.") == {} and ta.counts(f"Task: [A] Turn {huge} times.") == ()
+    assert ta.given_plan(f"Task: [E] You provided me with plan mf,{huge}, but a dog. Execution history: mf(1)") == ()
+

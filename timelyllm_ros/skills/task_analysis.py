@@ -92,6 +92,9 @@ def asks_to_move(task_input: str, phrases: Iterable[str] = ()) -> bool:
     return bool(said & (MOTION_VERBS | {p.split()[0] for p in phrases if p.strip()}))
 
 
+_MAX_DIGITS = 6  # a longer number is no count or amount a robot takes (int() of 4300+ digits raises)
+
+
 def counted(task_input: str) -> tuple[tuple[int, int], ...]:
     """(word index, count) of each count the task text asks for, in order, the index into
     ``words(task text without its tag)``: ``twice`` (2), ``three times``, ``in four steps``, ``snap three
@@ -104,7 +107,7 @@ def counted(task_input: str) -> tuple[tuple[int, int], ...]:
             out.append((i, NUMBER_WORDS[w]))
         elif w in NUMBER_WORDS and nxt[:1].isalpha() and nxt not in UNITS:
             out.append((i, NUMBER_WORDS[w]))
-        elif w.isdigit() and nxt in ("times", "steps") and int(w) > 1:
+        elif w.isdigit() and len(w) <= _MAX_DIGITS and nxt in ("times", "steps") and int(w) > 1:
             out.append((i, int(w)))
     return tuple(out)
 
@@ -127,7 +130,8 @@ def amounts(task_input: str) -> dict[str, tuple[int, ...]]:
     ws = words(_TAG.sub("", split_task(task_input)[1]))
     out: dict[str, list[int]] = {}
     for i, w in enumerate(ws[:-1]):
-        if w.isdigit() and ws[i + 1] in _UNIT_OF and not (i >= 2 and ws[i - 1] == "." and ws[i - 2].isdigit()):
+        if (w.isdigit() and len(w) <= _MAX_DIGITS and ws[i + 1] in _UNIT_OF
+                and not (i >= 2 and ws[i - 1] == "." and ws[i - 2].isdigit())):
             unit, scale = _UNIT_OF[ws[i + 1]]
             out.setdefault(unit, []).append(int(w) * scale)
     return {u: tuple(v) for u, v in out.items()}
@@ -148,8 +152,8 @@ def conditional(task_input: str) -> bool:
     return bool(_IF & set(ws)) and not negated
 
 
-_GIVEN = re.compile(r"plan\s+((?:[a-z]+,\s*\d+\s*;?\s*)+)")
-_DONE = re.compile(r"([a-z]+)\((\d+)\)")
+_GIVEN = re.compile(r"plan\s+((?:[a-z]+,\s*\d{1,6}(?!\d)\s*;?\s*)+)")
+_DONE = re.compile(r"([a-z]+)\((\d{1,6})\)")
 
 
 def given_plan(task_input: str) -> tuple[tuple[str, int, int], ...]:

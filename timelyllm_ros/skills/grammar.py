@@ -37,8 +37,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from timelyllm_ros.skills import task_analysis as ta
-from timelyllm_ros.skills.lexer import Lexer
+from timelyllm_ros.skills.grammar_rules import (
+    Answer,
+    answers_blocks,
+    given_call,
+    only,
+    opposite,
+    repeatable,
+    task_skill_set,
+)
 from timelyllm_ros.skills.minispec import SkillParseError
+from timelyllm_ros.skills.plan_scan import need_scan, open_block, open_loop, progress
 from timelyllm_ros.skills.regex_pieces import (  # noqa: F401 (int_range_regex, arg_regex: public here too)
     STR_BODY,
     arg_regex,
@@ -88,9 +97,9 @@ class _Grammar:
     unit_plan: bool = False  # the plan is made of plan_structure units (else free calls: no unit fits the task's names)
     head_skills: tuple[str, ...] = ()  # the skills the plan must begin with (first_by_tag, leading_skills)
     after_head: str = ""  # the regex of the plan after its first statement
-    ps: PlanStructure | None = None  # the task's plan structure (its bounds: _task_skill_set)
-    tss: SkillSet | None = None  # the task's skill set (_task_skill_set: its skills and argument bounds)
-    answers: tuple[_Answer, ...] = ()  # a [Q] question's plan after its head: these blocks in this order
+    ps: PlanStructure | None = None  # the task's plan structure (its bounds: task_skill_set)
+    tss: SkillSet | None = None  # the task's skill set (task_skill_set: its skills and argument bounds)
+    answers: tuple[Answer, ...] = ()  # a [Q] question's plan after its head: these blocks in this order
     need_loop: bool = False  # the need statement is a loop of the task's count (a count's skill)
     loop_call: str = ""  # ... whose other call (at most one, after the counted one) is one of these
     need_first: bool = False  # the need statement is the plan's first (the task begins with its skill)
@@ -136,9 +145,9 @@ def _grammar(ss: SkillSet, task: str | None) -> _Grammar:
         need_if_true = bool(task) and ta.tag(task) not in ("E", "Q") and not need_loop and ta.conditional(task)
         then = ()
         if tag and tag[1] == "E" and first:  # after moving away, the plan the report says it was given
-            then = tuple((c[0], _given_call(ss, *c)) for c in ta.given_plan(task))
+            then = tuple((c[0], given_call(ss, *c)) for c in ta.given_plan(task))
             then = then if all(r for _, r in then) else ()
-        tss = _task_skill_set(ss, task, names) if task is not None else ss
+        tss = task_skill_set(ss, task, names) if task is not None else ss
         answers = ()
         if task is not None and names is not None and ta.tag(task) == "Q":  # in the order the question asks
             said = [n for n in task_mentions(task) if n in names.objects]
@@ -153,136 +162,6 @@ def _grammar(ss: SkillSet, task: str | None) -> _Grammar:
     return g
 
 
-def _task_skill_set(ss: SkillSet, task: str, names: TaskNames | None) -> SkillSet:
-    """The skills and bounds of a MiniSpec plan for this task: a normal task that asks for no movement
-    (:func:`task_analysis.asks_to_move`) gets no movement by an amount (``md(100)`` before the asked-for photo;
-    going to a named object stays); a normal task gets at most as many statements as it has things to do: its
-    leading move, two per object it asks about (one per outcome of a test), one for the skill it asks for and
-    its counts, so a plan that has done them ends rather than saying them again."""
-    if ss.grammar != "minispec":
-        return ss
-    ps = ss.plan_structure
-    if ta.tag(task) != "E" and not ta.asks_to_move(task, [p for sk in ss.skills for p in sk.phrases]):
-        ss = _only(ss, [sk.name for sk in ss.skills if not (sk.kind == "movement" and _numeric(sk))])
-    if ta.tag(task) != "E":
-        ss = _stated_amounts(ss, ta.amounts(task))
-    if ta.tag(task) != "E" and ps.max_statements is not None and names is not None:
-        things = (len(leading_skills(ss, task)) > 0) + 2 * len(names.objects) + (asked_skill(ss, task) is not None)
-        cap = max(2, min(ps.max_statements, things + sum(ta.counts(task))))
-        ss = dataclasses.replace(ss, plan_structure=dataclasses.replace(ps, max_statements=cap))
-    return ss
-
-
-_MAX_ANSWERED = 4  # objects of a question whose blocks get answers of their own (the regex grows with them)
-
-
-@dataclass(frozen=True)
-class _Answer:
-    """One block of a ``[Q]`` question's plan: a test of one object and its answer on one outcome."""
-
-    opener: str  # ?iv('keys')==True{
-    log: str  # the answer's log call
-    other: str  # a call the block may add after it (not a log)
-
-    @property
-    def whole(self) -> str:
-        return self.opener + self.body(0) + r"\};?"
-
-    def body(self, written: int) -> str:
-        """The block's calls left after ``written`` of them: the answer, then at most one other call."""
-        more = rep(f"{self.other};", 0, 1) if self.other else ""
-        return (f"{self.log};" + more) if written == 0 else (more if written == 1 else "")
-
-
-def _answers(ss: SkillSet, names: Sequence[str] | None, answers: tuple[str, ...],
-             need: str | None) -> tuple[_Answer, ...]:
-    """A ``[Q]`` question about a few objects is answered object by object, in the task's order: a test of the
-    object on True, then on False, each with its answer, which names that object and no other, says it is there
-    on True and that it is not (``no wallet ...``) on False. So every outcome gets one answer, none is said
-    twice and none is said before looking. () where the rule does not apply (more objects than
-    :data:`_MAX_ANSWERED`, no log skill, or the task asks for another skill)."""
-    logs = [sk for sk in ss.skills if sk.op == "log" and len(sk.args) == 1 and sk.args[0].type == "str"]
-    if not answers or len(answers) > _MAX_ANSWERED or not logs or (need is not None and need != logs[0].name):
-        return ()
-    log = logs[0]
-    n_max = min(int(log.args[0].max_length or 32), 32)
-    out = []
-    for n in answers:
-        said = re.escape(n.replace("_", " "))
-        rest = n_max - len(n) - 4  # "'no " and the name within the free strings' length
-        test = call_regex(ss, ("bool",), [n])
-        if rest < 2 or not re.fullmatch(f"{STR_BODY}*", n.replace("_", " ")) or not test:
-            return ()
-        other = call_regex(_only(ss, [sk.name for sk in ss.skills if sk.op != "log"]), names=[n])
-        yes = (f"(?:(?:the|a|an) )?{said} [a-z0-9_][a-z0-9_ ]{{0,{rest - 2}}}" if log.args[0].min_words >= 2
-               else f"(?:(?:the|a|an) )?{said}[a-z0-9_ ]{{0,{rest}}}")
-        for outcome, text in (("True", yes), ("False", f"no {said}[a-z0-9_ ]{{0,{rest}}}")):
-            out.append(_Answer(r"\?" + test + f"=={outcome}" + r"\{", re.escape(log.name) + rf"\('{text}'\)",
-                               other))
-    return tuple(out)
-
-
-def _stated_amounts(ss: SkillSet, amounts: dict[str, tuple[int, ...]]) -> SkillSet:
-    """A task that states amounts in a unit (``go up 30 cm``, ``turn 45 degrees``) gets them, not others, in
-    the arguments of that unit: from its least to its largest stated amount, within the skill's own bounds.
-    Units the task does not state stay free."""
-    if not amounts:
-        return ss
-
-    def arg(a: SkillArg) -> SkillArg:
-        vals = amounts.get(a.unit)
-        if a.type != "int" or not vals:
-            return a
-        lo, hi = max(min(vals), a.min if a.min is not None else min(vals)), min(max(vals), a.max if a.max
-                                                                                  is not None else max(vals))
-        return dataclasses.replace(a, min=lo, max=hi) if lo <= hi else a
-
-    skills = tuple(dataclasses.replace(sk, signatures=tuple(tuple(arg(a) for a in sig) for sig in sk.signatures))
-                   for sk in ss.skills)
-    return dataclasses.replace(ss, skills=skills, _by_name={})
-
-
-_OPPOSITE = {"forward": "back", "back": "forward", "left": "right", "right": "left", "up": "down", "down": "up"}
-
-
-def _opposite(ss: SkillSet, a: str, b: str) -> bool:
-    """Skills ``a`` and ``b`` move the same way in opposite directions (``md`` and ``mu``)."""
-    sa, sb = ss.get(a), ss.get(b)
-    if sa is None or sb is None or sa.op != sb.op:
-        return False
-    da, db = sa.op_args.get("direction"), sb.op_args.get("direction")
-    return da is not None and _OPPOSITE.get(str(da)) == db
-
-
-def _given_call(ss: SkillSet, skill: str, least: int, most: int) -> str:
-    """The regex of one call of a plan an emergency was given (``ml`` from 50 to 100 cm: ``ml(50)`` ... ``ml(100)``),
-    "" where the skill set has no such skill with one whole-number argument."""
-    sk = ss.get(skill)
-    sig = next((s for s in sk.signatures if len(s) == 1 and s[0].type == "int"), None) if sk else None
-    if sig is None:
-        return ""
-    a = sig[0]
-    lo, hi = max(least, int(a.min if a.min is not None else least)), min(most, int(a.max if a.max is not None
-                                                                                    else most))
-    return re.escape(sk.name) + r"\(" + int_range_regex(lo, hi) + r"\)" if lo <= hi else ""
-
-
-def _repeatable(sk) -> bool:
-    """A call a count's loop may repeat beside the counted one: a move, turn or wait by an amount, or an action
-    with no arguments that returns nothing (a photo); not a call on a name, a log, a question or a re-plan."""
-    if sk.kind in ("movement", "control"):
-        return _numeric(sk)
-    return sk.kind == "perception" and all(not sig for sig in sk.signatures) and not sk.returns
-
-
-def _numeric(sk) -> bool:
-    return any(a.type in ("int", "float") for sig in sk.signatures for a in sig)
-
-
-def _only(ss: SkillSet, skills: Sequence[str]) -> SkillSet:
-    return dataclasses.replace(ss, skills=tuple(sk for sk in ss.skills if sk.name in skills))
-
-
 def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
            mentions: tuple[str, ...] | None = None, first: tuple[str, ...] = (), need: str | None = None,
            loops: tuple[int, ...] = (), answers: tuple[str, ...] = (), need_loop: int = 0,
@@ -291,7 +170,7 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
     ps = ss.plan_structure
     # a count of the task (task_analysis.counts: "twice", "in four steps") may be a loop of that count, one level
     # deep like a conditional; no other loop count
-    if need_loop and not (need and call_regex(_only(ss, (need,)), names=names)):  # the counted skill is out
+    if need_loop and not (need and call_regex(only(ss, (need,)), names=names)):  # the counted skill is out
         loops, need_loop = tuple(sorted({*loops, need_loop})), 0
     loop = "(?:" + "|".join(str(k) for k in loops) + r")\{" if loops and ss.grammar == "minispec" else ""
     call = call_regex(ss, names=names)
@@ -306,7 +185,7 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
             if unit:
                 return _Grammar(call, unit, rep(unit, 1, units), names, units, unit_plan=True)
         return _Grammar(call, f"{call};", rep(f"{call};", 1, ps.max_statements), names, units)
-    blocks = _answers(ss, names, answers, need)
+    blocks = answers_blocks(ss, names, answers, need)
     if blocks:
         need = None  # the answers are the plan
     stmt = f"{call};"
@@ -316,15 +195,15 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
     if loop:
         stmt += "|" + loop + rep(f"{call};", 1, ps.max_block_statements) + r"\};?"
     n_max = ps.max_statements
-    need_call = call_regex(_only(ss, (need,)), names=names) if ss.grammar == "minispec" and need else ""
+    need_call = call_regex(only(ss, (need,)), names=names) if ss.grammar == "minispec" and need else ""
     need_stmt = stmt_nn = call_nn = loop_call = ""
     if need_call:
         # Unambiguous, so a resumed plan's grammar (continuation_regex) is exactly what is left of this one:
         # the statements before the first one that calls the asked-for skill call it nowhere.
         m = ps.max_block_statements
         others = [sk.name for sk in ss.skills if sk.name != need]
-        call_nn = call_regex(_only(ss, others), names=names)
-        bool_nn = call_regex(_only(ss, others), ("bool",), names)
+        call_nn = call_regex(only(ss, others), names=names)
+        bool_nn = call_regex(only(ss, others), ("bool",), names)
         stmt_nn = f"{call_nn};"
         need_loop = need_loop if ss.grammar == "minispec" else 0
         need_stmt = "" if need_loop or need_if_true else f"{need_call};"
@@ -335,7 +214,7 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
             # The count's loop repeats a small pattern: it begins with the counted call, then at most one
             # repeatable call (a move or turn by an amount, a photo, a wait: no name, no log). It is the plan's
             # one loop before it: no other loop to fill with what the count does not repeat.
-            loop_call = call_regex(_only(ss, [sk.name for sk in ss.skills if sk.name != need and _repeatable(sk)]),
+            loop_call = call_regex(only(ss, [sk.name for sk in ss.skills if sk.name != need and repeatable(sk)]),
                                    names=names)
             around = rep(f"{loop_call};", 0, 1) if loop_call else ""
             need_stmt = f"{need_loop}" + r"\{" + f"{need_call};" + around + r"\};?"
@@ -353,7 +232,7 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
     head = ""
     after_heads: tuple[tuple[str, str], ...] = ()
     if first:
-        head = f"{call_regex(_only(ss, first), names=names)};"
+        head = f"{call_regex(only(ss, first), names=names)};"
         first = tuple(sk for sk in first if args_regex(ss, sk, names))
         n_max = None if n_max is None else n_max - 1
     gap_n = None if n_max is None else max(0, n_max - 1)
@@ -364,8 +243,8 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
         # danger lies that way: a fan above, a plan going up), which leaves what follows to the plan
         resume = "".join(f"{r};" for _, r in then)
         free = rep(stmt, 0, n_max)
-        after_heads = tuple((h, free if _opposite(ss, h, then[0][0]) else resume) for h in first)
-        top = "(?:" + "|".join(f"{call_regex(_only(ss, [h]), names=names)};{rest}" for h, rest in after_heads) + ")"
+        after_heads = tuple((h, free if opposite(ss, h, then[0][0]) else resume) for h in first)
+        top = "(?:" + "|".join(f"{call_regex(only(ss, [h]), names=names)};{rest}" for h, rest in after_heads) + ")"
     elif need_stmt:
         # Close to the start, and the plan ends soon after it: with the whole bound on each side, a model that
         # left the call out of its first statements wandered (20 segments of scans) before it was made to.
@@ -559,7 +438,7 @@ def _continuation(ss: SkillSet, plan_so_far: str, g: _Grammar) -> str:
     ps = g.ps or ss.plan_structure
     cut = done.endswith(")")  # cut at a call's ')': its ';' comes next
     if ss.grammar == "minispec":
-        top, depth, block = _progress(done)
+        top, depth, block = progress(done)
         left = None if ps.max_statements is None else ps.max_statements - top
         if g.answers:
             return _answers_rest(g, done, cut, top, depth, block)
@@ -589,7 +468,7 @@ def _continuation(ss: SkillSet, plan_so_far: str, g: _Grammar) -> str:
 
 
 def _answers_rest(g: _Grammar, done: str, cut: bool, top: int, depth: int, block: int) -> str:
-    """The rest of a question's plan (:func:`_answers`): what is left of the open block, then the blocks after
+    """The rest of a question's plan (:func:`answers_blocks`): what is left of the open block, then the blocks after
     it; before the first block, the head's ';' if it was cut."""
     i = top - g.head  # blocks closed
     if depth <= 0:
@@ -604,7 +483,7 @@ def _answers_rest(g: _Grammar, done: str, cut: bool, top: int, depth: int, block
 def _need_rest(ps, g: _Grammar, done: str, cut: bool) -> str:
     """The rest of a plan that must call ``g.need_skill`` (:func:`_build`'s need grammar, exactly: the statements
     before the first that calls it call it nowhere, at most ``need_gap`` on each side of it)."""
-    stmts, p, depth, b, in_blk, after_need = _need_scan(done, g.need_skill or "", g.head)
+    stmts, p, depth, b, in_blk, after_need = need_scan(done, g.need_skill or "", g.head)
     G, m = g.need_gap, ps.max_block_statements
     Gb = 0 if g.need_first else G  # statements allowed before it
     dec = lambda x, k: None if x is None else x - k  # noqa: E731
@@ -620,7 +499,7 @@ def _need_rest(ps, g: _Grammar, done: str, cut: bool) -> str:
     if p is not None:  # the open block is one more statement after it
         return (lead + rep(f"{g.call};", 0 if b else 1, dec(m, b)) + close
                 + rep(g.stmt, 0, dec(G, stmts - p)))
-    if g.need_loop and _open_loop(done):  # the count's loop: one repeatable call at most on each side of it
+    if g.need_loop and open_loop(done):  # the count's loop: one repeatable call at most on each side of it
         one = (lambda k: rep(f"{g.loop_call};", 0, k) if g.loop_call and k > 0 else "")  # noqa: E731
         if in_blk:
             return lead + one(1 - after_need) + close + post_any
@@ -628,7 +507,7 @@ def _need_rest(ps, g: _Grammar, done: str, cut: bool) -> str:
     if in_blk:  # the open block calls it: it is the need statement
         return lead + rep(f"{g.call};", 0, dec(m, 1 + after_need)) + close + post_any
     alts = []
-    if (m is None or b <= m - 1) and not g.need_loop and (not g.need_if_true or _open_block(done) == "True"):
+    if (m is None or b <= m - 1) and not g.need_loop and (not g.need_if_true or open_block(done) == "True"):
         # the block calls it before it closes
         alts.append(rep(f"{g.call_nn};", 0, max(0, 1 - b) if g.need_if_true else dec(m, 1 + b)) + f"{g.need_call};"
                     + rep(f"{g.call};", 0, dec(m, 1))
@@ -637,69 +516,6 @@ def _need_rest(ps, g: _Grammar, done: str, cut: bool) -> str:
         alts.append(rep(f"{g.call_nn};", 0 if b else 1, dec(m, b)) + close + rep(g.stmt_nn, 0, dec(Gb, stmts + 1))
                     + f"(?:{g.need_stmt})" + post_any)
     return lead + "(?:" + "|".join(alts) + ")"
-
-
-def _need_scan(text: str, need: str, head: int) -> tuple[int, int | None, int, int, bool, int]:
-    """For a MiniSpec plan so far: (statements written after the ``head`` ones, index among them of the first
-    that calls ``need`` or None, blocks open, calls in the open block, whether the open block calls ``need``,
-    calls in it after that call). A call cut at its ``)`` counts as written."""
-    lx = Lexer()
-    toks = [t for t in lx.feed(text) + lx.end() if t.kind != "eof"]
-    done, first = 0, None
-    depth = b = after = 0
-    cur = in_blk = False  # the current top-level statement calls need / the open block does
-    prev = None
-    for i, t in enumerate(toks):
-        is_call = t.kind == "ident" and i + 1 < len(toks) and toks[i + 1].value == "("
-        if is_call and t.value == need:
-            cur = True
-            if depth > 0 and not in_blk:  # the block's calls after its first call of need (a later one counts)
-                in_blk, after = True, -1
-        if t.kind == "op" and t.value == "{":
-            depth, b, after = depth + 1, 0, 0
-        elif t.kind == "op" and t.value == "}":
-            depth -= 1
-            if depth == 0:
-                done, first, cur, in_blk = _end_stmt(done, first, cur, head)
-        elif t.kind == "op" and t.value == ";":
-            if depth > 0:
-                b += 1
-                after += 1 if in_blk else 0
-            elif not (prev is not None and prev.kind == "op" and prev.value == "}"):
-                done, first, cur, in_blk = _end_stmt(done, first, cur, head)
-        prev = t
-    if text.rstrip().endswith(")"):  # a call cut before its ';'
-        if depth > 0:
-            b += 1
-            after += 1 if in_blk else 0
-        else:
-            done, first, cur, in_blk = _end_stmt(done, first, cur, head)
-    return max(0, done - head), (None if first is None else first - head), depth, b, in_blk, max(0, after)
-
-
-def _open_block(text: str) -> str | None:
-    """What the block open at the end of a MiniSpec plan so far is: "loop" (``3{``), "True" or "False" (a test
-    on that outcome); None when there is none to tell."""
-    lx = Lexer()
-    toks = [t for t in lx.feed(text) + lx.end() if t.kind != "eof"]
-    opens = [i for i, t in enumerate(toks) if t.kind == "op" and t.value == "{"]
-    if not opens or opens[-1] == 0:
-        return None
-    before = toks[opens[-1] - 1]
-    if before.kind == "num":
-        return "loop"
-    return str(before.value) if str(before.value) in ("True", "False") else None
-
-
-def _open_loop(text: str) -> bool:
-    """The block open at the end of a MiniSpec plan so far is a loop (``3{``), not a conditional."""
-    return _open_block(text) == "loop"
-
-
-def _end_stmt(done: int, first: int | None, cur: bool, head: int) -> tuple[int, int | None, bool, bool]:
-    if cur and first is None and done >= head:
-        first = done
-    return done + 1, first, False, False
 
 
 def _calls(ss: SkillSet, text: str) -> list | None:
@@ -735,35 +551,3 @@ def _unit_tail(ss: SkillSet, done: str, g: _Grammar) -> str | None:
     if not tail:
         return None
     return tail + (rep(unit, 0, g.max_units - units - 1) if unit else "")
-
-
-def _progress(text: str) -> tuple[int, int, int]:
-    """(top-level statements written, blocks open, statements in the innermost open block), by the language's
-    lexer (a brace in a string is no block). A call cut at its ``)`` counts as written."""
-    lx = Lexer()
-    top = depth = block = 0
-    prev = ""
-    for t in lx.feed(text) + lx.end():
-        if t.kind != "op":
-            if t.kind != "eof":
-                prev = t.kind
-            continue
-        v = t.value
-        if v == "{":
-            depth, block = depth + 1, 0
-        elif v == "}":
-            depth -= 1
-            if depth == 0:
-                top += 1
-        elif v == ";":
-            if depth > 0:
-                block += 1
-            elif prev != "}":
-                top += 1
-        prev = v
-    if text.endswith(")"):
-        if depth > 0:
-            block += 1
-        else:
-            top += 1
-    return top, depth, block

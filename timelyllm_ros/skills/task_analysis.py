@@ -43,7 +43,7 @@ VERBS = frozenset("""
 find look search locate seek check see try go fly move turn rise climb approach come pick drop put place take
 grab bring get lift set leave tell report say answer show photograph snap shoot spin rotate circle hover wait
 land greet thank welcome ask warn stack transfer carry insert return lay make track count inspect scan capture
-record follow watch comes appears shows enters gets
+record follow watch comes appears shows enters gets gather collect repeat pause lower raise descend ascend
 """.split())
 UNITS = frozenset("cm centimetres centimeters m metres meters mm degrees degree deg seconds second s".split())
 PRONOUNS = frozenset("it them one ones".split())  # what a verb phrase's object may be instead of a noun
@@ -51,8 +51,37 @@ PRONOUNS = frozenset("it them one ones".split())  # what a verb phrase's object 
 # object's name.
 NOT_NAMES = frozenset("""
 him her them they he she someone somebody something anyone anybody anything everyone everybody everything
-hello hi hey goodbye bye thanks please around away about along across through
+hello hi hey goodbye bye thanks please around away about along across through more again afterwards
 """.split())
+# Adverbs of direction: part of a name before a name word ("the left shelf"), never at its end ("turn left",
+# "put the ball back").
+DIRECTIONS = frozenset("""
+left right forward forwards backward backwards back upward upwards downward downwards sideways clockwise
+counterclockwise anticlockwise
+""".split())
+# The shapes of a path the robot flies: a run of words that ends in one names a manoeuvre, not a thing ("fly a
+# square", "two clockwise rotations").
+PATH_SHAPES = frozenset("""
+square squares circle circles triangle rectangle loop loops lap laps rotation rotations revolution revolutions
+spin spins turn turns zigzag spiral
+""".split())
+
+
+def end_run(run: Sequence[str]) -> list[str]:
+    """A run of name words as a name: without the adverbs of direction at its end; nothing when it ends in a
+    path's shape, or is a task verb's -ing form alone ("looking for", "taking a photo"; "landing pad" stays)."""
+    out = list(run)
+    while out and out[-1] in DIRECTIONS:
+        out.pop()
+    if out and out[-1] in PATH_SHAPES:
+        return []
+    return [] if len(out) == 1 and _verb_ing(out[0]) else out
+
+
+def _verb_ing(w: str) -> bool:
+    stem = w[:-3] if w.endswith("ing") else ""
+    return bool(stem) and (stem in VERBS or stem + "e" in VERBS or (len(stem) > 2 and stem[-1] == stem[-2]
+                                                                     and stem[:-1] in VERBS))
 _SOURCE = frozenset({"from", "off"})
 _DEST = frozenset("in into on onto near to beside inside over above under behind by next atop".split())
 _SIDE = frozenset("top front side middle centre center end back left right".split())  # "on top of the X"
@@ -98,7 +127,7 @@ _MAX_DIGITS = 6  # a longer number is no count or amount a robot takes (int() of
 def counted(task_input: str) -> tuple[tuple[int, int], ...]:
     """(word index, count) of each count the task text asks for, in order, the index into
     ``words(task text without its tag)``: ``twice`` (2), ``three times``, ``in four steps``, ``snap three
-    pictures`` (3: a number word before a thing, not before a unit: ``30 cm`` is an amount)."""
+    pictures``, ``take 3 photos`` (3: a number before a thing, not before a unit: ``30 cm`` is an amount)."""
     ws = words(_TAG.sub("", split_task(task_input)[1]))
     out: list[tuple[int, int]] = []
     for i, w in enumerate(ws):
@@ -107,9 +136,36 @@ def counted(task_input: str) -> tuple[tuple[int, int], ...]:
             out.append((i, NUMBER_WORDS[w]))
         elif w in NUMBER_WORDS and nxt[:1].isalpha() and nxt not in UNITS:
             out.append((i, NUMBER_WORDS[w]))
-        elif w.isdigit() and len(w) <= _MAX_DIGITS and nxt in ("times", "steps") and int(w) > 1:
+        elif (w.isdigit() and len(w) <= _MAX_DIGITS and int(w) > 1
+              and (nxt in ("times", "steps") or (nxt[:1].isalpha() and nxt not in UNITS and nxt not in _UNIT_OF))):
             out.append((i, int(w)))
     return tuple(out)
+
+
+_EACH = frozenset({"each", "every"})
+_GOES_ON = frozenset({"then", "afterwards", "finally", "next"})
+
+
+def count_scope(task_input: str) -> tuple[bool, bool]:
+    """(each, goes on) for the task's first count: its sentence asks for something on each repeat (``take a
+    photo after each move``, ``each time``); the task goes on after it (``twice, then find the dog``,
+    ``afterwards``, ``after that``). (False, False) without a count."""
+    cs = counted(task_input)
+    if not cs:
+        return False, False
+    ws = words(_TAG.sub("", split_task(task_input)[1]))
+    at = cs[0][0]
+    lo = max((i for i in range(at) if ws[i] in _ENDS), default=-1) + 1
+    hi = next((i for i in range(at, len(ws)) if ws[i] in _ENDS), len(ws))
+    each = any(w in _EACH for w in ws[lo:hi])
+    after = ws[at + 1:]
+    goes_on = any((w in _GOES_ON or (w == "after" and nxt in ("that", "this", "which")))
+                  and any(x[:1].isalpha() for x in after[i + 1:])
+                  for i, (w, nxt) in enumerate(zip(after, [*after[1:], ""], strict=True)))
+    return each, goes_on
+
+
+_ENDS = frozenset({".", "!", "?", ";"})
 
 
 def counts(task_input: str) -> tuple[int, ...]:
@@ -221,7 +277,8 @@ def name_runs(task_input: str, stopwords: Iterable[str] = ()) -> tuple[str, ...]
         if is_name(w, prev, stop):
             run.append(w)
         elif run:
-            out.append("_".join(run[:3]))
+            if name := "_".join(end_run(run)[:3]):
+                out.append(name)
             run = []
         prev = w
     return tuple(out)
@@ -259,10 +316,10 @@ def moves(task_input: str, stopwords: Iterable[str], verbs: Iterable[str]) -> tu
     def np() -> None:
         nonlocal run, dest
         if run:
-            name = "_".join(run[:3])
-            if role == "object":
+            name = "_".join(end_run(run)[:3])
+            if name and role == "object":
                 objs.append(name)
-            elif role == "dest":
+            elif name and role == "dest":
                 dest = name
             run = []
 

@@ -75,9 +75,9 @@ def _scan(task: str) -> list[tuple[str, bool]]:
         if ta.is_name(w, prev_w, STOPWORDS):
             run.append(w)
             continue
-        if run:
-            out.append(("_".join(run[:3]), before in _PLACE))
-            run = []
+        if run and (name := "_".join(ta.end_run(run)[:3])):
+            out.append((name, before in _PLACE))
+        run = []
         if w not in _ARTICLE:
             before = w
     return out
@@ -125,11 +125,19 @@ def leading_skills(ss: SkillSet, task_input: str) -> tuple[str, ...]:
 
 
 def asked_skill(ss: SkillSet, task_input: str) -> str | None:
-    """The first skill the task asks for by its words anywhere (``... take a picture of it``: tp; a
-    skill's ``asked_by``), which the plan must call; None when it asks for none."""
+    """The first skill the task asks for by its words anywhere (``... take a picture of it``, ``taking a
+    photo``: tp; a skill's ``asked_by``), which the plan must call; None when it asks for none."""
     text = " " + " ".join(w.lower() for w in _WORD.findall(split_task(task_input)[1]) if w[0].isalnum()) + " "
-    hits = [(text.find(f" {p} "), sk.name) for sk in ss.skills for p in sk.asked_by if f" {p} " in text]
+    hits = [(text.find(f" {v} "), sk.name) for sk in ss.skills for p in sk.asked_by for v in _ing_forms(p)
+            if f" {v} " in text]
     return min(hits)[1] if hits else None
+
+
+def _ing_forms(phrase: str) -> tuple[str, ...]:
+    """A phrase and the same with its verb in the -ing form (``taking a photo``, ``snapping``, ``telling``)."""
+    verb, _, rest = phrase.partition(" ")
+    forms = {verb + "ing", verb[:-1] + "ing" if verb.endswith("e") else verb + verb[-1] + "ing"}
+    return (phrase, *(" ".join(filter(None, (f, rest))) for f in sorted(forms)))
 
 
 def counted_skill(ss: SkillSet, task_input: str) -> str | None:

@@ -154,8 +154,10 @@ def test_a_count_is_a_loop_of_the_skill_it_repeats(task: str, looped: str, refus
 def test_a_count_s_loop_repeats_a_small_pattern_and_comes_first_when_the_task_begins_with_it() -> None:
     up = "Scene: [] Task: [A] Fly up 40 cm three times, then take a picture."
     r = grammar.plan_regex(DRONE, up)
-    assert re.fullmatch(r, "3{mu(40);tp();};") and re.fullmatch(r, "3{mu(40);};tp();")
+    assert re.fullmatch(r, "3{mu(40);};tp();") and re.fullmatch(r, "3{mu(40);d(1);};tp();")
     for wrong in ("tp();3{mu(40);};",  # the task begins with the counted move
+                  "3{mu(40);tp();};",  # "then take a picture": one picture, after the loop
+                  "3{mu(40);};",  # ... and not none: the asked skill is not lost to the count's
                   "3{tp();mu(40);};",  # the count's loop begins with the call it counts
                   "3{mu(40);l('going up');};",  # no log, no call on a name in the count's loop
                   "3{mu(40);tp();tp();};",  # one call at most each side of the counted one
@@ -163,10 +165,34 @@ def test_a_count_s_loop_repeats_a_small_pattern_and_comes_first_when_the_task_be
                   "3{mu(40);};3{tp();};"):  # nor one after it: the task has one count
         assert not re.fullmatch(r, wrong), wrong
     rest = grammar.continuation_regex(DRONE, "3{mu(40);", up)
-    assert re.fullmatch(rest, "};tp();") and re.fullmatch(rest, "d(1);};")
+    assert re.fullmatch(rest, "};tp();") and re.fullmatch(rest, "d(1);};tp();") and not re.fullmatch(rest, "d(1);};")
     assert not re.fullmatch(rest, "l('up');};") and not re.fullmatch(rest, "d(1);d(1);};")
     kite = "Scene: [kite_1 x:0.5] Task: [A] Snap four pictures of the kite."
     assert not re.fullmatch(grammar.plan_regex(DRONE, kite), "?iv('kite')==True{g('kite');};4{g('kite');tp();}")
+
+
+def test_a_count_keeps_what_the_task_asks_beside_it_on_each_repeat_or_after_the_loop() -> None:
+    each = "Scene: [] Task: [A] Fly forward 30 cm four times, taking a photo after each move."
+    r = grammar.plan_regex(DRONE, each)
+    assert re.fullmatch(r, "4{mf(30);tp();};")
+    for wrong in ("4{mf(30);};", "4{mf(30);};tp();", "4{mf(30);d(1);};"):  # a photo on each repeat, in the loop
+        assert not re.fullmatch(r, wrong), wrong
+    assert re.fullmatch(grammar.continuation_regex(DRONE, "4{mf(30);", each), "tp();};")
+    assert not re.fullmatch(grammar.continuation_regex(DRONE, "4{mf(30);", each), "};")
+    # the task goes on after its count: a statement after the loop, which the continuation keeps too
+    on = "Scene: [] Task: [A] Turn right 45 degrees two times, then look for the exit sign."
+    r = grammar.plan_regex(DRONE, on)
+    assert re.fullmatch(r, "2{tc(45);};?s('exit_sign')==True{g('exit_sign');};")
+    assert not re.fullmatch(r, "2{tc(45);};")
+    rest = grammar.continuation_regex(DRONE, "2{tc(45);}", on)
+    assert re.fullmatch(rest, ";?s('exit_sign')==True{g('exit_sign');};") and not re.fullmatch(rest, ";")
+    # after the loop, a test whose block makes the asked call (a log)
+    say = "Scene: [] Task: [A] Rise 20 cm twice, then tell me if you see the door."
+    r = grammar.plan_regex(DRONE, say)
+    assert re.fullmatch(r, "2{mu(20);};?iv('door')==True{l('the door is there');};")
+    assert not re.fullmatch(r, "2{mu(20);};?iv('door')==True{g('door');};")
+    rest = grammar.continuation_regex(DRONE, "2{mu(20);};?iv('door')==True{g('door');", say)
+    assert re.fullmatch(rest, "l('the door is near');};") and not re.fullmatch(rest, "};")
 
 
 def test_stated_amounts_bound_the_arguments_of_their_unit_and_a_log_is_never_one_word() -> None:

@@ -102,6 +102,11 @@ class _Grammar:
     answers: tuple[Answer, ...] = ()  # a [Q] question's plan after its head: these blocks in this order
     need_loop: bool = False  # the need statement is a loop of the task's count (a count's skill)
     loop_call: str = ""  # ... whose other call (at most one, after the counted one) is one of these
+    loop_must: bool = False  # ... and it is there (the task asks for it on each repeat)
+    after_stmt: str = ""  # the statement right after the count's loop (the asked skill, or any: the task goes on)
+    after_call: str = ""  # ... the asked skill's calls, which that statement makes (or "": any statement)
+    after_nn: str = ""  # ... a call of any other skill
+    after_skill: str | None = None  # ... the asked skill
     need_first: bool = False  # the need statement is the plan's first (the task begins with its skill)
     need_if_true: bool = False  # ... is a test on True that calls it (the task asks for it if it finds something)
     then: tuple[tuple[str, str], ...] = ()  # an emergency's given plan: (skill, its call's regex) per call
@@ -134,12 +139,19 @@ def _grammar(ss: SkillSet, task: str | None) -> _Grammar:
         counts = [k for k in ta.counts(task) if 2 <= k <= ss.max_loop_count] if task else []
         loops = tuple(sorted(set(counts)))
         need_loop, need_first = 0, False
+        after: tuple[str | None, bool, bool] = (None, False, False)
         if loops and ss.grammar == "minispec" and ta.tag(task) not in ("E", "Q"):
             # a count is honoured: the skill it repeats is called in a loop of that count (not once, not as
             # the same statement written again), which replaces the leading skill and the asked one; a task
             # that begins with that skill begins with its loop
+            # The skill the task asks for beside it is not lost: in the loop if the task asks for it on each
+            # repeat ("a photo after each move"), else in the statement after the loop; a task that goes on
+            # after its count ("twice, then find the dog") has a statement after the loop.
             counted = counted_skill(ss, task)
             if counted is not None:  # its loop has the first count; a later loop, another count of the task
+                after_skill = need if need not in (None, counted) else None
+                each, goes_on = ta.count_scope(task)
+                after = (after_skill, each, goes_on)
                 need, need_first, first, need_loop = counted, counted in first, (), counts[0]
                 loops = tuple(sorted(set(counts[1:])))
         need_if_true = bool(task) and ta.tag(task) not in ("E", "Q") and not need_loop and ta.conditional(task)
@@ -153,7 +165,7 @@ def _grammar(ss: SkillSet, task: str | None) -> _Grammar:
             said = [n for n in task_mentions(task) if n in names.objects]
             answers = tuple(dict.fromkeys([*said, *names.objects]))
         g = _CACHE[key] = _build(tss, names, units, mentions, first, None if need in first else need, loops,
-                                 answers, need_loop, need_first, need_if_true, then)
+                                 answers, need_loop, need_first, need_if_true, then, after)
         g = _CACHE[key] = dataclasses.replace(g, ps=tss.plan_structure, tss=tss)
         while len(_CACHE) > _CACHE_LEN:
             _CACHE.popitem(last=False)
@@ -166,7 +178,8 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
            mentions: tuple[str, ...] | None = None, first: tuple[str, ...] = (), need: str | None = None,
            loops: tuple[int, ...] = (), answers: tuple[str, ...] = (), need_loop: int = 0,
            need_first: bool = False, need_if_true: bool = False,
-           then: tuple[tuple[str, str], ...] = ()) -> _Grammar:
+           then: tuple[tuple[str, str], ...] = (),
+           after: tuple[str | None, bool, bool] = (None, False, False)) -> _Grammar:
     ps = ss.plan_structure
     # a count of the task (task_analysis.counts: "twice", "in four steps") may be a loop of that count, one level
     # deep like a conditional; no other loop count
@@ -196,7 +209,8 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
         stmt += "|" + loop + rep(f"{call};", 1, ps.max_block_statements) + r"\};?"
     n_max = ps.max_statements
     need_call = call_regex(only(ss, (need,)), names=names) if ss.grammar == "minispec" and need else ""
-    need_stmt = stmt_nn = call_nn = loop_call = ""
+    need_stmt = stmt_nn = call_nn = loop_call = after_stmt = after_call = after_nn = ""
+    loop_must = False
     if need_call:
         # Unambiguous, so a resumed plan's grammar (continuation_regex) is exactly what is left of this one:
         # the statements before the first one that calls the asked-for skill call it nowhere.
@@ -212,13 +226,25 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
                                                                                          if loop else [])
         if need_loop:
             # The count's loop repeats a small pattern: it begins with the counted call, then at most one
-            # repeatable call (a move or turn by an amount, a photo, a wait: no name, no log). It is the plan's
-            # one loop before it: no other loop to fill with what the count does not repeat.
-            loop_call = call_regex(only(ss, [sk.name for sk in ss.skills if sk.name != need and repeatable(sk)]),
-                                   names=names)
-            around = rep(f"{loop_call};", 0, 1) if loop_call else ""
+            # repeatable call (a move or turn by an amount, a photo, a wait: no name, no log), or exactly the
+            # asked skill's when the task asks for it on each repeat. It is the plan's one loop before it: no
+            # other loop to fill with what the count does not repeat.
+            also, each, goes_on = after
+            in_loop = bool(also and each and (sk := ss.get(also)) is not None and repeatable(sk))
+            pool = [also] if in_loop else [k.name for k in ss.skills if k.name not in (need, also) and repeatable(k)]
+            loop_call = call_regex(only(ss, pool), names=names)
+            loop_must = in_loop and bool(loop_call)
+            around = f"{loop_call};" if loop_must else rep(f"{loop_call};", 0, 1) if loop_call else ""
             need_stmt = f"{need_loop}" + r"\{" + f"{need_call};" + around + r"\};?"
             conds = [c for c in conds if c[1]]
+            after_call = call_regex(only(ss, (also,)), names=names) if also and not in_loop else ""
+            if after_call:  # the asked call, or a test whose block makes it first or second
+                after_nn = call_regex(only(ss, [sk.name for sk in ss.skills if sk.name != also]), names=names)
+                after_stmt = f"{after_call};" + (r"|\?" + boolcall + r"==(?:True|False)\{" + rep(f"{after_nn};", 0, 1)
+                                                 + f"{after_call};" + rep(f"{call};", 0, None if m is None else m - 2)
+                                                 + r"\};?" if boolcall else "")
+            elif goes_on:
+                after_stmt = stmt
         for cond, is_if in conds:
             if not need_if_true:  # a test before the one that finds it would only say the same again
                 stmt_nn += cond + rep(f"{call_nn};", 1, m) + r"\};?"
@@ -249,11 +275,17 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
         # Close to the start, and the plan ends soon after it: with the whole bound on each side, a model that
         # left the call out of its first statements wandered (20 segments of scans) before it was made to.
         gap_n = NEED_GAP if gap_n is None else min(gap_n, NEED_GAP)
-        top = head + rep(stmt_nn, 0, 0 if need_first else gap_n) + f"(?:{need_stmt})" + rep(stmt, 0, gap_n)
+        if not gap_n:  # no statement left after it
+            after_stmt = after_call = ""
+        post = f"(?:{after_stmt})" + rep(stmt, 0, gap_n - 1) if after_stmt else rep(stmt, 0, gap_n)
+        top = head + rep(stmt_nn, 0, 0 if need_first else gap_n) + f"(?:{need_stmt})" + post
     else:
         top = head + rep(stmt, 0 if head else 1, n_max)
     return _Grammar(call, stmt, top, names, units, need_skill=need if need_call else None, need_call=need_call,
                     need_stmt=need_stmt, need_loop=bool(need_call and need_loop), loop_call=loop_call,
+                    loop_must=bool(need_call and need_loop) and loop_must,
+                    after_stmt=after_stmt if need_call else "", after_call=after_call if need_call else "",
+                    after_nn=after_nn, after_skill=after[0] if after_call and need_call else None,
                     need_first=bool(need_call) and need_first, need_if_true=bool(need_call) and need_if_true,
                     then=then if head and not blocks else (), after_heads=after_heads,
                     head=1 if head else 0, need_gap=gap_n, stmt_nn=stmt_nn, call_nn=call_nn,
@@ -487,8 +519,11 @@ def _need_rest(ps, g: _Grammar, done: str, cut: bool) -> str:
     G, m = g.need_gap, ps.max_block_statements
     Gb = 0 if g.need_first else G  # statements allowed before it
     dec = lambda x, k: None if x is None else x - k  # noqa: E731
-    post_any = rep(g.stmt, 0, G)
+    # after it: the statement a count's loop must be followed by (_build), then the rest of the gap
+    post_any = f"(?:{g.after_stmt})" + rep(g.stmt, 0, dec(G, 1)) if g.after_stmt else rep(g.stmt, 0, G)
     if depth <= 0:
+        if p is not None and g.after_stmt and stmts == p + 1:  # the loop, and nothing after it yet
+            return (";?" if done.endswith("}") else "") + post_any
         if p is not None:  # written: the statements after it are the rest of the gap after it
             more = rep(g.stmt, 0, dec(G, stmts - p - 1))
             return (f"(?:;{more})?" if more else ";?") if cut else more
@@ -496,11 +531,16 @@ def _need_rest(ps, g: _Grammar, done: str, cut: bool) -> str:
         return (";" if cut else "") + rest
     lead = ";" if cut else ""
     close = r"\}" + r";?"
+    if p is not None and g.after_skill and stmts == p + 1 and not need_scan(done, g.after_skill, g.head)[4]:
+        # the test after the count's loop, which has not made the asked call yet: first or second in it
+        return (lead + rep(f"{g.after_nn};", 0, max(0, 1 - b)) + f"{g.after_call};" + rep(f"{g.call};", 0, dec(m, 2))
+                + close + rep(g.stmt, 0, dec(G, stmts - p)))
     if p is not None:  # the open block is one more statement after it
         return (lead + rep(f"{g.call};", 0 if b else 1, dec(m, b)) + close
                 + rep(g.stmt, 0, dec(G, stmts - p)))
     if g.need_loop and open_loop(done):  # the count's loop: one repeatable call at most on each side of it
-        one = (lambda k: rep(f"{g.loop_call};", 0, k) if g.loop_call and k > 0 else "")  # noqa: E731
+        one = (lambda k: "" if not g.loop_call or k <= 0 else f"{g.loop_call};" if g.loop_must  # noqa: E731
+               else rep(f"{g.loop_call};", 0, k))
         if in_blk:
             return lead + one(1 - after_need) + close + post_any
         return lead + f"{g.need_call};" + one(1) + close + post_any  # a fresh loop: the counted call first

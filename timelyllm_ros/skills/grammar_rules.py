@@ -23,8 +23,9 @@ def task_skill_set(ss: SkillSet, task: str, names: TaskNames | None) -> SkillSet
     """The skills and bounds of a MiniSpec plan for this task: a normal task that asks for no movement
     (:func:`task_analysis.asks_to_move`) gets no movement by an amount (``md(100)`` before the asked-for photo;
     going to a named object stays); a normal task gets at most as many statements as it has things to do: its
-    leading move, two per object it asks about (one per outcome of a test), one for the skill it asks for and
-    its counts, so a plan that has done them ends rather than saying them again."""
+    leading move or each amount it states (``80 cm``, ``30 degrees``), two per object it asks about (one per
+    outcome of a test), one for the skill it asks for and its counts, so a plan that has done them ends rather
+    than saying them again."""
     if ss.grammar != "minispec":
         return ss
     ps = ss.plan_structure
@@ -33,7 +34,8 @@ def task_skill_set(ss: SkillSet, task: str, names: TaskNames | None) -> SkillSet
     if ta.tag(task) != "E":
         ss = stated_amounts(ss, ta.amounts(task))
     if ta.tag(task) != "E" and ps.max_statements is not None and names is not None:
-        things = (len(leading_skills(ss, task)) > 0) + 2 * len(names.objects) + (asked_skill(ss, task) is not None)
+        moves = max(len(leading_skills(ss, task)) > 0, sum(map(len, ta.amounts(task).values())))
+        things = moves + 2 * len(names.objects) + (asked_skill(ss, task) is not None)
         cap = max(2, min(ps.max_statements, things + sum(ta.counts(task))))
         ss = dataclasses.replace(ss, plan_structure=dataclasses.replace(ps, max_statements=cap))
     return ss

@@ -36,7 +36,10 @@ TASKS = {"drone": [t.task_input for t in TEMPLATES if t.robot_type == "drone"]
                      "Scene: [] Task: [A] Turn right in three steps, then take two photos of the kite.",  # loops
                      "Scene: [] Task: [A] If you meet the postman, say good morning to him twice.",
                      "Scene: [] Task: [A] Fly up 40 cm three times, then take a picture.",  # begins with its loop
-                     "Scene: [roof_1 x:0.5] Task: [Q] Is there a kite on the roof?"],  # a capped question
+                     "Scene: [roof_1 x:0.5] Task: [Q] Is there a kite on the roof?",  # a capped question
+                     "Scene: [] Task: [A] Rise 20 cm twice, then tell me if you see the door.",  # asked after
+                     "Scene: [] Task: [A] Fly forward 30 cm four times, taking a photo after each move.",
+                     "Scene: [] Task: [A] Turn right 45 degrees two times, then look for the exit sign."],
          "arm": [t.task_input for t in TEMPLATES if t.robot_type == "arm"]
                 + [ex["input"] for ex in LIBRARY["arm"]]
                 + ["Scene: [], Task: Pick up the teapot and put it next to the kettle.",

@@ -531,8 +531,11 @@ def _need_rest(ps, g: _Grammar, done: str, cut: bool) -> str:
         return (";" if cut else "") + rest
     lead = ";" if cut else ""
     close = r"\}" + r";?"
-    if p is not None and g.after_skill and stmts == p + 1 and not need_scan(done, g.after_skill, g.head)[4]:
-        # the test after the count's loop, which has not made the asked call yet: first or second in it
+    if p is not None and g.after_skill and stmts == p + 1:  # the test after the count's loop
+        _, _, _, _, made, since = need_scan(done, g.after_skill, g.head)
+        if made:  # the asked call, then at most m - 2 others
+            return lead + rep(f"{g.call};", 0, dec(m, 2 + since)) + close + rep(g.stmt, 0, dec(G, stmts - p))
+        # not made yet: first or second in the block
         return (lead + rep(f"{g.after_nn};", 0, max(0, 1 - b)) + f"{g.after_call};" + rep(f"{g.call};", 0, dec(m, 2))
                 + close + rep(g.stmt, 0, dec(G, stmts - p)))
     if p is not None:  # the open block is one more statement after it

@@ -18,6 +18,7 @@ from timelyllm_ros import paths
 from timelyllm_ros.domain.plans import plan_templates
 from timelyllm_ros.engines.prompts import PromptConfig
 from timelyllm_ros.skills import grammar
+from timelyllm_ros.skills import task_analysis as ta
 from timelyllm_ros.skills.schema import SkillSetError
 from timelyllm_ros.skills.segmenter import split_segments
 from timelyllm_ros.skills.skill_files import load_skill_set, skill_set_from_dict
@@ -117,6 +118,29 @@ def test_names_mentions_units_and_leading_skills_are_read_from_the_task():
     assert grammar.leading_skills(DRONE, "Scene: [] Task: [A] Turn left, then fly back.") == ("tu",)
     assert grammar.leading_skills(DRONE, "Scene: [] Task: [A] Look for the moon.") == ()
     assert grammar.task_units(ARM, "Task: tidy up") == 1 and grammar.task_units(ARM, "pick " * 20) == 6
+
+
+@pytest.mark.parametrize(("task", "names"), [
+    ("Scene: [] Task: [A] Turn left 45 degrees, then move back 60 cm.", ()),  # adverbs of direction
+    ("Scene: [] Task: [A] Put the green ball back in the box.", ("green_ball", "box")),  # ... at a name's end
+    ("Scene: [] Task: [A] Fly to the left shelf.", ("left_shelf",)),  # ... before a name word, part of it
+    ("Scene: [] Task: [A] Fly a square, then do two clockwise rotations.", ()),  # the shapes of a path
+    ("Scene: [] Task: [A] Go down twice, looking for the lost ring.", ("lost_ring",)),  # a verb's -ing form
+    ("Scene: [] Task: [A] Circle the landing pad once more.", ("landing_pad",)),  # ... not inside a name
+    ("Scene: [] Task: [A] Gather the pen and the cup.", ("pen", "cup")),  # a verb
+])
+def test_object_names_are_noun_phrases_not_directions_manoeuvres_or_verbs(task: str, names: tuple) -> None:
+    assert grammar.task_names(task) == names
+
+
+def test_a_number_before_a_thing_is_a_count_and_an_ing_form_asks_for_its_skill() -> None:
+    assert ta.counts("Scene: [] Task: [A] Take 3 photos of the statue.") == (3,)
+    assert ta.counts("Scene: [] Task: [A] Rise 30 cm, wait 2 seconds.") == ()  # amounts, not counts
+    assert grammar.counted_skill(DRONE, "Scene: [] Task: [A] Take 3 photos of the statue.") == "tp"
+    assert grammar.asked_skill(DRONE, "Scene: [] Task: [A] Fly up, taking a photo.") == "tp"
+    assert ta.count_scope("Scene: [] Task: [A] Go up twice, taking a photo each time.") == (True, False)
+    assert ta.count_scope("Scene: [] Task: [A] Go up twice and afterwards look for the cat.") == (False, True)
+    assert ta.count_scope("Scene: [] Task: [A] Go up twice.") == (False, False)
 
 
 def test_the_arm_grammar_takes_roles_from_the_sentence_and_the_drone_grammar_counts_as_loops():

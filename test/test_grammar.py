@@ -143,6 +143,23 @@ def test_a_number_before_a_thing_is_a_count_and_an_ing_form_asks_for_its_skill()
     assert ta.count_scope("Scene: [] Task: [A] Go up twice.") == (False, False)
 
 
+def test_a_clause_of_time_leads_in_its_order_and_turns_said_in_words_bound_the_degrees() -> None:
+    lead = grammar.leading_skills
+    assert lead(DRONE, "Scene: [] Task: [A] After climbing 50 cm, search for a hat.") == ("mu",)
+    assert lead(DRONE, "Scene: [] Task: [A] Before you photograph the vase, go down 40 cm.") == ("md",)
+    assert lead(DRONE, "Scene: [] Task: [A] After you turn left, take a photo.") == ("tu",)
+    amounts = {"Spin around on the spot twice.": {"deg": (360,)},
+               "Make a full turn in four steps and take a photo after every step.": {"deg": (90,)},
+               "Turn around, then fly back 50 cm.": {"deg": (180,), "cm": (50,)},
+               "Do a quarter turn.": {"deg": (90,)},
+               "Turn a full circle in three steps of 100 degrees.": {"deg": (100,)},  # stated degrees come first
+               "Turn right.": {}}
+    for task, want in amounts.items():
+        assert ta.amounts(f"Scene: [] Task: [A] {task}") == want, task
+    r = grammar.plan_regex(DRONE, "Scene: [] Task: [A] Spin around on the spot twice.")
+    assert re.fullmatch(r, "2{tc(360);};") and not re.fullmatch(r, "2{tc(2);};")
+
+
 def test_the_arm_grammar_takes_roles_from_the_sentence_and_the_drone_grammar_counts_as_loops():
     both = "Scene: [], Task: [A] Into the sink, put the spoon and the fork."
     r = grammar.plan_regex(ARM, both)
@@ -164,7 +181,7 @@ def test_the_arm_grammar_takes_roles_from_the_sentence_and_the_drone_grammar_cou
      "mu(40);mu(40);mu(40);tp();"),
     ("Scene: [kite_1 x:0.5] Task: [A] Snap four pictures of the kite.", "?iv('kite')==True{g('kite');};4{tp();}",
      "?iv('kite')==True{tp();tp();tp();tp();}"),
-    ("Scene: [] Task: [A] Turn around twice.", "2{tc(360);}", "tc(360);"),
+    ("Scene: [] Task: [A] Turn around twice.", "2{tc(180);}", "tc(180);"),  # turning around: 180 degrees
     ("Scene: [] Task: [A] Turn right 90 degrees in four steps and take a photo after each.", "4{tc(90);tp();}",
      "tc(90);tp();"),
 ])

@@ -182,7 +182,8 @@ _UNIT_OF = {**dict.fromkeys(("cm", "centimetres", "centimeters"), ("cm", 1)),
 def amounts(task_input: str) -> dict[str, tuple[int, ...]]:
     """The amounts the task text states, by the unit the skill files use (``cm``, ``deg``, ``s``), in order:
     ``go up 30 cm`` (cm: 30), ``1 m`` (cm: 100), ``turn 90 degrees`` (deg: 90). A whole number before a unit
-    word; a decimal (``1.5 m``) is left out, which leaves that unit's amounts to the plan."""
+    word; a decimal (``1.5 m``) is left out, which leaves that unit's amounts to the plan. Degrees the task
+    says in words (``spin around``, ``a quarter turn``: :func:`_turn_words`) where it states none."""
     ws = words(_TAG.sub("", split_task(task_input)[1]))
     out: dict[str, list[int]] = {}
     for i, w in enumerate(ws[:-1]):
@@ -190,7 +191,36 @@ def amounts(task_input: str) -> dict[str, tuple[int, ...]]:
                 and not (i >= 2 and ws[i - 1] == "." and ws[i - 2].isdigit())):
             unit, scale = _UNIT_OF[ws[i + 1]]
             out.setdefault(unit, []).append(int(w) * scale)
+    if "deg" not in out and (turn := _turn_words(ws)):
+        out["deg"] = [turn]
     return {u: tuple(v) for u, v in out.items()}
+
+
+_TURN_NOUNS = frozenset("turn turns rotation rotations revolution revolutions circle circles spin spins".split())
+_TURN_PARTS = {"full": 360, "complete": 360, "whole": 360, "half": 180, "quarter": 90}
+
+
+def _turn_words(ws: Sequence[str]) -> int | None:
+    """The degrees of each turn a task says in words, where it states none: a full turn (rotation, revolution)
+    360, a half turn 180, a quarter turn 90, spin around 360, turn around 180; one turn in N steps (``a full turn
+    in four steps``) is its N-th. None where it says none."""
+    total = None
+    for i, w in enumerate(ws):
+        nxt = ws[i + 1] if i + 1 < len(ws) else ""
+        if w in _TURN_PARTS and (nxt in _TURN_NOUNS or ws[i + 2:i + 3] and ws[i + 2] in _TURN_NOUNS):
+            total = _TURN_PARTS[w]  # "a full turn", "one full clockwise rotation"
+        elif w in ("spin", "spinning") and nxt == "around":
+            total = 360
+        elif w in ("turn", "turning") and nxt == "around":
+            total = 180
+        if total:
+            break
+    if total is None:
+        return None
+    steps = next((n for j in range(len(ws) - 2) if ws[j] == "in" and ws[j + 2] in ("steps", "stages", "parts")
+                  and (n := NUMBER_WORDS.get(ws[j + 1]) or (int(ws[j + 1]) if ws[j + 1].isdigit()
+                                                            and len(ws[j + 1]) <= 2 else 0))), 1)
+    return total // steps if total % steps == 0 else None
 
 
 _IF = frozenset({"if", "when", "whenever", "once"})

@@ -116,11 +116,16 @@ def task_mentions(task_input: str) -> tuple[str, ...]:
 
 def leading_skills(ss: SkillSet, task_input: str) -> tuple[str, ...]:
     """The skill a task begins with, by its words (``Move up and check ...``: mu; a skill's ``phrases``),
-    as the one skill a plan may begin with; () when the task begins with none."""
-    text = " ".join(w.lower() for w in _WORD.findall(_TAG.sub("", split_task(task_input)[1]))
-                    if w[0].isalnum())
-    best = max(((len(p), sk.name) for sk in ss.skills for p in sk.phrases if (text + " ").startswith(p + " ")),
-               default=None)
+    as the one skill a plan may begin with; () when the task begins with none. A clause of time comes in its
+    order: ``after climbing 50 cm, ...`` begins with mu; ``before you photograph it, climb ...`` too."""
+    toks = [w.lower() for w in _WORD.findall(_TAG.sub("", split_task(task_input)[1]))]
+    if toks[:1] == ["before"] and "," in toks:  # "before you photograph the vase, climb 40 cm": the main clause
+        toks = toks[toks.index(",") + 1:]
+    elif toks[:1] == ["after"]:  # "after climbing 50 cm, ...", "after you rise, ...": the clause's own verb
+        toks = toks[2:] if toks[1:2] == ["you"] else toks[1:]
+    text = " ".join(w for w in toks if w[0].isalnum())
+    best = max(((len(v), sk.name) for sk in ss.skills for p in sk.phrases for v in _ing_forms(p)
+                if (text + " ").startswith(v + " ")), default=None)
     return (best[1],) if best else ()
 
 

@@ -237,6 +237,12 @@ def test_a_count_keeps_what_the_task_asks_beside_it_on_each_repeat_or_after_the_
     assert not re.fullmatch(r, "2{mu(20);};?iv('door')==True{g('door');};")
     rest = grammar.continuation_regex(DRONE, "2{mu(20);};?iv('door')==True{g('door');", say)
     assert re.fullmatch(rest, "l('the door is near');};") and not re.fullmatch(rest, "};")
+    dog = "Scene: [] Task: [A] Fly backward 50 cm twice, then find the dog."  # the test is on what it names
+    r = grammar.plan_regex(DRONE, dog)
+    assert re.fullmatch(r, "2{mb(50);};?s('dog')==True{g('dog');};") and not re.fullmatch(r, "2{mb(50);};tp();")
+    again = "Scene: [] Task: [A] Go forward 25 cm, pause for two seconds, and do it once more."
+    assert ta.counts(again) == (2,) and ta.counts("Scene: [] Task: [A] Rise, then do that two more times.") == (3,)
+    assert re.fullmatch(grammar.plan_regex(DRONE, again), "2{mf(25);d(2);};")
 
 
 def test_stated_amounts_bound_the_arguments_of_their_unit_and_a_log_is_never_one_word() -> None:
@@ -319,6 +325,9 @@ def test_the_counted_skill_is_read_from_the_count_s_sentence() -> None:
     assert c(DRONE, "Scene: [] Task: [A] Fly to the car and shoot five photographs.") == "tp"  # the thing counted
     assert c(DRONE, "Scene: [] Task: [A] Look for two dogs. Then move up.") is None  # not in its sentence
     assert c(DRONE, "Scene: [] Task: [A] Move up 50 cm.") is None  # no count
+    assert c(DRONE, "Scene: [] Task: [A] Rotate counterclockwise in three steps.") == "tu"  # the skill's phrases
+    assert c(DRONE, "Scene: [] Task: [A] Lower yourself 30 cm two times.") == "md"
+    assert grammar.asked_skill(DRONE, "Scene: [] Task: [A] Rise, then snap a picture.") == "tp"
 
 
 def test_no_movement_by_an_amount_unless_asked_and_a_question_ends_once_answered():

@@ -30,10 +30,8 @@ right after a call cut at its ``)``, part-way through a unit, with the statement
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import re
 from collections import OrderedDict
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from timelyllm_ros.skills import task_analysis as ta
@@ -46,6 +44,7 @@ from timelyllm_ros.skills.grammar_rules import (
     repeatable,
     task_skill_set,
 )
+from timelyllm_ros.skills.grammar_units import Ordered, unit_regex
 from timelyllm_ros.skills.minispec import SkillParseError
 from timelyllm_ros.skills.plan_scan import need_scan, open_block, open_loop, progress
 from timelyllm_ros.skills.regex_pieces import (  # noqa: F401 (int_range_regex, arg_regex: public here too)
@@ -57,7 +56,7 @@ from timelyllm_ros.skills.regex_pieces import (  # noqa: F401 (int_range_regex, 
     names_regex,
     rep,
 )
-from timelyllm_ros.skills.schema import PlanStructure, SkillArg, SkillSet
+from timelyllm_ros.skills.schema import PlanStructure, SkillSet
 from timelyllm_ros.skills.task_names import (  # noqa: F401 (the task-reading names: public here too)
     STOPWORDS,
     TaskNames,
@@ -139,7 +138,7 @@ def _grammar(ss: SkillSet, task: str | None) -> _Grammar:
         counts = [k for k in ta.counts(task) if 2 <= k <= ss.max_loop_count] if task else []
         loops = tuple(sorted(set(counts)))
         need_loop, need_first = 0, False
-        after: tuple[str | None, bool, bool] = (None, False, False)
+        after: tuple[str | None, bool, bool, tuple[str, ...]] = (None, False, False, ())
         if loops and ss.grammar == "minispec" and ta.tag(task) not in ("E", "Q"):
             # a count is honoured: the skill it repeats is called in a loop of that count (not once, not as
             # the same statement written again), which replaces the leading skill and the asked one; a task
@@ -151,7 +150,8 @@ def _grammar(ss: SkillSet, task: str | None) -> _Grammar:
             if counted is not None:  # its loop has the first count; a later loop, another count of the task
                 after_skill = need if need not in (None, counted) else None
                 each, goes_on = ta.count_scope(task)
-                after = (after_skill, each, goes_on)
+                later = tuple(n for n in ta.names_after_count(task, STOPWORDS) if n in names.objects) if names else ()
+                after = (after_skill, each, goes_on, later)
                 need, need_first, first, need_loop = counted, counted in first, (), counts[0]
                 loops = tuple(sorted(set(counts[1:])))
         need_if_true = bool(task) and ta.tag(task) not in ("E", "Q") and not need_loop and ta.conditional(task)
@@ -179,7 +179,7 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
            loops: tuple[int, ...] = (), answers: tuple[str, ...] = (), need_loop: int = 0,
            need_first: bool = False, need_if_true: bool = False,
            then: tuple[tuple[str, str], ...] = (),
-           after: tuple[str | None, bool, bool] = (None, False, False)) -> _Grammar:
+           after: tuple[str | None, bool, bool, tuple[str, ...]] = (None, False, False, ())) -> _Grammar:
     ps = ss.plan_structure
     # a count of the task (task_analysis.counts: "twice", "in four steps") may be a loop of that count, one level
     # deep like a conditional; no other loop count
@@ -190,11 +190,11 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
     if ss.grammar != "minispec":
         if ps.unit and mentions:
             for exact in (True, False):  # as many units as the task has, if its mentions allow
-                top = _Ordered(ss, mentions, exact).whole(-1, units, optional=False)
+                top = Ordered(ss, mentions, exact).whole(-1, units, optional=False)
                 if top:
                     return _Grammar(call, "", top, names, units, mentions, exact, unit_plan=True)
         if ps.unit:
-            unit = _unit_regex(ss, ps.unit, names)
+            unit = unit_regex(ss, ps.unit, names)
             if unit:
                 return _Grammar(call, unit, rep(unit, 1, units), names, units, unit_plan=True)
         return _Grammar(call, f"{call};", rep(f"{call};", 1, ps.max_statements), names, units)
@@ -229,7 +229,7 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
             # repeatable call (a move or turn by an amount, a photo, a wait: no name, no log), or exactly the
             # asked skill's when the task asks for it on each repeat. It is the plan's one loop before it: no
             # other loop to fill with what the count does not repeat.
-            also, each, goes_on = after
+            also, each, goes_on, later = after
             in_loop = bool(also and each and (sk := ss.get(also)) is not None and repeatable(sk))
             pool = [also] if in_loop else [k.name for k in ss.skills if k.name not in (need, also) and repeatable(k)]
             loop_call = call_regex(only(ss, pool), names=names)
@@ -243,8 +243,9 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
                 after_stmt = f"{after_call};" + (r"|\?" + boolcall + r"==(?:True|False)\{" + rep(f"{after_nn};", 0, 1)
                                                  + f"{after_call};" + rep(f"{call};", 0, None if m is None else m - 2)
                                                  + r"\};?" if boolcall else "")
-            elif goes_on:
-                after_stmt = stmt
+            elif goes_on:  # a test on what the task names after its count ("then find the dog"), else anything
+                test = call_regex(ss, ("bool",), later) if later and not loops else ""  # (a later count: its loop)
+                after_stmt = (r"\?" + test + r"==(?:True|False)\{" + rep(f"{call};", 1, m) + r"\};?") if test else stmt
         for cond, is_if in conds:
             if not need_if_true:  # a test before the one that finds it would only say the same again
                 stmt_nn += cond + rep(f"{call_nn};", 1, m) + r"\};?"
@@ -292,139 +293,6 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
                     head_skills=first if head else (),
                     after_head=top[len(head):] if head and not after_heads else "",
                     answers=blocks)
-
-
-_MAX_ASSIGNMENTS = 400  # name assignments a unit enumerates before its variables are left untied
-
-
-def _unit_regex(ss: SkillSet, unit: Sequence[tuple[str, str | None]], names: Sequence[str] | None,
-                bound: str | None = None) -> str:
-    """The calls of ``unit``. With a task's names, every assignment of distinct names to its ``$variables``
-    (an object is not put on itself), the first variable only ``bound`` when given; "" when no assignment
-    fits. Without names (or with too many assignments), each call takes any name or string."""
-    variables = list(dict.fromkeys(v for _, v in unit if v is not None))
-    args = {s: _name_arg(ss, s) for s, v in unit if v is not None}
-    if names is not None and variables:
-        choices = [[bound] if (bound is not None and i == 0 and unit[0][1] == v) else list(names)
-                   for i, v in enumerate(variables)]
-        n = 1
-        for c in choices:
-            n *= len(c)
-        if n <= _MAX_ASSIGNMENTS:
-            alts = []
-            for combo in itertools.product(*choices):
-                if len(set(combo)) < len(combo):
-                    continue
-                val = dict(zip(variables, combo, strict=True))
-                if all(args[s] is not None and names_regex(args[s], [val[v]]) for s, v in unit if v is not None):
-                    alts.append("".join(re.escape(s) + (f"\\('{re.escape(val[v])}'\\);" if v else r"\(\);")
-                                        for s, v in unit))
-            return "(?:" + "|".join(alts) + ")" if alts else ""
-    return "".join(re.escape(s) + (r"\(" + (arg_regex(args[s], names) or "''") + r"\);" if v else r"\(\);")
-                   for s, v in unit)
-
-
-_MAX_ORDERED_LEN = 60_000  # characters of an ordered-units regex before the order is given up (too many names)
-
-
-class _Ordered:
-    """Units whose names follow the task's order of mention (``plan_structure.order: task``): a unit's
-    variables take consecutive mentions (the object, then where it goes: ``pick up the apple and drop it
-    near the carrot``), each unit after the previous one's (mentions in between may be skipped), names
-    distinct within a unit; ``exact``: as many units as the task has (:func:`task_units`). One regex,
-    memoised by (mention, units left), so its size grows with mentions x units, not with the plans."""
-
-    def __init__(self, ss: SkillSet, mentions: Sequence[str], exact: bool) -> None:
-        self.ss, self.m, self.exact = ss, list(mentions), exact
-        self.runs: list[tuple[str | None, list[str]]] = []  # (variable, its calls) in unit order
-        for skill, var in ss.plan_structure.unit:
-            if self.runs and var is not None and self.runs[-1][0] == var:
-                self.runs[-1][1].append(skill)
-            else:
-                self.runs.append((var, [skill]))
-        self.var_runs = [i for i, (v, _) in enumerate(self.runs) if v is not None]
-        self._memo: dict[tuple[int, int, bool], str] = {}
-        self._size = 0
-
-    def _run_str(self, r: int, name: str | None, first: int = 0) -> str:
-        calls = self.runs[r][1][first:]
-        if name is None:
-            return "".join(re.escape(c) + r"\(\);" for c in calls)
-        return "".join(f"{re.escape(c)}\\('{re.escape(name)}'\\);" for c in calls)
-
-    def _fits(self, r: int, name: str) -> bool:
-        return all((a := _name_arg(self.ss, c)) is not None and names_regex(a, [name]) for c in self.runs[r][1])
-
-    def _unit(self, from_run: int, first_call: int, names: dict[int, str]) -> str | None:
-        if len(set(names.values())) < len(names) or not all(self._fits(r, n) for r, n in names.items()):
-            return None
-        return "".join(self._run_str(r, names.get(r), first_call if r == from_run else 0)
-                       for r in range(from_run, len(self.runs)))
-
-    def whole(self, start: int, k: int, optional: bool = True) -> str:
-        """Whole units with names mentioned after ``start``: exactly ``k`` if ``exact``, else 0 (1 if not
-        ``optional``) to ``k``. "" if there is none."""
-        if k <= 0 or self._size > _MAX_ORDERED_LEN:
-            return ""
-        key = (start, k, optional)
-        if key not in self._memo:
-            n = len(self.var_runs)
-            alts = []
-            for a in range(start + 1, len(self.m) - n + 1):
-                body = self._unit(0, 0, {r: self.m[a + j] for j, r in enumerate(self.var_runs)})
-                if body is None:
-                    continue
-                more = self.whole(a + n - 1, k - 1)
-                if self.exact and k > 1 and not more:
-                    continue
-                alts.append(body + more)
-            self._memo[key] = "(?:" + "|".join(alts) + ")" if alts else ""
-            self._size += len(self._memo[key])
-        r = self._memo[key] if self._size <= _MAX_ORDERED_LEN else ""
-        return f"{r}?" if r and optional and not self.exact else r
-
-    def continuation(self, calls: list, units_left: int) -> str | None:
-        """The rest after ``calls`` (a plan so far that follows the units); None if its names do not follow
-        the task's order (the plan so far was not made under this grammar)."""
-        n_unit = len(self.ss.plan_structure.unit)
-        done, pos = divmod(len(calls), n_unit)
-        call_run = [r for r, (_, cs) in enumerate(self.runs) for _ in cs]
-        idx = -1
-        bound: dict[int, str] = {}
-        for k, c in enumerate(calls):
-            r = call_run[k % n_unit]
-            if self.runs[r][0] is None or (k % n_unit and call_run[(k - 1) % n_unit] == r):
-                continue  # no name, or the run's name was read at its first call
-            name = c.args[0] if c.args and isinstance(c.args[0], str) else None
-            first_var = r == self.var_runs[0]
-            nxt = next((j for j in range(idx + 1, len(self.m)) if self.m[j] == name), -1) if first_var else idx + 1
-            if nxt < 0 or nxt >= len(self.m) or self.m[nxt] != name:
-                return None
-            idx = nxt
-            if k // n_unit == done:
-                bound[r] = name
-        if pos == 0:
-            return self.whole(idx, units_left)
-        r = call_run[pos]
-        first = pos - call_run.index(r)
-        if first == 0:
-            bound.pop(r, None)
-        todo = [v for v in self.var_runs if v >= r and v not in bound]
-        names = dict(bound) | {v: self.m[idx + 1 + j] for j, v in enumerate(todo) if idx + 1 + j < len(self.m)}
-        if len(names) < len([v for v in self.var_runs if v >= r]) + len([v for v in bound if v < r]):
-            return None
-        body = self._unit(r, first, {v: n for v, n in names.items() if v >= r})
-        if body is None:
-            return None
-        more = self.whole(idx + len(todo), units_left - 1)
-        if self.exact and units_left > 1 and not more:
-            return None
-        return body + more
-
-
-def _name_arg(ss: SkillSet, skill: str) -> SkillArg | None:
-    """The argument of the skill's one-string-argument form (``move_to('tray')``, not ``move_to(x, y)``)."""
-    return next((sig[0] for sig in ss[skill].signatures if len(sig) == 1 and sig[0].type == "str"), None)
 
 
 def plan_regex(ss: SkillSet, task: str | None = None) -> str | None:
@@ -580,17 +448,17 @@ def _unit_tail(ss: SkillSet, done: str, g: _Grammar) -> str | None:
             return None
     units, pos = divmod(len(calls), len(u))
     if g.mentions:
-        ordered = _Ordered(ss, g.mentions, g.exact).continuation(calls, g.max_units - units)
+        ordered = Ordered(ss, g.mentions, g.exact).continuation(calls, g.max_units - units)
         if ordered is not None:
             return ordered
-    unit = _unit_regex(ss, u, names)
+    unit = unit_regex(ss, u, names)
     if pos == 0:
         return rep(unit, 0, g.max_units - units) if unit else ""
     bound = None
     var = u[pos][1]
     if var is not None and u[pos - 1][1] == var and calls[-1].args and isinstance(calls[-1].args[0], str):
         bound = calls[-1].args[0]
-    tail = _unit_regex(ss, u[pos:], names, bound=bound)
+    tail = unit_regex(ss, u[pos:], names, bound=bound)
     if not tail:
         return None
     return tail + (rep(unit, 0, g.max_units - units - 1) if unit else "")

@@ -127,13 +127,19 @@ _MAX_DIGITS = 6  # a longer number is no count or amount a robot takes (int() of
 def counted(task_input: str) -> tuple[tuple[int, int], ...]:
     """(word index, count) of each count the task text asks for, in order, the index into
     ``words(task text without its tag)``: ``twice`` (2), ``three times``, ``in four steps``, ``snap three
-    pictures``, ``take 3 photos`` (3: a number before a thing, not before a unit: ``30 cm`` is an amount)."""
+    pictures``, ``take 3 photos`` (3: a number before a thing, not before a unit: ``30 cm`` is an amount);
+    ``once more`` (2) and ``two more times`` (3) count the first time too."""
     ws = words(_TAG.sub("", split_task(task_input)[1]))
     out: list[tuple[int, int]] = []
     for i, w in enumerate(ws):
         nxt = ws[i + 1] if i + 1 < len(ws) else ""
+        more = nxt == "more" and i + 2 < len(ws) and ws[i + 2] in ("times", "time")  # "two more times": 3 in all
         if w in ("twice", "thrice"):
             out.append((i, NUMBER_WORDS[w]))
+        elif (w == "once" and nxt == "more") or (w == "one" and more):  # "do it once more": twice in all
+            out.append((i, 2))
+        elif w in NUMBER_WORDS and more:
+            out.append((i, NUMBER_WORDS[w] + 1))
         elif w in NUMBER_WORDS and nxt[:1].isalpha() and nxt not in UNITS:
             out.append((i, NUMBER_WORDS[w]))
         elif (w.isdigit() and len(w) <= _MAX_DIGITS and int(w) > 1
@@ -166,6 +172,15 @@ def count_scope(task_input: str) -> tuple[bool, bool]:
 
 
 _ENDS = frozenset({".", "!", "?", ";"})
+
+
+def names_after_count(task_input: str, stopwords: Iterable[str] = ()) -> tuple[str, ...]:
+    """The names the task text says after its first count (``twice, then find the dog``: dog), in order."""
+    cs = counted(task_input)
+    if not cs:
+        return ()
+    ws = words(_TAG.sub("", split_task(task_input)[1]))
+    return name_runs(" ".join(ws[cs[0][0] + 1:]), stopwords)
 
 
 def counts(task_input: str) -> tuple[int, ...]:

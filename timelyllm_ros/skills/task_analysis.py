@@ -115,10 +115,11 @@ MOTION_VERBS = frozenset("move fly go turn rotate rise ascend climb descend spin
 
 
 def asks_to_move(task_input: str, phrases: Iterable[str] = ()) -> bool:
-    """The task asks the robot to move by its own words: a motion verb, or the first word of a skill's
-    ``phrases`` (``move up``, ``turn left``)."""
-    said = set(words(split_task(task_input)[1]))
-    return bool(said & (MOTION_VERBS | {p.split()[0] for p in phrases if p.strip()}))
+    """The task asks the robot to move by its own words: a motion verb, or one of a skill's ``phrases`` whole
+    (``back away``; not its first word alone: ``report back`` asks for no move)."""
+    ws = words(split_task(task_input)[1])
+    text = " " + " ".join(ws) + " "
+    return bool(set(ws) & MOTION_VERBS) or any(f" {p.strip()} " in text for p in phrases if p.strip())
 
 
 _MAX_DIGITS = 6  # a longer number is no count or amount a robot takes (int() of 4300+ digits raises)

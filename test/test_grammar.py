@@ -243,6 +243,12 @@ def test_a_count_keeps_what_the_task_asks_beside_it_on_each_repeat_or_after_the_
     again = "Scene: [] Task: [A] Go forward 25 cm, pause for two seconds, and do it once more."
     assert ta.counts(again) == (2,) and ta.counts("Scene: [] Task: [A] Rise, then do that two more times.") == (3,)
     assert re.fullmatch(grammar.plan_regex(DRONE, again), "2{mf(25);d(2);};")
+    # a count that points back repeats what its sentence said before it, in order
+    square = "Scene: [] Task: [A] Go forward 100 cm, then turn right 90 degrees, and do that four times."
+    assert grammar.counted_skills(DRONE, square) == ("mf", "tc")
+    r = grammar.plan_regex(DRONE, square)
+    assert re.fullmatch(r, "4{mf(100);tc(90);};") and not re.fullmatch(r, "mf(100);4{tc(90);};")
+    assert re.fullmatch(grammar.continuation_regex(DRONE, "4{mf(100);", square), "tc(90);};")
 
 
 def test_stated_amounts_bound_the_arguments_of_their_unit_and_a_log_is_never_one_word() -> None:

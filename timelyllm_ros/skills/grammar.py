@@ -62,6 +62,7 @@ from timelyllm_ros.skills.task_names import (  # noqa: F401 (the task-reading na
     TaskNames,
     asked_skill,
     counted_skill,
+    counted_skills,
     leading_skills,
     split_task,
     task_mentions,
@@ -138,7 +139,7 @@ def _grammar(ss: SkillSet, task: str | None) -> _Grammar:
         counts = [k for k in ta.counts(task) if 2 <= k <= ss.max_loop_count] if task else []
         loops = tuple(sorted(set(counts)))
         need_loop, need_first = 0, False
-        after: tuple[str | None, bool, bool, tuple[str, ...]] = (None, False, False, ())
+        after: tuple[str | None, bool, bool, tuple[str, ...], str | None] = (None, False, False, (), None)
         if loops and ss.grammar == "minispec" and ta.tag(task) not in ("E", "Q"):
             # a count is honoured: the skill it repeats is called in a loop of that count (not once, not as
             # the same statement written again), which replaces the leading skill and the asked one; a task
@@ -146,12 +147,13 @@ def _grammar(ss: SkillSet, task: str | None) -> _Grammar:
             # The skill the task asks for beside it is not lost: in the loop if the task asks for it on each
             # repeat ("a photo after each move"), else in the statement after the loop; a task that goes on
             # after its count ("twice, then find the dog") has a statement after the loop.
-            counted = counted_skill(ss, task)
+            seq = counted_skills(ss, task)  # two where the count points back at both ("do that four times")
+            counted = seq[0] if seq else None
             if counted is not None:  # its loop has the first count; a later loop, another count of the task
-                after_skill = need if need not in (None, counted) else None
+                after_skill = need if need not in (None, *seq) else None
                 each, goes_on = ta.count_scope(task)
                 later = tuple(n for n in ta.names_after_count(task, STOPWORDS) if n in names.objects) if names else ()
-                after = (after_skill, each, goes_on, later)
+                after = (after_skill, each, goes_on, later, seq[1] if len(seq) > 1 else None)
                 need, need_first, first, need_loop = counted, counted in first, (), counts[0]
                 loops = tuple(sorted(set(counts[1:])))
         need_if_true = bool(task) and ta.tag(task) not in ("E", "Q") and not need_loop and ta.conditional(task)
@@ -179,7 +181,8 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
            loops: tuple[int, ...] = (), answers: tuple[str, ...] = (), need_loop: int = 0,
            need_first: bool = False, need_if_true: bool = False,
            then: tuple[tuple[str, str], ...] = (),
-           after: tuple[str | None, bool, bool, tuple[str, ...]] = (None, False, False, ())) -> _Grammar:
+           after: tuple[str | None, bool, bool, tuple[str, ...], str | None] = (None, False, False, (), None)
+           ) -> _Grammar:
     ps = ss.plan_structure
     # a count of the task (task_analysis.counts: "twice", "in four steps") may be a loop of that count, one level
     # deep like a conditional; no other loop count
@@ -229,11 +232,12 @@ def _build(ss: SkillSet, names: tuple[str, ...] | None, units: int,
             # repeatable call (a move or turn by an amount, a photo, a wait: no name, no log), or exactly the
             # asked skill's when the task asks for it on each repeat. It is the plan's one loop before it: no
             # other loop to fill with what the count does not repeat.
-            also, each, goes_on, later = after
-            in_loop = bool(also and each and (sk := ss.get(also)) is not None and repeatable(sk))
-            pool = [also] if in_loop else [k.name for k in ss.skills if k.name not in (need, also) and repeatable(k)]
+            also, each, goes_on, later, inner = after
+            in_loop = bool(also and each and not inner and (sk := ss.get(also)) is not None and repeatable(sk))
+            must = inner or (also if in_loop else None)  # the loop's second call, which it must make
+            pool = [must] if must else [k.name for k in ss.skills if k.name not in (need, also) and repeatable(k)]
             loop_call = call_regex(only(ss, pool), names=names)
-            loop_must = in_loop and bool(loop_call)
+            loop_must = bool(must and loop_call)
             around = f"{loop_call};" if loop_must else rep(f"{loop_call};", 0, 1) if loop_call else ""
             need_stmt = f"{need_loop}" + r"\{" + f"{need_call};" + around + r"\};?"
             conds = [c for c in conds if c[1]]

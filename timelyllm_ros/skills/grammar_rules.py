@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from timelyllm_ros.skills import task_analysis as ta
 from timelyllm_ros.skills.regex_pieces import STR_BODY, call_regex, int_range_regex, rep
 from timelyllm_ros.skills.schema import SkillArg, SkillSet
-from timelyllm_ros.skills.task_names import TaskNames, asked_skill, leading_skills
+from timelyllm_ros.skills.task_names import TaskNames, asked_skill, leading_skills, move_phrases
 
 
 def task_skill_set(ss: SkillSet, task: str, names: TaskNames | None) -> SkillSet:
@@ -29,7 +29,7 @@ def task_skill_set(ss: SkillSet, task: str, names: TaskNames | None) -> SkillSet
     if ss.grammar != "minispec":
         return ss
     ps = ss.plan_structure
-    if ta.tag(task) != "E" and not ta.asks_to_move(task, [p for sk in ss.skills for p in sk.phrases]):
+    if ta.tag(task) != "E" and not ta.asks_to_move(task, move_phrases(ss)):
         ss = only(ss, [sk.name for sk in ss.skills if not (sk.kind == "movement" and numeric(sk))])
     if ta.tag(task) != "E":
         ss = stated_amounts(ss, ta.amounts(task))

@@ -68,7 +68,7 @@ from timelyllm_ros.skills.minispec import (
 )
 from timelyllm_ros.skills.schema import SkillSet
 from timelyllm_ros.skills.skill_files import load_skill_set
-from timelyllm_ros.skills.task_names import STOPWORDS
+from timelyllm_ros.skills.task_names import STOPWORDS, move_phrases
 
 CHECKS = ("require", "sequence", "numbers", "evasive")
 STRICT_CHECKS = ("repeat", "log", "names", "answer", "count", "unasked")
@@ -338,7 +338,7 @@ def strict_failures(prog: Program, ss: SkillSet, task: str) -> list[str]:
                 execs[n.text] = execs.get(n.text, 0) + times
         if not any(isinstance(n.stmt, Loop) and n.stmt.count == k for n, _, _, _ in walked) and k not in execs.values():
             out.append(f"count: the task asks for {k}: no loop of {k}, no call made {k} times")
-    if ta.tag(task) != "E" and not ta.asks_to_move(task, [p for s in ss.skills for p in s.phrases]):
+    if ta.tag(task) != "E" and not ta.asks_to_move(task, move_phrases(ss)):
         for c in prog.calls:
             if ss[c.name].kind == "movement" and any(_is_number(a) for a in c.args):
                 out.append(f"unasked: {c.raw} moves the robot by an amount the task does not ask for")

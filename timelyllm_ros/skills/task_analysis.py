@@ -173,6 +173,19 @@ def count_scope(task_input: str) -> tuple[bool, bool]:
 
 
 _ENDS = frozenset({".", "!", "?", ";"})
+_BACK = frozenset({"that", "this", "it", "these", "repeat", "again"})
+
+
+def points_back(task_input: str) -> bool:
+    """The task's first count repeats what was said before it: ``do that four times``, ``repeat this twice``,
+    ``once more``, ``two more times``."""
+    cs = counted(task_input)
+    if not cs:
+        return False
+    ws = words(_TAG.sub("", split_task(task_input)[1]))
+    at = cs[0][0]
+    return (ws[at + 1:at + 2] == ["more"] or (at + 2 < len(ws) and ws[at + 2] == "more")
+            or bool(_BACK & set(ws[max(0, at - 3):at])))
 
 
 def names_after_count(task_input: str, stopwords: Iterable[str] = ()) -> tuple[str, ...]:

@@ -129,6 +129,11 @@ def leading_skills(ss: SkillSet, task_input: str) -> tuple[str, ...]:
     return (best[1],) if best else ()
 
 
+def move_phrases(ss: SkillSet) -> list[str]:
+    """The phrases of the skill set's movement skills (``move up``, ``back away``; not ``wait``)."""
+    return [p for sk in ss.skills if sk.kind == "movement" for p in sk.phrases]
+
+
 def asked_skill(ss: SkillSet, task_input: str) -> str | None:
     """The first skill the task asks for by its words anywhere (``... take a picture of it``, ``taking a
     photo``: tp; a skill's ``asked_by``), which the plan must call; None when it asks for none."""
@@ -151,16 +156,24 @@ def counted_skill(ss: SkillSet, task_input: str) -> str | None:
     last skill the sentence names before the count (``phrases``, ``asked_by``: ``go up by 30 cm two times``:
     mu), else the first it names after it (``a full turn in four steps, a photo after each``: tp); None when
     the task has no count or its sentence names no skill."""
+    skills = counted_skills(ss, task_input)
+    return skills[0] if skills else None
+
+
+def counted_skills(ss: SkillSet, task_input: str) -> tuple[str, ...]:
+    """What the task's first count repeats: :func:`counted_skill`'s one skill; or, where the count points back
+    at what its sentence said before it (``go forward 100 cm, then turn right, and do that four times``, ``wait
+    a second and repeat this``, ``once more``), the first two skills named before it, in order."""
     cs = ta.counted(task_input)
     if not cs:
-        return None
+        return ()
     at = cs[0][0]
     ws = ta.words(_TAG.sub("", split_task(task_input)[1]))
     thing = ws[at + 1] if at + 1 < len(ws) else ""
     for w in (thing, thing[:-1] if thing.endswith("s") else thing):
         hit = next((sk.name for sk in ss.skills for p in sk.asked_by if p.split()[-1] == w), None)
         if hit:
-            return hit
+            return (hit,)
     ends = {".", "!", "?", ";"}
     lo = max((i for i in range(at) if ws[i] in ends), default=-1) + 1
     hi = next((i for i in range(at, len(ws)) if ws[i] in ends), len(ws))
@@ -169,12 +182,15 @@ def counted_skill(ss: SkillSet, task_input: str) -> str | None:
         for p in (*sk.phrases, *sk.asked_by):
             pw = p.split()
             named += [(i, -len(pw), sk.name) for i in range(lo, hi - len(pw) + 1) if ws[i:i + len(pw)] == pw]
-    before = [n for n in sorted(named) if n[0] < at]
-    after = [n for n in sorted(named) if n[0] > at]
+    starts = sorted({n[0] for n in named})  # the longest phrase at each named position
+    said = [min(n for n in named if n[0] == i) for i in starts]
+    before = [n[2] for n in said if n[0] < at]
+    after = [n[2] for n in said if n[0] > at]
+    if len(before) > 1 and ta.points_back(task_input):
+        return tuple(dict.fromkeys(before))[:2]
     if before:
-        start = before[-1][0]  # the longest phrase starting at the last named position
-        return min(n for n in before if n[0] == start)[2]
-    return after[0][2] if after else None
+        return (before[-1],)
+    return (after[0],) if after else ()
 
 
 def task_units(ss: SkillSet, task_input: str) -> int:

@@ -249,6 +249,9 @@ def test_a_count_keeps_what_the_task_asks_beside_it_on_each_repeat_or_after_the_
     r = grammar.plan_regex(DRONE, square)
     assert re.fullmatch(r, "4{mf(100);tc(90);};") and not re.fullmatch(r, "mf(100);4{tc(90);};")
     assert re.fullmatch(grammar.continuation_regex(DRONE, "4{mf(100);", square), "tc(90);};")
+    lead = "Scene: [] Task: [A] Go up 30 cm and take three pictures."  # another skill's count keeps the lead
+    r = grammar.plan_regex(DRONE, lead)
+    assert re.fullmatch(r, "mu(30);3{tp();};") and not re.fullmatch(r, "3{tp();};")
 
 
 def test_stated_amounts_bound_the_arguments_of_their_unit_and_a_log_is_never_one_word() -> None:

@@ -142,8 +142,7 @@ def _grammar(ss: SkillSet, task: str | None) -> _Grammar:
         after: tuple[str | None, bool, bool, tuple[str, ...], str | None] = (None, False, False, (), None)
         if loops and ss.grammar == "minispec" and ta.tag(task) not in ("E", "Q"):
             # a count is honoured: the skill it repeats is called in a loop of that count (not once, not as
-            # the same statement written again), which replaces the leading skill and the asked one; a task
-            # that begins with that skill begins with its loop
+            # the same statement written again); a task that begins with that skill begins with its loop
             # The skill the task asks for beside it is not lost: in the loop if the task asks for it on each
             # repeat ("a photo after each move"), else in the statement after the loop; a task that goes on
             # after its count ("twice, then find the dog") has a statement after the loop.
@@ -154,7 +153,10 @@ def _grammar(ss: SkillSet, task: str | None) -> _Grammar:
                 each, goes_on = ta.count_scope(task)
                 later = tuple(n for n in ta.names_after_count(task, STOPWORDS) if n in names.objects) if names else ()
                 after = (after_skill, each, goes_on, later, seq[1] if len(seq) > 1 else None)
-                need, need_first, first, need_loop = counted, counted in first, (), counts[0]
+                # the count's loop replaces a leading statement of its skill; another skill still leads
+                # ("climb 50 cm, then shoot two photos": mu, then the photos' loop)
+                need, need_first, need_loop = counted, counted in first, counts[0]
+                first = () if need_first else first
                 loops = tuple(sorted(set(counts[1:])))
         need_if_true = bool(task) and ta.tag(task) not in ("E", "Q") and not need_loop and ta.conditional(task)
         then = ()

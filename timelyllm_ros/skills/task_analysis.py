@@ -43,7 +43,7 @@ VERBS = frozenset("""
 find look search locate seek check see try go fly move turn rise climb approach come pick drop put place take
 grab bring get lift set leave tell report say answer show photograph snap shoot spin rotate circle hover wait
 land greet thank welcome ask warn stack transfer carry insert return lay make track count inspect scan capture
-record follow watch comes appears shows enters gets gather collect repeat pause lower raise descend ascend
+record follow watch comes appears shows enters gets goes gather collect repeat pause lower raise descend ascend
 """.split())
 UNITS = frozenset("cm centimetres centimeters m metres meters mm degrees degree deg seconds second s".split())
 PRONOUNS = frozenset("it them one ones".split())  # what a verb phrase's object may be instead of a noun

@@ -223,20 +223,20 @@ def test_a_count_keeps_what_the_task_asks_beside_it_on_each_repeat_or_after_the_
         assert not re.fullmatch(r, wrong), wrong
     assert re.fullmatch(grammar.continuation_regex(DRONE, "4{mf(30);", each), "tp();};")
     assert not re.fullmatch(grammar.continuation_regex(DRONE, "4{mf(30);", each), "};")
-    # the task goes on after its count: a statement after the loop, which the continuation keeps too
-    on = "Scene: [] Task: [A] Turn right 45 degrees two times, then look for the exit sign."
-    r = grammar.plan_regex(DRONE, on)
-    assert re.fullmatch(r, "2{tc(45);};?s('exit_sign')==True{g('exit_sign');};")
-    assert not re.fullmatch(r, "2{tc(45);};")
-    rest = grammar.continuation_regex(DRONE, "2{tc(45);}", on)
-    assert re.fullmatch(rest, ";?s('exit_sign')==True{g('exit_sign');};") and not re.fullmatch(rest, ";")
-    # after the loop, a test whose block makes the asked call (a log)
-    say = "Scene: [] Task: [A] Rise 20 cm twice, then tell me if you see the door."
-    r = grammar.plan_regex(DRONE, say)
-    assert re.fullmatch(r, "2{mu(20);};?iv('door')==True{l('the door is there');};")
-    assert not re.fullmatch(r, "2{mu(20);};?iv('door')==True{g('door');};")
-    rest = grammar.continuation_regex(DRONE, "2{mu(20);};?iv('door')==True{g('door');", say)
-    assert re.fullmatch(rest, "l('the door is near');};") and not re.fullmatch(rest, "};")
+    cases = [  # (task, a plan, a plan refused, a plan so far, its rest, a rest refused)
+        # the task goes on after its count: a statement after the loop, which the continuation keeps too
+        ("Scene: [] Task: [A] Turn right 45 degrees two times, then look for the exit sign.",
+         "2{tc(45);};?s('exit_sign')==True{g('exit_sign');};", "2{tc(45);};",
+         "2{tc(45);}", ";?s('exit_sign')==True{g('exit_sign');};", ";"),
+        # after the loop, a test whose block makes the asked call (a log)
+        ("Scene: [] Task: [A] Rise 20 cm twice, then tell me if you see the door.",
+         "2{mu(20);};?iv('door')==True{l('the door is there');};", "2{mu(20);};?iv('door')==True{g('door');};",
+         "2{mu(20);};?iv('door')==True{g('door');", "l('the door is near');};", "};")]
+    for task, plan, refused, done, rest, refused_rest in cases:
+        r = grammar.plan_regex(DRONE, task)
+        assert re.fullmatch(r, plan) and not re.fullmatch(r, refused), task
+        cont = grammar.continuation_regex(DRONE, done, task)
+        assert re.fullmatch(cont, rest) and not re.fullmatch(cont, refused_rest), task
     dog = "Scene: [] Task: [A] Fly backward 50 cm twice, then find the dog."  # the test is on what it names
     r = grammar.plan_regex(DRONE, dog)
     assert re.fullmatch(r, "2{mb(50);};?s('dog')==True{g('dog');};") and not re.fullmatch(r, "2{mb(50);};tp();")

@@ -6,7 +6,10 @@ structured-output backend in our configs) takes the regexes as Python's re does.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -511,3 +514,13 @@ def test_a_plan_of_free_calls_resumes_under_free_calls_even_where_it_began_like_
     task, done = "Task: Put the lid away.", "move_to('lid');pick('lid');"  # 'away' names nothing
     assert re.fullmatch(grammar.plan_regex(ss, task), done + "sc();")
     assert re.fullmatch(grammar.continuation_regex(ss, done, task), "sc();")
+
+
+def test_a_task_grammar_is_the_same_text_in_every_process() -> None:
+    # The arm's free coordinates list their literals; in hash order they differed between processes (the
+    # same language, but not the same text for a grammar cache or a comparison across runs).
+    code = ("from timelyllm_ros.skills import grammar; from timelyllm_ros.skills.skill_files import load_skill_set;"
+            "print(grammar.plan_regex(load_skill_set('arm'), 'Scene: [] Task: [A] Rise twice.'))")
+    texts = {subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed},
+                            capture_output=True, text=True, check=True).stdout for seed in ("1", "2", "3")}
+    assert len(texts) == 1 and "move_to" in texts.pop()

@@ -58,7 +58,10 @@ def _float_regex(lo: float | None, hi: float | None) -> str:
         return f"{hi_i}(?:\\.0)?"
     # Non-integer bounds (arm coordinates): enumerate a 0.05 grid, exact and small.
     steps = round((hi - lo) / 0.05)
-    vals = sorted({f"{lo + 0.05 * i:.2f}".rstrip("0").rstrip(".") for i in range(steps + 1)}, key=len, reverse=True)
+    # longest first (a shorter literal would match a prefix of a longer one), then by text: one regex text in
+    # every process, whatever the set's hash order
+    vals = sorted({f"{lo + 0.05 * i:.2f}".rstrip("0").rstrip(".") for i in range(steps + 1)},
+                  key=lambda v: (-len(v), v))
     vals = [("0" if v in ("-0", "") else v) for v in vals]
     return "(?:" + "|".join(re.escape(v) for v in dict.fromkeys(vals)) + ")"
 

@@ -149,6 +149,12 @@ def counted(task_input: str) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
+def _first_count(task_input: str) -> tuple[list[str], int] | None:
+    """(the task text's words, the index of its first count), None without a count."""
+    cs = counted(task_input)
+    return (list(words(_TAG.sub("", split_task(task_input)[1]))), cs[0][0]) if cs else None
+
+
 _EACH = frozenset({"each", "every"})
 _GOES_ON = frozenset({"then", "afterwards", "finally", "next"})
 
@@ -157,11 +163,10 @@ def count_scope(task_input: str) -> tuple[bool, bool]:
     """(each, goes on) for the task's first count: its sentence asks for something on each repeat (``take a
     photo after each move``, ``each time``); the task goes on after it (``twice, then find the dog``,
     ``afterwards``, ``after that``). (False, False) without a count."""
-    cs = counted(task_input)
-    if not cs:
+    first = _first_count(task_input)
+    if first is None:
         return False, False
-    ws = words(_TAG.sub("", split_task(task_input)[1]))
-    at = cs[0][0]
+    ws, at = first
     lo = max((i for i in range(at) if ws[i] in _ENDS), default=-1) + 1
     hi = next((i for i in range(at, len(ws)) if ws[i] in _ENDS), len(ws))
     each = any(w in _EACH for w in ws[lo:hi])
@@ -179,22 +184,18 @@ _BACK = frozenset({"that", "this", "it", "these", "repeat", "again"})
 def points_back(task_input: str) -> bool:
     """The task's first count repeats what was said before it: ``do that four times``, ``repeat this twice``,
     ``once more``, ``two more times``."""
-    cs = counted(task_input)
-    if not cs:
+    first = _first_count(task_input)
+    if first is None:
         return False
-    ws = words(_TAG.sub("", split_task(task_input)[1]))
-    at = cs[0][0]
+    ws, at = first
     return (ws[at + 1:at + 2] == ["more"] or (at + 2 < len(ws) and ws[at + 2] == "more")
             or bool(_BACK & set(ws[max(0, at - 3):at])))
 
 
 def names_after_count(task_input: str, stopwords: Iterable[str] = ()) -> tuple[str, ...]:
     """The names the task text says after its first count (``twice, then find the dog``: dog), in order."""
-    cs = counted(task_input)
-    if not cs:
-        return ()
-    ws = words(_TAG.sub("", split_task(task_input)[1]))
-    return name_runs(" ".join(ws[cs[0][0] + 1:]), stopwords)
+    first = _first_count(task_input)
+    return name_runs(" ".join(first[0][first[1] + 1:]), stopwords) if first else ()
 
 
 def counts(task_input: str) -> tuple[int, ...]:

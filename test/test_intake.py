@@ -153,6 +153,46 @@ def test_a_robot_whose_reader_never_matched_has_its_writer_released_once_not_bus
     assert destroyed == ["ghost_0", "ghost_1"] and links.has("real_0")
     assert links.release_idle(now + 700, 600.0, lambda r: False) == 1 and not links.has("real_0")
 
+def test_a_goal_whose_prompt_is_being_rendered_holds_up_neither_screening_nor_the_engines_segments(stack):
+    """The flood test's urgent goal came late on a busy machine: the engine thread waited, before sending each
+    segment, for the service's lock, which intake held while it rendered a goal's prompt and while it screened
+    every goal of the flood. Rendering and screening now run outside it: with one goal's rendering held, other
+    goals are screened and taken in, and a running task's segments and result go out."""
+    import threading
+    import time
+
+    s = stack()
+    prompts = s.service._prompts
+    render, held, release = prompts.render, threading.Event(), threading.Event()
+
+    def slow_render(robot_type: str, task: str):
+        if "slow" in task:
+            held.set()
+            assert release.wait(30)
+        return render(robot_type, task)
+
+    prompts.render = slow_render
+    tid, refusal = s.send(s.request("drone_0", task_id="fast-0"))
+    assert refusal is None
+    slow: list = []
+    t = threading.Thread(target=lambda: slow.append(s.send(s.request("drone_1", "[A] slow: find the dog",
+                                                                          task_id="slow-1"))))
+    t.start()
+    try:
+        assert held.wait(30)
+        s.service.screen(s.request("drone_2", task_id="other-2"))  # answered while the rendering is held
+        assert s.send(s.request("drone_2", task_id="other-2"))[1] is None
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not {"fast-0", "other-2"} <= {r.task_id for r in s.sender.results}:
+            time.sleep(0.01)
+        assert {"fast-0", "other-2"} <= {r.task_id for r in s.sender.results}, "the engine waited for the rendering"
+        assert not slow  # still rendering
+    finally:
+        release.set()
+        t.join(30)
+    assert slow and slow[0][1] is None
+
+
 # -- a flood over ROS, and a real urgent goal ---------------------------------------------------------------------
 @pytest.mark.ros
 def test_a_goal_flood_gets_every_goal_answered_and_starves_no_urgent_goal():

@@ -329,8 +329,9 @@ class PlannerCore:
             return r.status if r else None
 
     def result(self, task_id: str) -> TaskResult | None:
-        with self.lock:
-            return self.results.get(task_id)
+        # One dict read (atomic under the GIL), not the lock: intake asks this of every goal it screens, and must
+        # not wait behind the engine thread's handling of a step.
+        return self.results.get(task_id)
 
     def generation(self, task_id: str) -> Generation | None:
         """The live state of an open task's generation, else None."""

@@ -318,10 +318,12 @@ class PlannerService:
         request's own fields, then intake's limits (``planner/intake.py``) and ``max_robots``; GoalError names the
         problem (the node answers it at once, without a goal handle). A retry of a task this planner knows passes: it
         joins its task in :meth:`accept`, which, given ``screened``, does not charge intake again."""
-        with self._lock:
-            if req.task_id and (req.task_id in self._open or self.core.result(req.task_id) is not None):
-                return
-            self._refuse_if_unable()
+        # Without the lock: a flood's goals are screened here one after another, and the engine thread takes the
+        # lock for every segment it sends. These reads are single dict and attribute reads; accept checks again
+        # under the lock.
+        if req.task_id and (req.task_id in self._open or self.core.result(req.task_id) is not None):
+            return
+        self._refuse_if_unable()
         _request_tuf(self.robot_types, self._max_task_chars, req.task_id, req.robot_id, req.robot_type, req.task,
                      req.tuf)
         if not self.intake.in_fleet(req.robot_id):
@@ -346,7 +348,8 @@ class PlannerService:
                             "all busy; retry later", TaskStatus.BUSY)
 
     def _refuse_if_unable(self) -> None:
-        """GoalError (BUSY) while the planner cannot take a new task (caller holds the lock)."""
+        """GoalError (BUSY) while the planner cannot take a new task (under the lock, or as :meth:`screen`'s
+        early look)."""
         if not self._active:
             raise GoalError(f"planner not active (lifecycle state: {self._sender.lifecycle_state}); retry later",
                             TaskStatus.BUSY)
@@ -369,11 +372,17 @@ class PlannerService:
                 joined = self._join(req.task_id, key, goal, waiter)
                 if joined is not None:
                     return joined
-                if not screened:
-                    self.screen(req)
+            if not screened:
+                self.screen(req)
+            # Rendering the prompt is the costly part of taking a goal in: outside the lock, which the engine
+            # thread takes for every segment it sends.
+            spec = self.validate(req.task_id, req.robot_id, req.robot_type, req.task, req.tuf, arrival=arrival,
+                                 sent=sent)
+            with self._lock:
+                joined = self._join(req.task_id, key, goal, waiter)  # an identical retry taken in meanwhile
+                if joined is not None:
+                    return joined
                 self._refuse_if_unable()
-                spec = self.validate(req.task_id, req.robot_id, req.robot_type, req.task, req.tuf, arrival=arrival,
-                                     sent=sent)
                 tid = spec.task_id
                 spec.meta["request_key"] = key
                 if self.core.task_status(spec.task_id) is not None:

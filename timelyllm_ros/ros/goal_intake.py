@@ -55,6 +55,7 @@ class GoalIntake:
             self._service.screen(request)
         except GoalError as e:
             self._service.arrival(id(goal))  # its stamp is not kept
+            self._service.taken_in()  # (an idle engine gathering a burst no longer waits for it)
             self._refused(req, goal.robot_id, e, goal.task_id)
             return GoalStatus.STATUS_ABORTED, convert.refused_result(goal.task_id, e.status, str(e))
         return None

@@ -375,3 +375,40 @@ def test_continuation_grammar_completes_a_cut_plan(data: st.DataObject, text: st
     done = "".join(segments[:data.draw(st.integers(1, len(segments) - 1))])
     rest = data.draw(st.from_regex(continuation_regex(DRONE, done), fullmatch=True))
     _valid_or_over_a_bound(DRONE, done + rest)
+
+
+# -- parse cache ------------------------------------------------------------------
+def test_a_skill_set_keeps_its_parses_bounded_and_a_replaced_one_starts_its_own() -> None:
+    """The planner's engine thread parsed each segment four times or more per step (checked, its calls, its cost
+    after the plan so far); a skill set now keeps its latest parses, least recently used out first."""
+    import dataclasses
+
+    from timelyllm_ros.skills.minispec import ParseCache
+
+    ss = load_skill_set("drone")
+    first = parse_program(ss, "mf(50);tc(90);")
+    assert parse_program(ss, "mf(50);tc(90);") is first  # served from the cache
+    assert parse_program(ss, "mf(50);tc(90);", complete=True) is not first  # other flags, another parse
+    assert parse_program(ss, "mf(50);tc(90);", open_blocks=0, declared=()) is not first
+    assert len(ss.parsed) == 3
+    for bad in ("mf(50", "zz(1);", "mf(5000);"):  # an error is raised each time, never kept
+        for _ in range(2):
+            with pytest.raises(SkillParseError):
+                parse_program(ss, bad, complete=True)
+    assert len(ss.parsed) == 3
+    # a replaced skill set (another bound, say) never reads the original's parses
+    tight = dataclasses.replace(ss, max_plan_iterations=1)
+    assert len(tight.parsed) == 0 and tight.parsed is not ss.parsed
+    with pytest.raises(SkillParseError):
+        parse_program(tight, "4{mf(50);}", complete=True)
+    assert parse_program(ss, "4{mf(50);}", complete=True).statements
+    # bounded: the least recently used parse goes first
+    cache = ParseCache(max_entries=2)
+    small = load_skill_set("drone")
+    small.parsed = cache
+    a = parse_program(small, "mf(40);")
+    parse_program(small, "mf(60);")
+    assert parse_program(small, "mf(40);") is a  # used again: now the most recent
+    parse_program(small, "mf(80);")
+    assert len(cache) == 2 and parse_program(small, "mf(40);") is a
+    assert parse_program(small, "mf(60);") is not None and len(cache) == 2

@@ -87,6 +87,7 @@ from timelyllm_ros.skills.plan_ast import (  # the syntax tree's names are part 
     If,
     Loop,
     Not,
+    ParseCache,
     Program,
     Return,
     SkillCall,
@@ -151,7 +152,13 @@ def parse_program(ss: SkillSet, text: str, *, complete: bool = False, open_block
         raise ValueError(f"skill set {ss.id!r} has no skill language (grammar {ss.grammar!r})")
     if complete and open_blocks is None:
         open_blocks = 0
-    return _Parser(ss, text, open_blocks, None if declared is None else frozenset(declared), complete).run()
+    known = None if declared is None else frozenset(declared)
+    key = (text, complete, open_blocks, known)
+    prog = ss.parsed.get(key)  # (a text that does not parse raises each time: it is not kept)
+    if prog is None:
+        prog = _Parser(ss, text, open_blocks, known, complete).run()
+        ss.parsed.put(key, prog)
+    return prog
 
 
 class _Parser:
@@ -405,7 +412,8 @@ __all__ = [
     "BOOL_LITERALS", "COMPARISONS", "DIGITS", "ESCAPE", "IDENT_CHARS", "IDENT_START", "MAX_BLOCK_DEPTH",
     "MAX_NESTING", "MAX_NUMBER_CHARS", "MAX_STRING_CHARS", "OPERATORS", "QUOTES", "SKILL_NAME_RE", "VAR_RE",
     "ArgValue", "Assign", "BinOp", "CallCost", "CallStatement", "Cost", "CostCounter", "EndBlock", "Expr", "If",
-    "Lexer", "Loop", "Not", "Program", "Return", "SkillCall", "SkillParseError", "Statement", "Token", "Var",
+    "Lexer", "Loop", "Not", "ParseCache", "Program", "Return", "SkillCall", "SkillParseError", "Statement", "Token",
+    "Var",
     "bound_error", "is_control", "is_space", "model_cost", "parse_program", "statement_calls", "stream_cost",
     "tokenize",
 ]

@@ -4,6 +4,8 @@ validates and the drone interpreter executes (its names are importable from :mod
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,6 +117,33 @@ class Program:
     assigned: frozenset[str]  # variables this text assigns
     opened: int  # blocks opened here and still open at the end
     closed: int  # '}' that closed blocks opened before this text
+
+
+class ParseCache:
+    """The latest parses of one skill set, least recently used out first (bounded). The planner's engine thread
+    parses each segment several times (checked, its calls, its cost after the plan so far) and many plans share
+    their segments; a Program is immutable, so one parse serves them all. Thread-safe."""
+
+    def __init__(self, max_entries: int = 4096) -> None:
+        self.max_entries = max_entries
+        self._programs: OrderedDict[tuple, Program] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple) -> Program | None:
+        with self._lock:
+            prog = self._programs.get(key)
+            if prog is not None:
+                self._programs.move_to_end(key)
+            return prog
+
+    def put(self, key: tuple, prog: Program) -> None:
+        with self._lock:
+            self._programs[key] = prog
+            if len(self._programs) > self.max_entries:
+                self._programs.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._programs)
 
 
 def statement_calls(s: Statement) -> list[SkillCall]:

@@ -25,6 +25,7 @@ from typing import Any
 
 from timelyllm_ros.skills.minispec import (
     ArgValue,
+    ParseCache,
     Program,
     SkillCall,
     SkillParseError,
@@ -229,6 +230,9 @@ class SkillSet:
     text_exec_time: Mapping[str, float] = field(default_factory=dict)
     plan_structure: PlanStructure = field(default_factory=PlanStructure)
     _by_name: dict[str, SkillSpec] = field(default_factory=dict, repr=False)
+    # Parses of this skill set's texts (minispec.parse_program); not an init field, so dataclasses.replace, which
+    # makes a different skill set, starts its own.
+    parsed: ParseCache = field(default_factory=ParseCache, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for s in self.skills:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from timelyllm_ros.planner.hygiene import char_name, check_text, check_token_count
+from timelyllm_ros.planner.hygiene import char_name, check_text, check_token_count, fits_in_tokens
 
 # The refused set, written out from the specification (not taken from the module under test).
 REFUSED = (
@@ -93,6 +93,40 @@ def test_token_count():
     assert str(ei.value) == "task: 900 tokens, more than max_task_tokens=512"
     with pytest.raises(ValueError, match=r"^scene: 70 tokens, more than scene_limit=64$"):
         check_token_count("scene", 70, 64, limit_name="scene_limit")
+
+
+_TOKENIZER = None
+
+
+def _model_tokenizer():
+    global _TOKENIZER
+    if _TOKENIZER is None:
+        from transformers import AutoTokenizer
+
+        from timelyllm_ros import paths
+
+        _TOKENIZER = AutoTokenizer.from_pretrained(str(paths.share_dir() / "models" / "SmolLM2-135M-Instruct"))
+    return _TOKENIZER
+
+
+@given(st.text(alphabet=st.characters(max_codepoint=127), max_size=300))
+def test_an_ascii_text_has_no_more_tokens_than_fits_in_tokens_assumes(text):
+    """fits_in_tokens lets intake skip counting a task's tokens: never when the count could pass the limit. With
+    the bundled model's tokenizer (start-of-text tokens included), an ASCII text's tokens never exceed its length
+    plus 2."""
+    tok = _model_tokenizer()
+    n = len(tok.encode(text, add_special_tokens=True))
+    assert n <= len(text) + 2
+    for limit in (n - 1, n, n + 1, len(text) + 1, len(text) + 2):
+        if limit >= 1 and fits_in_tokens(text, limit):
+            assert n <= limit
+
+
+def test_fits_in_tokens_counts_only_what_could_pass_the_limit():
+    assert fits_in_tokens("find the cat", 14) and not fits_in_tokens("find the cat", 13)
+    assert fits_in_tokens("x" * 5000, None)
+    assert not fits_in_tokens("find the caf\u00e9", 1000)  # not ASCII: counted (a normaliser may expand it)
+    assert not fits_in_tokens("\u337f", 1000)  # one character, four words under NFKC
 
 
 def test_every_refused_character_has_a_name():

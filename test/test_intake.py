@@ -193,6 +193,21 @@ def test_a_goal_whose_prompt_is_being_rendered_holds_up_neither_screening_nor_th
     assert slow and slow[0][1] is None
 
 
+def test_a_short_ascii_task_is_not_tokenized_to_be_counted(stack):
+    """Taking a goal in tokenized its task twice: to count it against max_task_tokens, then in its prompt. A task
+    that cannot pass the limit (hygiene.fits_in_tokens) is counted no more; a longer or non-ASCII one still is."""
+    s = stack(max_task_tokens=40)
+    counted: list[str] = []
+    count = s.service._prompts.count_tokens
+    s.service._prompts.count_tokens = lambda text: counted.append(text) or count(text)
+    assert s.send(s.request("drone_0", "[A] find the cat", task_id="short"))[1] is None
+    assert counted == []
+    tid, refusal = s.send(s.request("drone_1", "[A] find the cat " + "and the dog " * 40, task_id="long"))
+    assert isinstance(refusal, GoalError) and "max_task_tokens=40" in str(refusal), refusal
+    assert s.send(s.request("drone_2", "[A] find the caf\u00e9 cat", task_id="accent"))[1] is None
+    assert len(counted) == 2
+
+
 # -- a flood over ROS, and a real urgent goal ---------------------------------------------------------------------
 @pytest.mark.ros
 def test_a_goal_flood_gets_every_goal_answered_and_starves_no_urgent_goal():

@@ -117,6 +117,13 @@ def check_goal_fields(robot_id: str, task_id: str, task: str) -> None:
     check_text("task", task)
 
 
+def fits_in_tokens(text: str, max_tokens: int | None) -> bool:
+    """True when ``text`` is within ``max_tokens`` tokens of any subword tokenizer without tokenizing it: an ASCII
+    text has at most one token per character, plus a start-of-text token and a leading-space marker. Taking a
+    goal in tokenized its task once to count it and again to render its prompt. False: count it."""
+    return max_tokens is None or (text.isascii() and len(text) + 2 <= max_tokens)
+
+
 def check_token_count(field: str, n_tokens: int, max_tokens: int | None, *, limit_name: str | None = None) -> None:
     """Raise ``ValueError`` if ``n_tokens`` exceeds ``max_tokens`` (None: no limit), e.g.
     ``task: 900 tokens, more than max_task_tokens=512``. ``limit_name`` names the

@@ -34,7 +34,7 @@ from timelyllm_ros.planner.config import CoreConfig
 from timelyllm_ros.planner.core import PlannerCore
 from timelyllm_ros.planner.engine_supervisor import EngineSupervisor
 from timelyllm_ros.planner.hooks import SkillHooks
-from timelyllm_ros.planner.hygiene import check_goal_fields, check_token_count
+from timelyllm_ros.planner.hygiene import check_goal_fields, check_token_count, fits_in_tokens
 from timelyllm_ros.planner.intake import Intake, IntakeLimits
 from timelyllm_ros.planner.journal import Journal
 from timelyllm_ros.planner.policies import make_policy
@@ -301,10 +301,11 @@ class PlannerService:
                  arrival: float | None = None, sent: float | None = None) -> TaskSpec:
         """The task to plan, or GoalError naming the field and the problem. ``arrival``, ``sent``: core time."""
         time_utility = _request_tuf(self.robot_types, self._max_task_chars, task_id, robot_id, robot_type, task, tuf)
-        try:
-            check_token_count("task", self._prompts.count_tokens(task), self._max_task_tokens)
-        except ValueError as e:
-            raise GoalError(str(e)) from None
+        if not fits_in_tokens(task, self._max_task_tokens):
+            try:
+                check_token_count("task", self._prompts.count_tokens(task), self._max_task_tokens)
+            except ValueError as e:
+                raise GoalError(str(e)) from None
         try:
             prompt_ids, extra = self._prompts.render(robot_type, task)
         except TaskPromptError as e:

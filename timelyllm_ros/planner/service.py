@@ -25,16 +25,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from timelyllm_ros.domain.clock import RealClock, WallOffset
-from timelyllm_ros.domain.tuf import TimeUtility, TufRequest
+from timelyllm_ros.domain.tuf import TufRequest
 from timelyllm_ros.domain.types import Segment, TaskResult, TaskSpec, TaskStatus
 from timelyllm_ros.engines.factory import planner_engine
 from timelyllm_ros.engines.prompts import PromptRenderer, TaskPromptError
-from timelyllm_ros.interfaces import robot_id_problem, segment_topic
+from timelyllm_ros.interfaces import segment_topic
 from timelyllm_ros.planner.config import CoreConfig
 from timelyllm_ros.planner.core import PlannerCore
 from timelyllm_ros.planner.engine_supervisor import EngineSupervisor
 from timelyllm_ros.planner.hooks import SkillHooks
-from timelyllm_ros.planner.hygiene import check_goal_fields, check_token_count, fits_in_tokens
+from timelyllm_ros.planner.hygiene import check_token_count, fits_in_tokens
 from timelyllm_ros.planner.intake import Intake, IntakeLimits
 from timelyllm_ros.planner.journal import Journal
 from timelyllm_ros.planner.policies import make_policy
@@ -56,6 +56,7 @@ from timelyllm_ros.planner.service_io import (
     PlanRequest,
     Rejections,
     TaskLookup,
+    request_tuf,
 )
 from timelyllm_ros.planner.settings import check_params
 from timelyllm_ros.planner.warmup import lone_first_s, warm_up_planner
@@ -75,30 +76,6 @@ class _OpenTask:
     waiters: list = field(default_factory=list)  # queues of one-shot calls, each answered with the TaskResult
     sent: int = 0  # segments handed to the robot's topic
     final_sent: bool = False
-
-
-def _request_tuf(robot_types: list[str], max_task_chars: int, task_id: str, robot_id: str, robot_type: str,
-                 task: str, tuf: TufRequest) -> TimeUtility:
-    """The checks of a request's own fields that cost nothing (no tokenizer): its TUF, or GoalError."""
-    try:
-        check_goal_fields(robot_id, task_id, task)
-    except ValueError as e:  # the hygiene checks name the field, the character and its position
-        raise GoalError(str(e)) from None
-    if not robot_id.strip():
-        raise GoalError("robot_id: must not be empty")
-    problem = robot_id_problem(robot_id)  # it names a topic: refused here, not failed at publishing
-    if problem is not None:
-        raise GoalError(f"robot_id: {problem}")
-    if robot_type not in robot_types:
-        raise GoalError(f"robot_type: unknown {robot_type!r}; this planner serves {robot_types}")
-    if not task.strip():
-        raise GoalError("task: must not be empty")
-    if len(task) > max_task_chars:
-        raise GoalError(f"task: {len(task)} characters, more than max_task_chars={max_task_chars}")
-    try:
-        return tuf.resolve()
-    except ValueError as e:
-        raise GoalError(str(e)) from None
 
 
 def _guard(log: Log, what: str, fn: Callable[[], Any]) -> None:
@@ -300,7 +277,7 @@ class PlannerService:
     def validate(self, task_id: str, robot_id: str, robot_type: str, task: str, tuf: TufRequest, *,
                  arrival: float | None = None, sent: float | None = None) -> TaskSpec:
         """The task to plan, or GoalError naming the field and the problem. ``arrival``, ``sent``: core time."""
-        time_utility = _request_tuf(self.robot_types, self._max_task_chars, task_id, robot_id, robot_type, task, tuf)
+        time_utility = request_tuf(self.robot_types, self._max_task_chars, task_id, robot_id, robot_type, task, tuf)
         if not fits_in_tokens(task, self._max_task_tokens):
             try:
                 check_token_count("task", self._prompts.count_tokens(task), self._max_task_tokens)
@@ -325,8 +302,8 @@ class PlannerService:
         if req.task_id and (req.task_id in self._open or self.core.result(req.task_id) is not None):
             return
         self._refuse_if_unable()
-        _request_tuf(self.robot_types, self._max_task_chars, req.task_id, req.robot_id, req.robot_type, req.task,
-                     req.tuf)
+        request_tuf(self.robot_types, self._max_task_chars, req.task_id, req.robot_id, req.robot_type, req.task,
+                    req.tuf)
         if not self.intake.in_fleet(req.robot_id):
             raise GoalError(f"robot_id: {req.robot_id!r} is not one of this planner's robots (parameter robot_ids)")
         linked = self._robots.has(req.robot_id)

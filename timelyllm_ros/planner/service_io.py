@@ -9,8 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from timelyllm_ros.domain.tuf import TufRequest
+from timelyllm_ros.domain.tuf import TimeUtility, TufRequest
 from timelyllm_ros.domain.types import Segment, TaskResult, TaskStatus
+from timelyllm_ros.interfaces import robot_id_problem
+from timelyllm_ros.planner.hygiene import check_goal_fields
 
 
 class Log(Protocol):
@@ -156,5 +158,29 @@ class PlannerHealth:
     rejected_messages: dict[str, int] | None = None  # robot messages refused so far, per kind (ack, report, ...)
 
 
+def request_tuf(robot_types: list[str], max_task_chars: int, task_id: str, robot_id: str, robot_type: str,
+                 task: str, tuf: TufRequest) -> TimeUtility:
+    """The checks of a request's own fields that cost nothing (no tokenizer): its TUF, or GoalError."""
+    try:
+        check_goal_fields(robot_id, task_id, task)
+    except ValueError as e:  # the hygiene checks name the field, the character and its position
+        raise GoalError(str(e)) from None
+    if not robot_id.strip():
+        raise GoalError("robot_id: must not be empty")
+    problem = robot_id_problem(robot_id)  # it names a topic: refused here, not failed at publishing
+    if problem is not None:
+        raise GoalError(f"robot_id: {problem}")
+    if robot_type not in robot_types:
+        raise GoalError(f"robot_type: unknown {robot_type!r}; this planner serves {robot_types}")
+    if not task.strip():
+        raise GoalError("task: must not be empty")
+    if len(task) > max_task_chars:
+        raise GoalError(f"task: {len(task)} characters, more than max_task_chars={max_task_chars}")
+    try:
+        return tuf.resolve()
+    except ValueError as e:
+        raise GoalError(str(e)) from None
+
+
 __all__ = ["Accepted", "Delivery", "GoalError", "Log", "PlanRequest", "PlannerHealth", "PlannerSender", "Rejections",
-           "TaskLookup"]
+           "TaskLookup", "request_tuf"]

@@ -384,8 +384,9 @@ def test_a_skill_set_keeps_its_parses_bounded_and_a_replaced_one_starts_its_own(
     import dataclasses
 
     from timelyllm_ros.skills.minispec import ParseCache
+    from timelyllm_ros.skills.skill_files import load_skill_set_file
 
-    ss = load_skill_set("drone")
+    ss = load_skill_set_file(DRONE.path)  # a fresh one: the loader's is shared by every test in the process
     first = parse_program(ss, "mf(50);tc(90);")
     assert parse_program(ss, "mf(50);tc(90);") is first  # served from the cache
     assert parse_program(ss, "mf(50);tc(90);", complete=True) is not first  # other flags, another parse
@@ -404,7 +405,7 @@ def test_a_skill_set_keeps_its_parses_bounded_and_a_replaced_one_starts_its_own(
     assert parse_program(ss, "4{mf(50);}", complete=True).statements
     # bounded: the least recently used parse goes first
     cache = ParseCache(max_entries=2)
-    small = load_skill_set("drone")
+    small = load_skill_set_file(DRONE.path)
     small.parsed = cache
     a = parse_program(small, "mf(40);")
     parse_program(small, "mf(60);")

@@ -22,15 +22,16 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 RUNS = [("gnu", "main"), ("gnu", "thread"), ("intel", "main"), ("intel", "thread")]
 TASK = ("Scene: [book_1 x:0.3 y:0.2 width:0.1 height:0.1] Task: [A] Fly up 50 cm and check whether the book is "
         "on the cabinet; tell me and take a photo of it")
 
 
-def child(thread: str, requests: int) -> dict:
-    """One run in this process: the step times of ``requests`` plans, stepped on ``thread`` (main or thread)."""
-    from timelyllm_ros.engines import driver, openmp
+def warmed_engine() -> tuple[Any, Any]:
+    """The planner's engine (CPU config) and prompt renderer, the drone prompts warmed as the planner does."""
+    from timelyllm_ros.engines import driver
     from timelyllm_ros.engines.base import EngineRequest
     from timelyllm_ros.engines.factory import planner_engine
     from timelyllm_ros.engines.prompts import PromptRenderer
@@ -42,29 +43,46 @@ def child(thread: str, requests: int) -> dict:
     checker = r.builder("drone").skillset
     driver.run(eng, [EngineRequest(f"warm/{i}", list(ids), make_stop_checker(checker), max_new_tokens=1)
                      for i, (_, ids) in enumerate(singles)])
+    return eng, r
+
+
+def plan_steps(eng: Any, r: Any, requests: int, tag: str = "t") -> tuple[list[float], list[float]]:
+    """Write ``requests`` drone plans one after another; the batch-1 steps that wrote one token (a decode step
+    with nothing accepted from speculation), s, and each prompt's prefill, s per prompt token."""
+    from timelyllm_ros.engines.base import EngineRequest
+    from timelyllm_ros.skills.segmenter import make_stop_checker
+
+    checker = r.builder("drone").skillset
     one: list[float] = []
     prefill: list[float] = []
+    for k in range(requests):
+        ids, extra = r.render("drone", f"{TASK} ({tag}{k}).")  # a turn of its own: nothing of it cached
+        eng.add(EngineRequest(f"{tag}/{k}", ids, make_stop_checker(checker), max_new_tokens=64, extra=extra,
+                              suspend_at_boundary=False))
+        while eng.has_work():
+            t0 = time.perf_counter()
+            rep = eng.step()
+            dt = time.perf_counter() - t0
+            if rep.prefill_tokens:
+                prefill.append(dt / rep.prefill_tokens)
+            elif rep.new_tokens == 1:
+                one.append(dt)
+    return one, prefill
 
-    def work() -> None:
-        for k in range(requests):
-            ids, extra = r.render("drone", f"{TASK} ({k}).")  # a turn of its own: nothing of it cached
-            eng.add(EngineRequest(f"t/{k}", ids, make_stop_checker(checker), max_new_tokens=64, extra=extra,
-                                  suspend_at_boundary=False))
-            while eng.has_work():
-                t0 = time.perf_counter()
-                rep = eng.step()
-                dt = time.perf_counter() - t0
-                if rep.prefill_tokens:
-                    prefill.append(dt / rep.prefill_tokens)
-                elif rep.new_tokens == 1:
-                    one.append(dt)
 
+def child(thread: str, requests: int) -> dict:
+    """One run in this process: the step times of ``requests`` plans, stepped on ``thread`` (main or thread)."""
+    from timelyllm_ros.engines import openmp
+
+    eng, r = warmed_engine()
+    got: list[tuple[list[float], list[float]]] = []
     if thread == "thread":
-        t = threading.Thread(target=work, name="timelyllm-engine")
+        t = threading.Thread(target=lambda: got.append(plan_steps(eng, r, requests)), name="timelyllm-engine")
         t.start()
         t.join()
     else:
-        work()
+        got.append(plan_steps(eng, r, requests))
+    one, prefill = got[0]
     eng.close()
     return {"runtime": openmp.runtime(), "thread": thread, "decode_ms": 1e3 * statistics.median(one),
             "decode_steps": len(one), "prefill_ms_per_token": 1e3 * statistics.median(prefill),

@@ -6,11 +6,12 @@ planner's name, so the writer check (``ros/segment_gate.py``) does not tell a se
 by the planner, the executors and the simulated fleet does: a message without a valid tag is refused and counted.
 
 The counter: each sender's is strictly increasing, started at its wall clock in microseconds, so it keeps
-increasing across a restart. A receiver refuses a counter it has taken before, one more than ``WINDOW`` below the
-highest it has taken from that sender (messages of several threads and topics may arrive out of order within
-that), and one whose time is further than ``max_age_s`` from its own clock (a message recorded before the
-receiver restarted). A key shared by the whole fleet: any holder of it can sign as any robot or as the planner;
-it keeps out nodes without it (README "Threat model").
+increasing across a restart. A receiver refuses a counter it has taken before, one ``WINDOW`` (of the counter's
+microseconds) or more below the highest it has taken from that sender (messages of several threads and topics may
+arrive out of order within that), and one whose time is further than ``max_age_s`` from its own clock (a message
+recorded before the receiver restarted). It remembers at most ``MAX_TAKEN`` counters per sender; past that, the
+older half is refused from then on, taken or not. A key shared by the whole fleet: any holder of it can sign as
+any robot or as the planner; it keeps out nodes without it (README "Threat model").
 """
 
 from __future__ import annotations
@@ -25,7 +26,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 MIN_KEY_BYTES = 16
-WINDOW = 4096  # counters below the highest taken from a sender that may still arrive (reordering)
+# Counters below the highest taken from a sender that may still arrive (reordering), in the counter's unit: the
+# sender's clock in microseconds. It was 4096 counters, 4 ms of a sender's time: two acks a robot signed 4.4 ms
+# apart on two threads, taken in the other order, had the second refused as a replay (a loaded CI machine).
+WINDOW = 10_000_000
+MAX_TAKEN = 8192  # counters remembered per sender (bounded memory)
 
 
 def load_key(path: str, parameter: str = "fleet_key_file") -> bytes:
@@ -57,7 +62,8 @@ class FleetKey:
             raise ValueError(f"fleet key: {len(key)} bytes, fewer than {MIN_KEY_BYTES}")
         self._key, self._max_age_us, self._max_senders = key, int(max_age_s * 1e6), max_senders
         self._last = 0
-        self._seen: OrderedDict[str, tuple[int, set[int]]] = OrderedDict()  # sender -> (highest, taken in window)
+        # sender -> (highest taken, floor: refused at or below, counters taken above the floor)
+        self._seen: OrderedDict[str, tuple[int, int, set[int]]] = OrderedDict()
         self._lock = threading.Lock()
 
     def next_seq(self) -> int:
@@ -82,20 +88,23 @@ class FleetKey:
             return (f"stale counter (auth_seq {seq}: {off_s:+.1f} s from this clock, more than "
                     f"{self._max_age_us / 1e6:g} s): replayed, or the clocks differ")
         with self._lock:
-            high, taken = self._seen.pop(sender, (0, set()))
+            high, floor, taken = self._seen.pop(sender, (0, 0, set()))
             try:
-                if seq in taken or seq <= high - WINDOW:
+                if seq in taken or seq <= max(floor, high - WINDOW):
                     return f"replayed counter (auth_seq {seq}; highest taken from {sender!r}: {high})"
                 taken.add(seq)
-                if seq > high:
-                    high = seq
-                    if len(taken) > 2 * WINDOW:
-                        taken = {s for s in taken if s > high - WINDOW}
+                high = max(high, seq)
+                if len(taken) > MAX_TAKEN:
+                    floor = max(floor, high - WINDOW)
+                    taken = {s for s in taken if s > floor}
+                    if len(taken) > MAX_TAKEN // 2:  # still too many within the window: refuse the older half
+                        newest = sorted(taken)[-(MAX_TAKEN // 2):]
+                        floor, taken = newest[0] - 1, set(newest)
             finally:
-                self._seen[sender] = (high, taken)
+                self._seen[sender] = (high, floor, taken)
                 if len(self._seen) > self._max_senders:
                     self._seen.popitem(last=False)
         return None
 
 
-__all__ = ["MIN_KEY_BYTES", "WINDOW", "FleetKey", "digest", "load_key"]
+__all__ = ["MAX_TAKEN", "MIN_KEY_BYTES", "WINDOW", "FleetKey", "digest", "load_key"]

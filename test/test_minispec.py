@@ -392,6 +392,10 @@ def test_a_skill_set_keeps_its_parses_bounded_and_a_replaced_one_starts_its_own(
     assert parse_program(ss, "mf(50);tc(90);", complete=True) is not first  # other flags, another parse
     assert parse_program(ss, "mf(50);tc(90);", open_blocks=0, declared=()) is not first
     assert len(ss.parsed) == 3
+    from timelyllm_ros.skills.minispec import PARSE_CACHE_MAX_CHARS
+
+    long = "mf(50);" * (PARSE_CACHE_MAX_CHARS // 7 + 1)  # a plan so far: parsed, not kept
+    assert parse_program(ss, long).statements and len(ss.parsed) == 3
     for bad in ("mf(50", "zz(1);", "mf(5000);"):  # an error is raised each time, never kept
         for _ in range(2):
             with pytest.raises(SkillParseError):

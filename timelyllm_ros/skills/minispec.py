@@ -153,12 +153,19 @@ def parse_program(ss: SkillSet, text: str, *, complete: bool = False, open_block
     if complete and open_blocks is None:
         open_blocks = 0
     known = None if declared is None else frozenset(declared)
+    if len(text) > PARSE_CACHE_MAX_CHARS:
+        return _Parser(ss, text, open_blocks, known, complete).run()
     key = (text, complete, open_blocks, known)
     prog = ss.parsed.get(key)  # (a text that does not parse raises each time: it is not kept)
     if prog is None:
         prog = _Parser(ss, text, open_blocks, known, complete).run()
         ss.parsed.put(key, prog)
     return prog
+
+
+# Texts longer than this are parsed each time, not kept: a plan so far (each segment's cost is parsed after it) is
+# a new text at every segment, and its parse would take a cache entry many times a segment's size.
+PARSE_CACHE_MAX_CHARS = 256
 
 
 class _Parser:

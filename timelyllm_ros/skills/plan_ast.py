@@ -124,7 +124,7 @@ class ParseCache:
     parses each segment several times (checked, its calls, its cost after the plan so far) and many plans share
     their segments; a Program is immutable, so one parse serves them all. Thread-safe."""
 
-    def __init__(self, max_entries: int = 4096) -> None:
+    def __init__(self, max_entries: int = 2048) -> None:
         self.max_entries = max_entries
         self._programs: OrderedDict[tuple, Program] = OrderedDict()
         self._lock = threading.Lock()

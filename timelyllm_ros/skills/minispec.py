@@ -140,6 +140,11 @@ def stream_cost(ss: SkillSet, before: str, text: str, call_cost: CallCost | None
 # Parser and validator
 # ---------------------------------------------------------------------------
 
+# Texts longer than this are parsed each time, not kept: a plan so far (each segment's cost is parsed after it) is
+# a new text at every segment, and its parse would take a cache entry many times a segment's size.
+PARSE_CACHE_MAX_CHARS = 256
+
+
 def parse_program(ss: SkillSet, text: str, *, complete: bool = False, open_blocks: int | None = None,
                   declared: Iterable[str] | None = None) -> Program:
     """Parse ``text`` as MiniSpec / calls of ``ss`` and validate it; SkillParseError at the first problem.
@@ -161,11 +166,6 @@ def parse_program(ss: SkillSet, text: str, *, complete: bool = False, open_block
         prog = _Parser(ss, text, open_blocks, known, complete).run()
         ss.parsed.put(key, prog)
     return prog
-
-
-# Texts longer than this are parsed each time, not kept: a plan so far (each segment's cost is parsed after it) is
-# a new text at every segment, and its parse would take a cache entry many times a segment's size.
-PARSE_CACHE_MAX_CHARS = 256
 
 
 class _Parser:
